@@ -1,0 +1,50 @@
+"""The collective-algorithm extension point.
+
+A collective algorithm turns (collective, ranks, options) into a ``Schedule`` and gives the
+closed-form time of that schedule on an uncontended fabric. Register one per file named
+``<variant>_collective.py``; tokens are the file's variant (``ring``, ``halving_doubling``...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from algorithms.registry import Registry
+from algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
+
+
+class CollectiveAlgorithm(Protocol):
+    name: str
+    collectives: tuple[str, ...]
+
+    def schedule(self, collective: str, ranks: int, *, devices_per_node: int = 1, **options: Any) -> Schedule:
+        """The rounds of ``collective`` over ``ranks`` ranks (block placement, ``devices_per_node`` per node)."""
+        ...
+
+    def closed_form_s(
+        self, collective: str, ranks: int, message_bytes: float, costs: FabricCosts, **options: Any
+    ) -> float:
+        """Seconds the schedule takes on an uncontended fabric with hop costs ``costs``."""
+        ...
+
+
+COLLECTIVE_ALGORITHMS: Registry[CollectiveAlgorithm] = Registry(
+    "collective algorithm", package="algorithms", suffix="_collective"
+)
+
+
+def check_collective(algorithm: CollectiveAlgorithm, collective: str) -> None:
+    if collective not in COLLECTIVES:
+        raise ScheduleError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    if collective not in algorithm.collectives:
+        raise ScheduleError(
+            f"algorithm {algorithm.name!r} does not implement {collective}; it implements: "
+            f"{', '.join(algorithm.collectives)}"
+        )
+
+
+def reject_options(algorithm: str, options: dict[str, Any], allowed: tuple[str, ...] = ()) -> None:
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        valid = ", ".join(allowed) if allowed else "none"
+        raise ScheduleError(f"algorithm {algorithm!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}")

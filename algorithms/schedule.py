@@ -1,0 +1,142 @@
+"""Collective schedules: rounds of transfers, the one definition every executor runs.
+
+A collective over ``ranks`` ranks splits its buffer into ``num_chunks`` chunks. A schedule is a
+sequence of rounds; a round is a set of transfers, each moving a contiguous range of chunks
+``[chunk_lo, chunk_hi)`` from ``src`` to ``dst`` and either reducing them into the destination
+(``REDUCE``) or overwriting it (``COPY``).
+
+Execution semantics (shared by the symbolic check, the DES, the closed forms and the real runs):
+
+* A rank takes part in rounds in order. In round k it starts all its sends at once, as soon as it
+  has finished round k-1 (all its own sends done and all its receives arrived).
+* A receive completes when the transfer arrives; a rank finishes round k when every transfer it
+  sends or receives in round k has completed. Ranks that do not appear in a round skip it.
+* Within a round, a rank's chunks are read before any of the round's transfers land (a round is
+  a simultaneous exchange, as in MPI_Sendrecv).
+
+Rounds are produced lazily (``Schedule.rounds()``) as numpy arrays, so a 4096-rank ring's 33 M
+transfers never exist as Python objects at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+REDUCE = 0
+COPY = 1
+
+COLLECTIVES = ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce")
+
+
+class ScheduleError(ValueError):
+    """A schedule cannot be built for the requested ranks or sizes (message says why)."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of transfers, as parallel arrays (one element per transfer)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    chunk_lo: np.ndarray
+    chunk_hi: np.ndarray
+    op: np.ndarray  # REDUCE or COPY per transfer
+
+    @staticmethod
+    def of(src, dst, chunk_lo, chunk_hi, op) -> Round:
+        """Build a round from array-likes or scalars (scalars are broadcast to the transfer count)."""
+        src_a = np.atleast_1d(np.asarray(src, dtype=np.int64))
+        dst_a = np.atleast_1d(np.asarray(dst, dtype=np.int64))
+        count = max(src_a.size, dst_a.size)
+        arrays = [
+            np.broadcast_to(np.asarray(a, dtype=np.int64), (count,))
+            for a in (src_a, dst_a, chunk_lo, chunk_hi, op)
+        ]
+        return Round(*arrays)
+
+    def __len__(self) -> int:
+        return int(self.src.size)
+
+
+@dataclass(frozen=True)
+class HopCost:
+    """Uncontended cost of one point-to-point transfer: alpha_s + bytes / beta_Bps (seconds)."""
+
+    alpha_s: float
+    beta_Bps: float
+
+    def time(self, nbytes: float) -> float:
+        return self.alpha_s + nbytes / self.beta_Bps
+
+
+@dataclass(frozen=True)
+class FabricCosts:
+    """Uncontended hop costs of a two-level machine, for closed forms.
+
+    Ranks are placed in blocks: rank r lives on node r // devices_per_node. ``intra`` is the cost
+    between two devices of one node, ``inter`` between devices of different nodes.
+    """
+
+    intra: HopCost
+    inter: HopCost
+    devices_per_node: int = 1
+
+    @staticmethod
+    def uniform(alpha_s: float, beta_Bps: float) -> FabricCosts:
+        hop = HopCost(alpha_s, beta_Bps)
+        return FabricCosts(hop, hop, 1)
+
+    def between(self, a: int, b: int) -> HopCost:
+        same = a // self.devices_per_node == b // self.devices_per_node
+        return self.intra if same else self.inter
+
+    def worst(self, ranks: int) -> HopCost:
+        """The slowest hop present among ``ranks`` ranks (inter-node as soon as two nodes take part)."""
+        return self.inter if ranks > self.devices_per_node else self.intra
+
+
+@dataclass
+class Schedule:
+    """A collective's schedule for a fixed rank count.
+
+    Subclasses (or factories) provide ``_rounds``. ``chunk_fraction`` gives the share of the
+    message each chunk carries (uniform by default); ``payload_factor`` scales bytes on the wire
+    (top-k sparsification sends values and indices of a fraction of the elements).
+    """
+
+    name: str
+    collective: str
+    ranks: int
+    num_chunks: int
+    round_factory: object = field(repr=False)  # callable () -> Iterator[Round]
+    root: int = 0
+    payload_factor: float = 1.0
+    # For reduce_scatter: which chunk range each rank owns at the end; default chunk r on rank r.
+    owned_chunks: tuple[tuple[int, int], ...] | None = None
+    # Initial ownership for allgather-like schedules: rank r starts with these chunks.
+    initial_chunks: tuple[tuple[int, int], ...] | None = None
+
+    def rounds(self) -> Iterator[Round]:
+        factory = self.round_factory
+        assert callable(factory)
+        return iter(factory())
+
+    def transfer_bytes(self, rnd: Round, message_bytes: float) -> np.ndarray:
+        """Bytes on the wire for each transfer of ``rnd`` when the full buffer is ``message_bytes``."""
+        per_chunk = message_bytes * self.payload_factor / self.num_chunks
+        return (rnd.chunk_hi - rnd.chunk_lo).astype(np.float64) * per_chunk
+
+    def num_rounds(self) -> int:
+        return sum(1 for _ in self.rounds())
+
+
+def check_ranks(name: str, ranks: int) -> None:
+    if not isinstance(ranks, int | np.integer) or ranks < 1:
+        raise ScheduleError(f"{name}: ranks must be a positive integer, got {ranks!r}")
+
+
+def is_power_of_two(value: int) -> bool:
+    return value >= 1 and (value & (value - 1)) == 0

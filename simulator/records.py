@@ -1,0 +1,93 @@
+"""Result and trace records: one schema for simulated and measured timelines, atomic file writes.
+
+Trace rows (simulated by the DES, measured by ``real_runs``) share ``TRACE_COLUMNS``:
+
+=========== ===============================================================================
+rank        global rank (int)
+iteration   training iteration or benchmark repetition (int, from 0)
+op          what happened: ``forward``, ``backward``, ``update``, ``send``, ``recv``,
+            ``allreduce``, ... (snake_case)
+peer        the other rank for send/recv, -1 otherwise
+bytes       payload bytes moved by the op (0 for compute)
+start_s     start time in seconds since the synchronised start of the run
+end_s       end time in seconds since the synchronised start of the run
+=========== ===============================================================================
+
+So ``validate`` can join a simulated trace and a measured one on (rank, iteration, op).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+TRACE_COLUMNS = ("rank", "iteration", "op", "peer", "bytes", "start_s", "end_s")
+
+SCALING_COLUMNS = (
+    "nodes",
+    "devices",
+    "global_batch",
+    "iteration_s",
+    "compute_s",
+    "exposed_comm_s",
+    "throughput_samples_per_s",
+    "speedup",
+    "scaling_efficiency",
+)
+
+
+@contextlib.contextmanager
+def atomic_open(path: Path, mode: str = "w") -> Iterator[TextIO]:
+    """Write to a temporary file beside ``path`` and rename it into place only on success."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile(
+        mode, dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False, encoding="utf-8",
+        newline="" if "b" not in mode else None,
+    )
+    try:
+        with handle:
+            yield handle  # type: ignore[misc]
+        os.replace(handle.name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(handle.name)
+        raise
+
+
+def write_csv(path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:
+    """Write ``rows`` (dicts) as CSV with exactly ``columns``, atomically. Floats keep full precision."""
+    with atomic_open(path) as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(columns), lineterminator="\n", extrasaction="raise")
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({key: _cell(row.get(key, "")) for key in columns})
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, float):
+        return repr(value)
+    return value
+
+
+def read_csv(path: Path) -> list[dict[str, str]]:
+    with Path(path).open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def write_json(path: Path, data: Any) -> None:
+    with atomic_open(path) as handle:
+        json.dump(data, handle, indent=2, sort_keys=True)
+        handle.write("\n")
+
+
+def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    with atomic_open(path) as handle:
+        for row in rows:
+            handle.write(json.dumps(row, sort_keys=True) + "\n")
