@@ -24,9 +24,10 @@ def _steps(ranks: int, first_chunk_offset: int, op: int, count: int):
     src = np.arange(ranks, dtype=np.int64)
     dst = (src + 1) % ranks
     ops = np.full(ranks, op, dtype=np.int64)
+    ones = np.ones(ranks, dtype=np.int64)
     for step in range(count):
-        lo = (src + first_chunk_offset - step) % ranks
-        yield Round(src, dst, lo, lo + 1, ops)
+        offset = first_chunk_offset - step
+        yield Round.lazy(src, dst, ones, ops, lambda offset=offset: (src + offset) % ranks)
 
 
 class RingCollective:

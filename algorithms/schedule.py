@@ -35,15 +35,44 @@ class ScheduleError(ValueError):
     """A schedule cannot be built for the requested ranks or sizes (message says why)."""
 
 
-@dataclass(frozen=True)
 class Round:
-    """One round of transfers, as parallel arrays (one element per transfer)."""
+    """One round of transfers, as parallel arrays (one element per transfer).
 
-    src: np.ndarray
-    dst: np.ndarray
-    chunk_lo: np.ndarray
-    chunk_hi: np.ndarray
-    op: np.ndarray  # REDUCE or COPY per transfer
+    ``Round(src, dst, chunk_lo, chunk_hi, op)`` takes arrays. ``Round.lazy`` lets a generator share
+    ``src``, ``dst``, ``op`` and the per-transfer chunk count between rounds and compute the chunk
+    offsets only when asked: timing executors never ask, so a ring round costs them no allocation.
+    Executors may cache per-round work keyed on the identity of these shared arrays.
+    """
+
+    __slots__ = ("_hi", "_lo", "_lo_fn", "chunk_count", "dst", "op", "src")
+
+    def __init__(self, src, dst, chunk_lo=None, chunk_hi=None, op=None, *, chunk_count=None, chunk_lo_fn=None):
+        self.src = src
+        self.dst = dst
+        self.op = op
+        self._lo = chunk_lo
+        self._hi = chunk_hi
+        self._lo_fn = chunk_lo_fn
+        if chunk_count is None:
+            chunk_count = np.asarray(chunk_hi) - np.asarray(chunk_lo)
+        self.chunk_count = chunk_count
+
+    @staticmethod
+    def lazy(src, dst, chunk_count, op, chunk_lo_fn) -> Round:
+        """A round whose chunk offsets ``chunk_lo_fn()`` are computed on first use."""
+        return Round(src, dst, None, None, op, chunk_count=chunk_count, chunk_lo_fn=chunk_lo_fn)
+
+    @property
+    def chunk_lo(self) -> np.ndarray:
+        if self._lo is None:
+            self._lo = self._lo_fn()
+        return self._lo
+
+    @property
+    def chunk_hi(self) -> np.ndarray:
+        if self._hi is None:
+            self._hi = self.chunk_lo + self.chunk_count
+        return self._hi
 
     @staticmethod
     def of(src, dst, chunk_lo, chunk_hi, op) -> Round:
@@ -127,7 +156,7 @@ class Schedule:
     def transfer_bytes(self, rnd: Round, message_bytes: float) -> np.ndarray:
         """Bytes on the wire for each transfer of ``rnd`` when the full buffer is ``message_bytes``."""
         per_chunk = message_bytes * self.payload_factor / self.num_chunks
-        return (rnd.chunk_hi - rnd.chunk_lo).astype(np.float64) * per_chunk
+        return rnd.chunk_count * per_chunk
 
     def num_rounds(self) -> int:
         return sum(1 for _ in self.rounds())
