@@ -1,0 +1,278 @@
+"""Executing collective schedules on the modeled fabric: message by message, or a round at a time.
+
+Both paths implement the round semantics of ``algorithms.schedule``: a rank enters round k+1 once
+every transfer it sends or receives in round k has arrived; a transfer costs the sender's
+per-message overhead, then its bytes stream over the route as a flow (sharing links max-min
+fairly with every other flow in flight), then the route's latency.
+
+* ``MessageExecutor``: one SimPy process per transfer over a ``FlowNetwork``. Exact under any
+  contention; the reference.
+* ``VectorisedExecutor``: a whole round at once with numpy, each flow at its route's full
+  bottleneck rate. It also checks, for every link, that no two flows ever overlap in time on it.
+  If they never do, every flow really ran alone, so the message-level execution would have
+  produced exactly these times (induction over events in time order). If two might overlap it
+  raises ``ContentionDetected`` and the caller falls back to the message path.
+  ``tests/test_collective_engine.py`` holds the two paths to each other.
+
+Times are absolute seconds; ``start`` gives each rank's time of entering the collective.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from algorithms.schedule import Round, Schedule
+from simulator.fabric import Fabric
+from simulator.flow_network import FlowNetwork
+
+
+class ContentionDetected(RuntimeError):
+    """Two flows may share a link at the same time: the vectorised path does not apply."""
+
+
+@dataclass
+class TransferLog:
+    """Optional per-transfer record (for traces): arrays over all transfers executed."""
+
+    src: list[np.ndarray]
+    dst: list[np.ndarray]
+    nbytes: list[np.ndarray]
+    start_s: list[np.ndarray]
+    end_s: list[np.ndarray]
+
+
+@dataclass
+class _Structure:
+    src: np.ndarray
+    dst: np.ndarray
+    flat_links: np.ndarray  # link ids of all valid hops of all transfers, flattened
+    flat_owner: np.ndarray  # transfer index of each flat link
+    alpha_s: np.ndarray
+    overhead_s: np.ndarray
+    bottleneck_Bps: np.ndarray
+    identity_src: bool  # src == arange(ranks): every rank sends exactly once, in rank order
+    permutation: bool  # every rank sends at most once and receives at most once
+    checked: np.ndarray  # positions in flat_links whose link more than one sender uses
+    version: int  # shared-link version ``checked`` was computed for
+
+
+class VectorisedExecutor:
+    """Round-at-a-time execution with a proof check; keeps link state across calls.
+
+    Several collectives executed one after another through one executor (the buckets of an
+    iteration) are checked against each other too, since their flows may overlap in time.
+
+    The overlap check only has to look at links that more than one sender uses: a rank's own
+    flows never overlap, because it sends round k+1 only after round k's transfers arrived (and a
+    round whose transfers share a link is rejected outright). When a link first gets a second
+    sender, its busy time is set to the first sender's clock, which is no earlier than the end of
+    any flow that sender started: conservative, so the check can only err towards the fallback.
+    """
+
+    def __init__(self, fabric: Fabric, ranks: int | None = None) -> None:
+        self.fabric = fabric
+        links = fabric.capacity_Bps.size
+        self.busy_until = np.full(links, -np.inf)
+        self.link_sender = np.full(links, -1, dtype=np.int64)  # -1 unused, -2 several senders
+        self.clock = np.full(ranks or fabric.devices, -np.inf)  # latest known time of each rank
+        self._shared_version = 0
+        self._structures: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, _Structure]] = {}
+        self.transfers = 0
+
+    def _structure(self, rnd: Round, ranks: int) -> _Structure:
+        key = (id(rnd.src), id(rnd.dst))
+        cached = self._structures.get(key)
+        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst:
+            structure = cached[2]
+        else:
+            src = np.asarray(rnd.src, dtype=np.int64)
+            dst = np.asarray(rnd.dst, dtype=np.int64)
+            routes, alpha, bottleneck = self.fabric.path_properties(src, dst)
+            valid = routes >= 0
+            flat_links = routes[valid]
+            owner = np.nonzero(valid)[0]
+            if np.unique(flat_links).size != flat_links.size:
+                raise ContentionDetected("two transfers of one round share a link")
+            self._claim(flat_links, src[owner])
+            identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
+            permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
+            overhead = self.fabric.overheads(src, dst)
+            structure = _Structure(
+                src, dst, flat_links, owner, alpha, overhead, bottleneck, identity, permutation, owner[:0], -1
+            )
+            if len(self._structures) > 256:
+                self._structures.clear()
+            # hold references to the arrays so that their ids cannot be reused while cached
+            self._structures[key] = (rnd.src, rnd.dst, structure)
+        if structure.version != self._shared_version:
+            structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
+            structure.version = self._shared_version
+        return structure
+
+    def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
+        """Record who sends over ``links``; links gaining a second sender become checked."""
+        previous = self.link_sender[links]
+        fresh = previous == -1
+        self.link_sender[links[fresh]] = senders[fresh]
+        newly_shared = (previous >= 0) & (previous != senders)
+        if newly_shared.any():
+            shared = links[newly_shared]
+            self.busy_until[shared] = self.clock[previous[newly_shared]]
+            self.link_sender[shared] = -2
+            self._shared_version += 1
+
+    def run(
+        self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float, log: TransferLog | None = None
+    ) -> np.ndarray:
+        """Per-rank finish times (absolute seconds) of ``schedule`` started at ``start_s``."""
+        ranks = schedule.ranks
+        if self.clock.size < ranks:
+            self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
+        t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
+        self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
+        busy = self.busy_until
+        last_bytes_key: tuple[int, int] | None = None
+        flow_s = end_offset = np.empty(0)
+        for rnd in schedule.rounds():
+            if len(rnd) == 0:
+                continue
+            st = self._structure(rnd, ranks)
+            bytes_key = (id(st), id(rnd.chunk_count))
+            if bytes_key != last_bytes_key:
+                nbytes = schedule.transfer_bytes(rnd, message_bytes)
+                flow_s = nbytes / st.bottleneck_Bps
+                end_offset = st.alpha_s + flow_s
+                last_bytes_key = bytes_key
+            begin = t if st.identity_src else t[st.src]
+            if st.checked.size:
+                owners = st.flat_owner[st.checked]
+                links = st.flat_links[st.checked]
+                flow_begin = begin[owners] + st.overhead_s[owners]
+                if np.any(flow_begin < busy[links]):
+                    raise ContentionDetected("flows of different rounds may overlap on a link")
+                busy[links] = flow_begin + flow_s[owners]
+            end = begin + end_offset
+            if log is not None:
+                log.src.append(st.src)
+                log.dst.append(st.dst)
+                log.nbytes.append(schedule.transfer_bytes(rnd, message_bytes))
+                log.start_s.append(begin.copy())
+                log.end_s.append(end.copy())
+            if st.identity_src and st.permutation:
+                new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
+                new[st.dst] = np.maximum(end[st.dst], end)
+            elif st.permutation:
+                new = t.copy()
+                new[st.src] = end
+                new[st.dst] = np.maximum(new[st.dst], end)
+            else:
+                new = t.copy()
+                np.maximum.at(new, st.src, end)
+                np.maximum.at(new, st.dst, end)
+            t = new
+            self.transfers += len(rnd)
+        self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
+        return t
+
+
+class MessageExecutor:
+    """Message-by-message execution in SimPy over a shared ``FlowNetwork`` (exact under contention)."""
+
+    def __init__(self, fabric: Fabric, env: simpy.Environment | None = None) -> None:
+        self.fabric = fabric
+        self.env = env or simpy.Environment()
+        self.network = FlowNetwork(self.env, fabric.capacity_Bps)
+        self.transfers = 0
+
+    def process(
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        ready: Sequence[simpy.Event] | None = None,
+        log: TransferLog | None = None,
+    ) -> list[simpy.Event]:
+        """Start the collective inside ``self.env``; rank r enters when ``ready[r]`` fires (now if None).
+
+        Returns one event per rank that fires when that rank has finished the collective.
+        """
+        env = self.env
+        rounds = [rnd for rnd in schedule.rounds() if len(rnd)]
+        plans = []
+        for rnd in rounds:
+            routes, alpha, bottleneck = self.fabric.path_properties(rnd.src, rnd.dst)
+            overhead = self.fabric.overheads(rnd.src, rnd.dst)
+            nbytes = schedule.transfer_bytes(rnd, message_bytes)
+            arrivals = [env.event() for _ in range(len(rnd))]
+            sends: dict[int, list[int]] = {}
+            receives: dict[int, list[int]] = {}
+            for index, (s, d) in enumerate(zip(rnd.src.tolist(), rnd.dst.tolist(), strict=True)):
+                sends.setdefault(s, []).append(index)
+                receives.setdefault(d, []).append(index)
+            plans.append((rnd, routes, alpha - overhead, overhead, nbytes, arrivals, sends, receives))
+
+        def transfer(plan, index):
+            rnd, routes, latency, overhead, nbytes, arrivals, _, _ = plan
+            begin = env.now
+            yield env.timeout(float(overhead[index]))
+            yield self.network.transfer(routes[index], float(nbytes[index]))
+            yield env.timeout(float(latency[index]))
+            self.transfers += 1
+            if log is not None:
+                log.src.append(rnd.src[index : index + 1])
+                log.dst.append(rnd.dst[index : index + 1])
+                log.nbytes.append(nbytes[index : index + 1])
+                log.start_s.append(np.array([begin]))
+                log.end_s.append(np.array([env.now]))
+            arrivals[index].succeed()
+
+        def rank(r: int):
+            if ready is not None:
+                yield ready[r]
+            for plan in plans:
+                _, _, _, _, _, arrivals, sends, receives = plan
+                mine = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
+                mine += [arrivals[i] for i in receives.get(r, ())]
+                if mine:
+                    yield env.all_of(mine)
+
+        return [env.process(rank(r)) for r in range(schedule.ranks)]
+
+    def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
+        """Per-rank finish times, running a fresh simulation from ``start_s``."""
+        starts = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,))
+        env = self.env
+        base = env.now
+        ready = [env.timeout(float(s) - base) for s in starts]
+        done = self.process(schedule, message_bytes, ready)
+        finish = np.zeros(schedule.ranks)
+
+        def record(r: int, event: simpy.Event):
+            yield event
+            finish[r] = env.now
+
+        for r, event in enumerate(done):
+            env.process(record(r, event))
+        env.run()
+        return finish
+
+
+def run_collective(
+    schedule: Schedule, fabric: Fabric, message_bytes: float, start_s: np.ndarray | float = 0.0, mode: str = "auto"
+) -> tuple[np.ndarray, str]:
+    """Finish times of one collective and the path used (``vectorised`` or ``message``).
+
+    ``mode``: ``auto`` tries the vectorised path and falls back when contention is possible.
+    """
+    if mode not in ("auto", "vectorised", "message"):
+        raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, message")
+    if mode != "message":
+        try:
+            return VectorisedExecutor(fabric).run(schedule, message_bytes, start_s), "vectorised"
+        except ContentionDetected:
+            if mode == "vectorised":
+                raise
+    return MessageExecutor(fabric).run(schedule, message_bytes, start_s), "message"

@@ -1,0 +1,260 @@
+"""The modeled fabric: directed links (full duplex = two links) and vectorised routes.
+
+::
+
+    node n                                      switch / fat tree / torus
+    +--------------------------------+
+    | dev0 --peer--+                 |
+    | dev1 --peer--+ (NVLink/PCIe    |
+    |  ...         |  switch, star)  |
+    | dev0 --host--+--> NIC j ===nic_up/nic_down===> core links ===> NIC of node m
+    +--------------------------------+
+
+* Inside a node devices meet in a star: each device has a ``peer`` port (up and down) on the
+  intra-node link. GPUs reach the NIC over their ``host`` link (PCIe); when the intra-node link is
+  PCIe itself, peer and host ports are the same links, so NIC traffic and peer traffic contend.
+* Between nodes a transfer goes host up, NIC up, core links, NIC down, host down.
+* Topologies: ``switch`` (one non-blocking switch), ``fat_tree`` (two levels; each leaf has one
+  aggregated uplink of nodes_per_leaf x NIC bandwidth / oversubscription), ``torus_2d`` and
+  ``torus_3d`` (dimension-order routing along the shorter way round, one link per direction).
+
+Every transfer's uncontended cost is ``overhead + sum(latencies) + bytes / min(capacities)``;
+the same arithmetic gives the closed forms' hop costs, so DES and closed form agree exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from algorithms.schedule import FabricCosts, HopCost
+from hardware_models.catalog import Link
+
+TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
+SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch port-to-port ~90-130 ns)
+
+
+class FabricError(ValueError):
+    """The fabric cannot be built as asked (message says what is allowed)."""
+
+
+@dataclass(frozen=True)
+class FabricSpec:
+    """What the fabric is made of; ``nodes`` x ``devices_per_node`` devices."""
+
+    nodes: int
+    devices_per_node: int
+    peer_link: Link | None = None
+    host_link: Link | None = None
+    network: Link | None = None
+    nics_per_node: int = 1
+    topology: str = "switch"
+    oversubscription: float = 1.0
+    nodes_per_leaf: int = 16
+    torus_dims: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.topology not in TOPOLOGIES:
+            raise FabricError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
+        for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise FabricError(f"{name} must be a positive integer, got {value!r}")
+        if not self.oversubscription >= 1.0:
+            raise FabricError(f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}")
+        if self.nics_per_node > self.devices_per_node:
+            raise FabricError(
+                f"nics_per_node ({self.nics_per_node}) must not exceed devices_per_node ({self.devices_per_node})"
+            )
+        if self.devices_per_node > 1 and self.peer_link is None:
+            raise FabricError("devices_per_node > 1 needs an intra-node link")
+        if self.nodes > 1 and self.network is None:
+            raise FabricError("more than one node needs a network")
+
+
+def torus_shape(nodes: int, dimensions: int, dims: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The torus extents: ``dims`` if given (their product must equal ``nodes``), else near-cubic."""
+    if dims is not None:
+        if len(dims) != dimensions or math.prod(dims) != nodes:
+            raise FabricError(
+                f"torus dimensions {'x'.join(map(str, dims))} do not hold {nodes} nodes in {dimensions}D"
+            )
+        return tuple(dims)
+    shape: list[int] = []
+    remaining = nodes
+    for left in range(dimensions, 0, -1):
+        target = round(remaining ** (1.0 / left))
+        best = max(d for d in range(1, remaining + 1) if remaining % d == 0 and d <= max(target, 1)) or 1
+        shape.append(best)
+        remaining //= best
+    return tuple(sorted(shape, reverse=True))
+
+
+class Fabric:
+    """Directed links as arrays; ``route`` and ``cost`` work on arrays of (src, dst) device ranks."""
+
+    def __init__(self, spec: FabricSpec) -> None:
+        self.spec = spec
+        self.devices = spec.nodes * spec.devices_per_node
+        capacity: list[float] = []
+        latency: list[float] = []
+        names: list[str] = []
+
+        def block(count: int, cap: float, lat: float, label: str) -> np.ndarray:
+            start = len(capacity)
+            capacity.extend([cap] * count)
+            latency.extend([lat] * count)
+            names.extend(f"{label}[{i}]" for i in range(count))
+            return np.arange(start, start + count)
+
+        d = self.devices
+        self.host_up = self.host_down = None
+        if spec.host_link is not None:
+            host = spec.host_link
+            self.host_up = block(d, host.port_bandwidth_Bps, host.latency_s / 2, "host_up")
+            self.host_down = block(d, host.port_bandwidth_Bps, host.latency_s / 2, "host_down")
+        self.peer_up = self.peer_down = None
+        if spec.peer_link is not None:
+            peer = spec.peer_link
+            if spec.host_link is not None and peer.token == spec.host_link.token:
+                self.peer_up, self.peer_down = self.host_up, self.host_down
+            else:
+                self.peer_up = block(d, peer.port_bandwidth_Bps, peer.latency_s / 2, "peer_up")
+                self.peer_down = block(d, peer.port_bandwidth_Bps, peer.latency_s / 2, "peer_down")
+        self.nic_up = self.nic_down = None
+        self.core_hops = 0
+        if spec.network is not None and spec.nodes > 1:
+            net = spec.network
+            nics = spec.nodes * spec.nics_per_node
+            self.nic_up = block(nics, net.port_bandwidth_Bps, net.latency_s / 2, "nic_up")
+            self.nic_down = block(nics, net.port_bandwidth_Bps, net.latency_s / 2, "nic_down")
+            if spec.topology == "fat_tree":
+                leaves = -(-spec.nodes // spec.nodes_per_leaf)
+                uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
+                self.leaf_up = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_up")
+                self.leaf_down = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_down")
+                self.core_hops = 2
+            elif spec.topology in ("torus_2d", "torus_3d"):
+                dimensions = 2 if spec.topology == "torus_2d" else 3
+                self.shape = torus_shape(spec.nodes, dimensions, spec.torus_dims)
+                # link id of (node, dim, direction): direction 0 = +1, 1 = -1
+                count = spec.nodes * dimensions * 2
+                self.torus_base = block(
+                    count, spec.nics_per_node * net.port_bandwidth_Bps, SWITCH_HOP_LATENCY_S, "torus"
+                )[0]
+                self.core_hops = sum(extent // 2 for extent in self.shape)
+        self.capacity_Bps = np.asarray(capacity, dtype=np.float64)
+        self.latency_s = np.asarray(latency, dtype=np.float64)
+        self.link_names = names
+        self.max_hops = 4 + self.core_hops
+
+    # --- placement -------------------------------------------------------------------------------
+    def node_of(self, device: np.ndarray) -> np.ndarray:
+        return device // self.spec.devices_per_node
+
+    def nic_of(self, device: np.ndarray) -> np.ndarray:
+        spec = self.spec
+        local = device % spec.devices_per_node
+        return self.node_of(device) * spec.nics_per_node + local * spec.nics_per_node // spec.devices_per_node
+
+    # --- routing ---------------------------------------------------------------------------------
+    def routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Link ids of each transfer's path, shape (transfers, max_hops), padded with -1."""
+        src = np.asarray(src, dtype=np.int64)
+        dst = np.asarray(dst, dtype=np.int64)
+        if src.size and (max(src.max(), dst.max()) >= self.devices or min(src.min(), dst.min()) < 0):
+            raise FabricError(f"a transfer names a rank outside the fabric's {self.devices} devices")
+        out = np.full((src.size, self.max_hops), -1, dtype=np.int64)
+        same = self.node_of(src) == self.node_of(dst)
+        if same.any():
+            assert self.peer_up is not None and self.peer_down is not None
+            out[same, 0] = self.peer_up[src[same]]
+            out[same, 1] = self.peer_down[dst[same]]
+        cross = ~same
+        if cross.any():
+            assert self.nic_up is not None and self.nic_down is not None
+            s, t = src[cross], dst[cross]
+            rows = np.flatnonzero(cross)
+            column = 0
+            if self.host_up is not None:
+                out[rows, 0] = self.host_up[s]
+                column = 1
+            out[rows, column] = self.nic_up[self.nic_of(s)]
+            column += 1
+            column = self._core(out, rows, self.node_of(s), self.node_of(t), column)
+            out[rows, column] = self.nic_down[self.nic_of(t)]
+            if self.host_down is not None:
+                out[rows, column + 1] = self.host_down[t]
+        return out
+
+    def _core(self, out: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, column: int) -> int:
+        spec = self.spec
+        if spec.topology == "fat_tree":
+            la, lb = a // spec.nodes_per_leaf, b // spec.nodes_per_leaf
+            far = la != lb
+            out[rows[far], column] = self.leaf_up[la[far]]
+            out[rows[far], column + 1] = self.leaf_down[lb[far]]
+            # rows that stay under one leaf keep -1 (padding) in these two columns
+            return column + 2
+        if spec.topology in ("torus_2d", "torus_3d"):
+            return self._torus(out, rows, a, b, column)
+        return column
+
+    def _torus(self, out: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, column: int) -> int:
+        shape = self.shape
+        dims = len(shape)
+        strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
+        current = a.copy()
+        for dim, extent in enumerate(shape):
+            ca = (current // strides[dim]) % extent
+            cb = (b // strides[dim]) % extent
+            forward = (cb - ca) % extent
+            go_plus = forward <= extent - forward
+            hops = np.where(go_plus, forward, extent - forward)
+            for hop in range(extent // 2):
+                moving = hops > hop
+                if moving.any():
+                    direction = np.where(go_plus, 0, 1)
+                    link = self.torus_base + (current * dims + dim) * 2 + direction
+                    out[rows[moving], column + hop] = link[moving]
+                    coordinate = (current // strides[dim]) % extent
+                    step = np.where(go_plus, 1, -1)
+                    new_coordinate = (coordinate + step) % extent
+                    current = np.where(moving, current + (new_coordinate - coordinate) * strides[dim], current)
+            column += extent // 2
+        return column
+
+    # --- costs -----------------------------------------------------------------------------------
+    def overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        spec = self.spec
+        same = self.node_of(np.asarray(src)) == self.node_of(np.asarray(dst))
+        intra = spec.peer_link.per_message_overhead_s if spec.peer_link is not None else 0.0
+        inter = spec.network.per_message_overhead_s if spec.network is not None else 0.0
+        return np.where(same, intra, inter)
+
+    def path_properties(self, src: np.ndarray, dst: np.ndarray):
+        """(routes, alpha_s, bottleneck_Bps) of each transfer: alpha = overhead + summed latency."""
+        routes = self.routes(src, dst)
+        valid = routes >= 0
+        safe = np.where(valid, routes, 0)
+        latency = np.where(valid, self.latency_s[safe], 0.0).sum(axis=1)
+        bottleneck = np.where(valid, self.capacity_Bps[safe], np.inf).min(axis=1)
+        alpha = self.overheads(src, dst) + latency
+        return routes, alpha, bottleneck
+
+    def hop_cost(self, src: int, dst: int) -> HopCost:
+        _, alpha, beta = self.path_properties(np.array([src]), np.array([dst]))
+        return HopCost(float(alpha[0]), float(beta[0]))
+
+    def fabric_costs(self) -> FabricCosts:
+        """Hop costs for closed forms: intra-node pair (0, 1), inter-node pair (0, first device of the last node).
+
+        Exact for the single switch, where every inter-node path costs the same.
+        """
+        dpn = self.spec.devices_per_node
+        inter = self.hop_cost(0, self.devices - dpn) if self.spec.nodes > 1 else None
+        intra = self.hop_cost(0, 1) if dpn > 1 else None
+        intra = intra or inter or HopCost(0.0, math.inf)
+        return FabricCosts(intra, inter or intra, dpn)
