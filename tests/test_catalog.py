@@ -1,0 +1,335 @@
+"""The hardware catalog: every datasheet loads, cites its sources, and converts units as a calculator says.
+
+The loader is tested against small datasheets written to a temporary directory: each broken
+file must be rejected with a message that names the file and the offending key.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from algorithms.registry import UnknownNameError
+from hardware_models.catalog import (
+    DEVICE_KINDS,
+    LINK_KINDS,
+    PRECISIONS,
+    CatalogError,
+    device_names,
+    link_names,
+    load_device,
+    load_device_file,
+    load_link,
+    load_link_file,
+)
+
+DOCS = Path(__file__).resolve().parent.parent / "docs" / "hardware.md"
+
+REQUIRED_DEVICES = [
+    "knl_7250", "knl_7230", "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h",
+    "k20x", "k40", "k80", "m40", "titanx_pascal", "p40", "p100_pcie", "p100_sxm2",
+    "v100_pcie", "v100_sxm2", "v100_sxm3", "v100_sxm3_h", "v100s_pcie", "a100_sxm4", "h100_sxm5",
+]  # fmt: skip
+REQUIRED_INTRA_NODE = [
+    "pcie3_x16", "pcie4_x16", "nvlink1", "nvlink2", "nvlink3", "nvswitch", "nvswitch2", "upi",
+]  # fmt: skip
+REQUIRED_NETWORKS = [
+    "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr",
+    "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g",
+]  # fmt: skip
+
+DEVICE_QUANTITIES = {"memory_bandwidth", "memory_capacity", "on_chip_memory", "compute_efficiency",
+                     "memory_efficiency"}  # fmt: skip
+LINK_QUANTITIES = {"bandwidth", "latency", "per_message_overhead", "efficiency"}
+
+
+# --- every shipped datasheet ---------------------------------------------------------------------
+
+
+def test_required_tokens_are_all_present() -> None:
+    assert sorted(set(REQUIRED_DEVICES) - set(device_names())) == []
+    assert sorted(set(REQUIRED_INTRA_NODE + REQUIRED_NETWORKS) - set(link_names())) == []
+
+
+def test_link_kinds_split_the_links() -> None:
+    assert set(REQUIRED_INTRA_NODE) <= set(link_names("intra_node"))
+    assert set(REQUIRED_NETWORKS) <= set(link_names("network"))
+
+
+@pytest.mark.parametrize("token", device_names())
+def test_device_loads_with_a_source_for_every_number(token: str) -> None:
+    device = load_device(token)
+    assert device.token == token
+    assert device.description.strip()
+    assert device.kind in DEVICE_KINDS
+    assert set(device.sources) == DEVICE_QUANTITIES | set(device.peak_flops) | set(device.layer_efficiency)
+    for key, source in device.sources.items():
+        assert len(source.strip()) > 20, f"{token}: source of {key!r} does not name a document"
+    assert set(device.peak_flops) <= set(PRECISIONS)
+    for precision, peak in device.peak_flops.items():
+        assert peak >= device.peak_flops["fp32"], f"{token}: {precision} peak below fp32"
+    assert device.memory_capacity_bytes > device.on_chip_memory_bytes
+
+
+@pytest.mark.parametrize("token", link_names())
+def test_link_loads_with_a_source_for_every_number(token: str) -> None:
+    link = load_link(token)
+    assert link.token == token
+    assert link.description.strip()
+    assert link.kind in LINK_KINDS
+    expected = LINK_QUANTITIES | ({"links_per_device"} if link.links_per_device > 1 else set())
+    assert set(link.sources) >= expected
+    for key, source in link.sources.items():
+        assert len(source.strip()) > 20, f"{token}: source of {key!r} does not name a document"
+
+
+@pytest.mark.parametrize("token", device_names())
+def test_device_file_loads_the_same_through_either_entry(token: str) -> None:
+    path = Path(__file__).resolve().parent.parent / "hardware_models" / "devices" / f"{token}.toml"
+    assert load_device_file(path) == load_device(token)
+
+
+@pytest.mark.parametrize("token", device_names() + link_names())
+def test_every_token_is_documented(token: str) -> None:
+    assert f"`{token}`" in DOCS.read_text(encoding="utf-8")
+
+
+def test_device_kinds() -> None:
+    kinds = {token: load_device(token).kind for token in REQUIRED_DEVICES}
+    assert {token for token, kind in kinds.items() if kind == "manycore"} == {"knl_7250", "knl_7230"}
+    assert {token for token, kind in kinds.items() if kind == "cpu"} == {
+        "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h"
+    }  # fmt: skip
+
+
+# --- hand-checked conversions ---------------------------------------------------------------------
+
+
+def test_ib_edr_line_rate() -> None:
+    """100 Gbit/s / 8 bits per byte = 12.5e9 B/s; port = 12.5e9 x 0.97 = 12.125e9 B/s."""
+    link = load_link("ib_edr")
+    assert link.bandwidth_Bps == 12.5e9
+    assert link.port_bandwidth_Bps == pytest.approx(12.125e9)
+    assert link.latency_s == pytest.approx(0.9e-6)
+
+
+def test_ib_fdr_data_rate() -> None:
+    """54.54 Gbit/s (56.25 Gbaud x 64/66) / 8 = 6.8175e9 B/s."""
+    assert load_link("ib_fdr").bandwidth_Bps == pytest.approx(6.8175e9)
+
+
+def test_pcie3_x16_after_128b_130b() -> None:
+    """16 lanes x 8 GT/s x 128/130 / 8 = 15.754e9 B/s, written as 15.75 GB/s."""
+    link = load_link("pcie3_x16")
+    assert link.bandwidth_Bps == pytest.approx(16 * 8e9 * 128 / 130 / 8, rel=1e-3)
+    assert link.links_per_device == 1
+
+
+def test_nvlink2_port_bundles_six_links() -> None:
+    """6 links x 25e9 B/s x efficiency; at 0.9 that is 135e9 B/s per direction."""
+    link = load_link("nvlink2")
+    assert link.bandwidth_Bps == 25e9
+    assert link.links_per_device == 6
+    assert link.port_bandwidth_Bps == pytest.approx(6 * 25e9 * link.efficiency)
+
+
+def test_nvswitch_generations() -> None:
+    """DGX-2: 6 x 25e9 = 150e9 B/s raw per GPU; DGX A100: 12 x 25e9 = 300e9 B/s raw per GPU."""
+    first, second = load_link("nvswitch"), load_link("nvswitch2")
+    assert first.bandwidth_Bps * first.links_per_device == 150e9
+    assert second.bandwidth_Bps * second.links_per_device == 300e9
+
+
+def test_ethernet_is_quoted_in_bits() -> None:
+    """1, 10, 25 and 100 Gbit/s are 0.125, 1.25, 3.125 and 12.5 GB/s."""
+    rates = {token: load_link(token).bandwidth_Bps for token in ("eth_1g", "eth_10g", "eth_25g", "eth_100g")}
+    assert rates == {"eth_1g": 0.125e9, "eth_10g": 1.25e9, "eth_25g": 3.125e9, "eth_100g": 12.5e9}
+
+
+def test_device_figures() -> None:
+    """Decimal prefixes: 16 GB = 16e9 B, 732 GB/s = 732e9 B/s, 3.35 TB/s = 3.35e12 B/s, 4 MB = 4e6 B."""
+    p100 = load_device("p100_sxm2")
+    assert (p100.memory_capacity_bytes, p100.memory_bandwidth_Bps, p100.on_chip_memory_bytes) == (
+        16e9, 732e9, 4e6
+    )  # fmt: skip
+    assert load_device("h100_sxm5").memory_bandwidth_Bps == pytest.approx(3.35e12)
+    assert load_device("knl_7250").memory_capacity_bytes == 16e9  # MCDRAM, not DDR
+
+
+def test_k80_is_one_die() -> None:
+    """Board: 8.74 TFLOP/s boost, 480 GB/s, 24 GB; one GK210 die is half of each."""
+    k80 = load_device("k80")
+    assert k80.peak_flops["fp32"] == pytest.approx(4.37e12)
+    assert k80.memory_bandwidth_Bps == 240e9
+    assert k80.memory_capacity_bytes == 12e9
+
+
+def test_dense_tensor_core_peaks() -> None:
+    """V100 SXM2 125 TF, A100 312 TF, H100 SXM5 989 TF (1979 with sparsity / 2)."""
+    assert load_device("v100_sxm2").peak_flops_for("fp16") == 125e12
+    assert load_device("a100_sxm4").peak_flops_for("bf16") == 312e12
+    assert load_device("h100_sxm5").peak_flops_for("fp16") == 989e12
+
+
+def test_cpu_peak_is_cores_times_clock_times_64() -> None:
+    """Xeon 8180: 28 cores x 2.5 GHz x 64 FP32 FLOP/cycle = 4.48e12 FLOP/s."""
+    assert load_device("xeon_8180").peak_flops["fp32"] == pytest.approx(28 * 2.5e9 * 64)
+
+
+def test_fp16_falls_back_to_fp32_without_a_fast_path() -> None:
+    """The P40 lists no fp16 peak (GP102 runs fp16 at 1/64): mixed precision runs at the fp32 peak."""
+    p40 = load_device("p40")
+    assert "fp16" not in p40.peak_flops
+    assert p40.peak_flops_for("fp16") == p40.peak_flops_for("fp32") == 12e12
+    assert p40.peak_flops_for("bf16") == 12e12
+
+
+def test_unknown_precision_is_rejected() -> None:
+    with pytest.raises(CatalogError, match=r"'fp8'; valid: fp32, fp16, bf16"):
+        load_device("p40").peak_flops_for("fp8")
+
+
+# --- the loader rejects broken datasheets ---------------------------------------------------------
+
+
+def line(key: str, value: object, source: str | None = "test datasheet") -> str:
+    """One TOML line ``key = { value = ..., source = "..." }``; strings are quoted, source may be left out."""
+    text = f'"{value}"' if isinstance(value, str) else str(value)
+    cited = "" if source is None else f', source = "{source}"'
+    return f"{key} = {{ value = {text}{cited} }}"
+
+
+DEVICE_LINES = {
+    "description": 'description = "test device"',
+    "kind": 'kind = "gpu"',
+    "peak_flops": f"peak_flops = {{ {line('fp32', '10 TFLOP/s')} }}",
+    "memory_bandwidth": line("memory_bandwidth", "700 GB/s"),
+    "memory_capacity": line("memory_capacity", "16 GB"),
+    "on_chip_memory": line("on_chip_memory", "4 MB"),
+    "compute_efficiency": line("compute_efficiency", 0.5),
+    "memory_efficiency": line("memory_efficiency", 0.75),
+}
+LINK_LINES = {
+    "description": 'description = "test link"',
+    "kind": 'kind = "network"',
+    "bandwidth": line("bandwidth", "100 Gbit/s"),
+    "latency": line("latency", "1 us"),
+    "per_message_overhead": line("per_message_overhead", "1 us"),
+    "efficiency": line("efficiency", 0.9),
+}
+
+
+def write(directory: Path, name: str, lines: dict[str, str], changes: dict[str, str | None]) -> Path:
+    """Write ``lines`` as a TOML file, replacing (or with None, dropping) the keys in ``changes``."""
+    merged: dict[str, str | None] = {**lines, **changes}
+    path = directory / f"{name}.toml"
+    path.write_text("\n".join(text for text in merged.values() if text is not None) + "\n")
+    return path
+
+
+def test_valid_test_datasheets_load(tmp_path: Path) -> None:
+    """10 TFLOP/s x 0.5 = 5e12 FLOP/s; 100 Gbit/s = 12.5e9 B/s x 0.9 = 11.25e9 B/s."""
+    device = load_device_file(write(tmp_path, "good_device", DEVICE_LINES, {}))
+    assert device.token == "good_device"
+    assert device.peak_flops_for("fp16") * device.compute_efficiency == 5e12
+    link = load_link_file(write(tmp_path, "good_link", LINK_LINES, {}))
+    assert link.port_bandwidth_Bps == pytest.approx(11.25e9)
+
+
+Broken = dict[str, tuple[dict[str, str | None], str, str]]  # case -> (changes, key, allowed)
+
+BROKEN_DEVICES: Broken = {
+    "unknown_key": ({"colour": line("colour", "red")}, "colour", "allowed keys"),
+    "missing_key": ({"memory_capacity": None}, "memory_capacity", "missing"),
+    "efficiency_zero": (
+        {"compute_efficiency": line("compute_efficiency", 0)},
+        "compute_efficiency",
+        "(0, 1]",
+    ),
+    "efficiency_above_one": (
+        {"memory_efficiency": line("memory_efficiency", 1.5)},
+        "memory_efficiency",
+        "(0, 1]",
+    ),
+    "negative_bandwidth": (
+        {"memory_bandwidth": line("memory_bandwidth", "-700 GB/s")},
+        "memory_bandwidth",
+        "> 0",
+    ),
+    "unparsable_unit": (
+        {"memory_capacity": line("memory_capacity", "16 furlongs")},
+        "memory_capacity",
+        "GiB",
+    ),
+    "missing_source": ({"on_chip_memory": line("on_chip_memory", "4 MB", None)}, "on_chip_memory", "source"),
+    "empty_source": ({"on_chip_memory": line("on_chip_memory", "4 MB", " ")}, "on_chip_memory", "source"),
+    "unknown_precision": (
+        {"peak_flops": f"peak_flops = {{ {line('fp32', '1 TFLOP/s')}, {line('fp8', '2 TFLOP/s')} }}"},
+        "fp8",
+        "allowed keys: bf16, fp16, fp32",
+    ),
+    "bad_kind": ({"kind": 'kind = "fpga"'}, "kind", "one of gpu, cpu, manycore"),
+}
+
+BROKEN_LINKS: Broken = {
+    "efficiency_zero": ({"efficiency": line("efficiency", 0)}, "efficiency", "(0, 1]"),
+    "efficiency_above_one": ({"efficiency": line("efficiency", 1.5)}, "efficiency", "(0, 1]"),
+    "negative_bandwidth": ({"bandwidth": line("bandwidth", "-100 Gbit/s")}, "bandwidth", "> 0"),
+    "unparsable_unit": ({"bandwidth": line("bandwidth", "100 furlongs/s")}, "bandwidth", "Gbit/s"),
+    "missing_source": ({"latency": line("latency", "1 us", None)}, "latency", "source"),
+    "unknown_key": ({"mtu": line("mtu", "4 kB")}, "mtu", "allowed keys"),
+    "missing_key": ({"per_message_overhead": None}, "per_message_overhead", "missing"),
+    "negative_latency": ({"latency": line("latency", "-1 us")}, "latency", ">= 0"),
+    "zero_links": ({"links": line("links_per_device", 0)}, "links_per_device", ">= 1"),
+}
+
+
+@pytest.mark.parametrize("case", BROKEN_DEVICES)
+def test_broken_device_is_rejected_naming_file_key_and_range(tmp_path: Path, case: str) -> None:
+    changes, key, allowed = BROKEN_DEVICES[case]
+    path = write(tmp_path, f"bad_{case}", DEVICE_LINES, changes)
+    with pytest.raises(CatalogError) as raised:
+        load_device_file(path)
+    message = str(raised.value)
+    assert path.name in message
+    assert repr(key) in message
+    assert allowed in message
+
+
+@pytest.mark.parametrize("case", BROKEN_LINKS)
+def test_broken_link_is_rejected_naming_file_key_and_range(tmp_path: Path, case: str) -> None:
+    changes, key, allowed = BROKEN_LINKS[case]
+    path = write(tmp_path, f"bad_{case}", LINK_LINES, changes)
+    with pytest.raises(CatalogError) as raised:
+        load_link_file(path)
+    message = str(raised.value)
+    assert path.name in message
+    assert repr(key) in message
+    assert allowed in message
+
+
+def test_invalid_toml_names_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("bandwidth = { value = \n")
+    with pytest.raises(CatalogError, match=r"broken\.toml: not valid TOML"):
+        load_link_file(path)
+
+
+# --- unknown tokens ----------------------------------------------------------------------------------
+
+
+def test_unknown_device_lists_valid_tokens() -> None:
+    with pytest.raises(UnknownNameError) as raised:
+        load_device("v200")
+    message = str(raised.value)
+    assert "'v200'" in message
+    assert all(token in message for token in REQUIRED_DEVICES)
+
+
+def test_unknown_link_lists_valid_tokens() -> None:
+    with pytest.raises(UnknownNameError) as raised:
+        load_link("ib_xdr")
+    message = str(raised.value)
+    assert "'ib_xdr'" in message
+    assert all(token in message for token in REQUIRED_INTRA_NODE + REQUIRED_NETWORKS)
