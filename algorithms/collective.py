@@ -47,4 +47,6 @@ def reject_options(algorithm: str, options: dict[str, Any], allowed: tuple[str, 
     unknown = sorted(set(options) - set(allowed))
     if unknown:
         valid = ", ".join(allowed) if allowed else "none"
-        raise ScheduleError(f"algorithm {algorithm!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}")
+        raise ScheduleError(
+            f"algorithm {algorithm!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}"
+        )

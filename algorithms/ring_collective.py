@@ -32,7 +32,7 @@ def _steps(ranks: int, first_chunk_offset: int, op: int, count: int):
 
 class RingCollective:
     name = "ring"
-    collectives = ("allreduce", "reduce_scatter", "allgather")
+    collectives: tuple[str, ...] = ("allreduce", "reduce_scatter", "allgather")
 
     def schedule(self, collective: str, ranks: int, *, devices_per_node: int = 1, **options: Any) -> Schedule:
         check_collective(self, collective)

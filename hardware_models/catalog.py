@@ -127,7 +127,7 @@ def _quantity(data: dict[str, Any], key: str, path: Path, check, sources: dict[s
     where = f"{path}: key {key!r}"
     entry = data[key]
     if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
-        raise CatalogError(f"{where}: must be a table {{ value = ..., source = \"...\" }}, got {entry!r}")
+        raise CatalogError(f'{where}: must be a table {{ value = ..., source = "..." }}, got {entry!r}')
     if not isinstance(entry["source"], str) or not entry["source"].strip():
         raise CatalogError(f"{where}: source must be a non-empty string")
     sources[key] = entry["source"]
@@ -170,7 +170,9 @@ def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
     peaks_table = data["peak_flops"]
     if not isinstance(peaks_table, dict) or "fp32" not in peaks_table:
         raise CatalogError(f"{path}: key 'peak_flops' must be a table with at least fp32")
-    _check_keys(peaks_table, path.with_name(f"{path.name} [peak_flops]"), {"fp32"}, set(PRECISIONS) - {"fp32"})
+    _check_keys(
+        peaks_table, path.with_name(f"{path.name} [peak_flops]"), {"fp32"}, set(PRECISIONS) - {"fp32"}
+    )
     peaks = {
         precision: _quantity(peaks_table, precision, path, _positive(parse_flops), sources)
         for precision in peaks_table

@@ -12,7 +12,9 @@ from hardware_models.catalog import Device
 BYTES_PER_ELEMENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 
 
-def roofline_time_s(flops: float, memory_bytes: float, device: Device, precision: str, layer_type: str) -> float:
+def roofline_time_s(
+    flops: float, memory_bytes: float, device: Device, precision: str, layer_type: str
+) -> float:
     """Seconds to run ``flops`` FLOP touching ``memory_bytes`` bytes of memory on ``device``.
 
     Example: 1e12 FLOP on a 10 TFLOP/s part at efficiency 0.5 -> 0.2 s, unless memory takes longer.
@@ -22,7 +24,9 @@ def roofline_time_s(flops: float, memory_bytes: float, device: Device, precision
     return max(compute_s, memory_s)
 
 
-def optimizer_update_time_s(parameters: float, device: Device, precision: str, momentum: bool = True) -> float:
+def optimizer_update_time_s(
+    parameters: float, device: Device, precision: str, momentum: bool = True
+) -> float:
     """Seconds for an SGD (momentum) update: memory bound, fp32 master weights.
 
     Reads weights and gradients (and momentum), writes weights (and momentum): 5 fp32 arrays with

@@ -56,6 +56,7 @@ class _Structure:
     bottleneck_Bps: np.ndarray
     identity_src: bool  # src == arange(ranks): every rank sends exactly once, in rank order
     permutation: bool  # every rank sends at most once and receives at most once
+    shift: int  # dst == (src + shift) % ranks with identity src; 0 when not such a structure
     checked: np.ndarray  # positions in flat_links whose link more than one sender uses
     version: int  # shared-link version ``checked`` was computed for
 
@@ -101,8 +102,22 @@ class VectorisedExecutor:
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
             permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
             overhead = self.fabric.overheads(src, dst)
+            shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
+            if shift and not np.array_equal(dst, (src + shift) % ranks):
+                shift = 0
             structure = _Structure(
-                src, dst, flat_links, owner, alpha, overhead, bottleneck, identity, permutation, owner[:0], -1
+                src,
+                dst,
+                flat_links,
+                owner,
+                alpha,
+                overhead,
+                bottleneck,
+                identity,
+                permutation,
+                shift,
+                owner[:0],
+                -1,
             )
             if len(self._structures) > 256:
                 self._structures.clear()
@@ -126,7 +141,11 @@ class VectorisedExecutor:
             self._shared_version += 1
 
     def run(
-        self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float, log: TransferLog | None = None
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        start_s: np.ndarray | float,
+        log: TransferLog | None = None,
     ) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` started at ``start_s``."""
         ranks = schedule.ranks
@@ -162,7 +181,9 @@ class VectorisedExecutor:
                 log.nbytes.append(schedule.transfer_bytes(rnd, message_bytes))
                 log.start_s.append(begin.copy())
                 log.end_s.append(end.copy())
-            if st.identity_src and st.permutation:
+            if st.shift:
+                new = np.maximum(end, np.roll(end, st.shift))  # rank r receives from r - shift
+            elif st.identity_src and st.permutation:
                 new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
                 new[st.dst] = np.maximum(end[st.dst], end)
             elif st.permutation:
@@ -203,7 +224,7 @@ class MessageExecutor:
         rounds = [rnd for rnd in schedule.rounds() if len(rnd)]
         plans = []
         for rnd in rounds:
-            routes, alpha, bottleneck = self.fabric.path_properties(rnd.src, rnd.dst)
+            routes, alpha, _bottleneck = self.fabric.path_properties(rnd.src, rnd.dst)
             overhead = self.fabric.overheads(rnd.src, rnd.dst)
             nbytes = schedule.transfer_bytes(rnd, message_bytes)
             arrivals = [env.event() for _ in range(len(rnd))]
@@ -234,7 +255,7 @@ class MessageExecutor:
                 yield ready[r]
             for plan in plans:
                 _, _, _, _, _, arrivals, sends, receives = plan
-                mine = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
+                mine: list[simpy.Event] = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
                 mine += [arrivals[i] for i in receives.get(r, ())]
                 if mine:
                     yield env.all_of(mine)
@@ -261,7 +282,11 @@ class MessageExecutor:
 
 
 def run_collective(
-    schedule: Schedule, fabric: Fabric, message_bytes: float, start_s: np.ndarray | float = 0.0, mode: str = "auto"
+    schedule: Schedule,
+    fabric: Fabric,
+    message_bytes: float,
+    start_s: np.ndarray | float = 0.0,
+    mode: str = "auto",
 ) -> tuple[np.ndarray, str]:
     """Finish times of one collective and the path used (``vectorised`` or ``message``).
 

@@ -63,7 +63,9 @@ class FabricSpec:
             if not isinstance(value, int) or value < 1:
                 raise FabricError(f"{name} must be a positive integer, got {value!r}")
         if not self.oversubscription >= 1.0:
-            raise FabricError(f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}")
+            raise FabricError(
+                f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}"
+            )
         if self.nics_per_node > self.devices_per_node:
             raise FabricError(
                 f"nics_per_node ({self.nics_per_node}) must not exceed devices_per_node ({self.devices_per_node})"
@@ -132,7 +134,9 @@ class Fabric:
             self.nic_down = block(nics, net.port_bandwidth_Bps, net.latency_s / 2, "nic_down")
             if spec.topology == "fat_tree":
                 leaves = -(-spec.nodes // spec.nodes_per_leaf)
-                uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
+                uplink = (
+                    spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
+                )
                 self.leaf_up = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_up")
                 self.leaf_down = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_down")
                 self.core_hops = 2
@@ -222,7 +226,9 @@ class Fabric:
                     coordinate = (current // strides[dim]) % extent
                     step = np.where(go_plus, 1, -1)
                     new_coordinate = (coordinate + step) % extent
-                    current = np.where(moving, current + (new_coordinate - coordinate) * strides[dim], current)
+                    current = np.where(
+                        moving, current + (new_coordinate - coordinate) * strides[dim], current
+                    )
             column += extent // 2
         return column
 

@@ -47,9 +47,15 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[TextIO]:
     """Write to a temporary file beside ``path`` and rename it into place only on success."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile(
-        mode, dir=path.parent, prefix=f".{path.name}.", suffix=".tmp", delete=False, encoding="utf-8",
-        newline="" if "b" not in mode else None,
+    text = "b" not in mode
+    handle = tempfile.NamedTemporaryFile(  # noqa: SIM115 (closed below, before the rename)
+        mode,
+        dir=path.parent,
+        prefix=f".{path.name}.",
+        suffix=".tmp",
+        delete=False,
+        encoding="utf-8" if text else None,
+        newline="" if text else None,
     )
     try:
         with handle:

@@ -1,0 +1,74 @@
+"""Helpers shared by the command modules: table printing, progress, key=value options."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from simulator.scenario import ScenarioError
+
+
+def format_cell(value: Any) -> str:
+    if isinstance(value, float):
+        if value == 0:
+            return "0"
+        if abs(value) >= 1e5 or abs(value) < 1e-3:
+            return f"{value:.4g}"
+        return f"{value:.4f}".rstrip("0").rstrip(".") if abs(value) < 10 else f"{value:.2f}"
+    return str(value)
+
+
+def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out=None) -> None:
+    out = out or sys.stdout
+    cells = [[format_cell(row.get(column, "")) for column in columns] for row in rows]
+    widths = [
+        max(len(column), *(len(line[i]) for line in cells)) if cells else len(column)
+        for i, column in enumerate(columns)
+    ]
+    print("  ".join(column.rjust(width) for column, width in zip(columns, widths, strict=True)), file=out)
+    for line in cells:
+        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)), file=out)
+
+
+class Progress:
+    """A one-line progress bar on stderr, drawn only when stderr is a terminal (or forced)."""
+
+    def __init__(self, label: str, enabled: bool | None = None) -> None:
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self.started = time.monotonic()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * done / total)
+        elapsed = time.monotonic() - self.started
+        sys.stderr.write(
+            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.1f}s"
+        )
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option") -> dict[str, Any]:
+    """Parse KEY=VALUE items; values become int, float, bool or stay strings."""
+    options: dict[str, Any] = {}
+    for item in items or ():
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ScenarioError(f"{what}: expected KEY=VALUE, got {item!r}")
+        value: Any = raw
+        for convert in (int, float):
+            try:
+                value = convert(raw)
+                break
+            except ValueError:
+                continue
+        if raw in ("true", "false"):
+            value = raw == "true"
+        options[key.replace("-", "_")] = value
+    return options

@@ -1,0 +1,146 @@
+"""``ddlsim simulate``: predict a training scaling curve and say where the time goes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+from hardware_models.catalog import load_device
+from hardware_models.units import parse_bytes
+from simulator.commands.common import Progress, parse_options, print_table
+from simulator.records import SCALING_COLUMNS, write_csv, write_json
+from simulator.scenario import EXECUTORS, Scenario
+from simulator.sweep import POOLS, parse_counts, run_sweep
+from simulator.training import analytic_point, compute_profile
+
+DEFAULT = Scenario()
+
+# Intra-node link of each SXM part's usual server, for --device without --intra-node
+SXM_INTRA_NODE = {
+    "p100_sxm2": "nvlink1",
+    "v100_sxm2": "nvlink2",
+    "v100_sxm3": "nvswitch",
+    "v100_sxm3_h": "nvswitch",
+    "a100_sxm4": "nvswitch2",
+    "h100_sxm5": "nvswitch2",
+}
+
+RESULT_COLUMNS = (*SCALING_COLUMNS, "comm_s", "analytic_iteration_s", "buckets", "executor", "execution_path")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "simulate",
+        help="predict iteration time, throughput and scaling efficiency over node counts",
+        description="Predict data-parallel training scaling. With no options: ResNet-50 on DGX-1-like "
+        "P100 nodes (8 GPUs on NVLink, EDR InfiniBand), ring all-reduce, 1 to 32 nodes.",
+    )
+    p.add_argument("--workload", default=DEFAULT.workload, help="DNN (ddlsim list workloads)")
+    p.add_argument("--device", default=DEFAULT.device, help="device token (ddlsim list devices)")
+    p.add_argument(
+        "--devices-per-node",
+        type=int,
+        default=None,
+        help="devices per node (default 8 for GPUs, 1 otherwise)",
+    )
+    p.add_argument(
+        "--intra-node", default=None, help="link between devices of a node (e.g. nvlink2, pcie3_x16)"
+    )
+    p.add_argument(
+        "--host-link", default="auto", help="device-to-NIC link; 'auto': PCIe for GPUs, none for CPUs"
+    )
+    p.add_argument("--network", default=DEFAULT.network, help="network between nodes (ddlsim list networks)")
+    p.add_argument("--nics-per-node", type=int, default=1)
+    p.add_argument("--topology", default="switch", help="switch, fat_tree, torus_2d, torus_3d")
+    p.add_argument(
+        "--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)"
+    )
+    p.add_argument("--nodes-per-leaf", type=int, default=16, help="fat tree nodes under one leaf switch")
+    p.add_argument(
+        "--algorithm", default=DEFAULT.algorithm, help="all-reduce algorithm (ddlsim list algorithms)"
+    )
+    p.add_argument(
+        "--algorithm-option", action="append", metavar="KEY=VALUE", help="algorithm option, repeatable"
+    )
+    p.add_argument("--nodes", default="1,2,4,...,32", help="node counts: 1,2,4 or 1,2,4,...,256 or 1:256:x2")
+    p.add_argument("--per-device-batch", type=int, default=DEFAULT.per_device_batch)
+    p.add_argument("--precision", default=DEFAULT.precision, help="fp32, fp16 (mixed) or bf16 (mixed)")
+    p.add_argument("--bucket-bytes", default="25MB", help="gradient fusion bucket size (e.g. 25MB, 64MiB)")
+    p.add_argument("--no-overlap", action="store_true", help="start communication only after backward")
+    p.add_argument("--iterations", type=int, default=1, help="iterations simulated per point")
+    p.add_argument(
+        "--executor", default="des", choices=EXECUTORS, help="des (SimPy) or analytic (closed form)"
+    )
+    p.add_argument("--executor-pool", default="auto", choices=POOLS, help="how sweep points run in parallel")
+    p.add_argument("--workers", type=int, default=None, help="parallel workers for the sweep")
+    p.add_argument("--out", type=Path, default=None, help="directory for results.csv and scenario.json")
+    p.add_argument("--plot", action="store_true", help="also write scaling_efficiency.png into --out")
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr"
+    )
+    p.set_defaults(func=run)
+
+
+def scenario_from_args(args: argparse.Namespace) -> Scenario:
+    device = load_device(args.device)
+    devices_per_node = args.devices_per_node
+    if devices_per_node is None:
+        devices_per_node = 8 if device.kind == "gpu" else 1
+    intra = args.intra_node
+    if intra is None and devices_per_node > 1:
+        intra = SXM_INTRA_NODE.get(device.token, "pcie3_x16" if device.kind == "gpu" else "upi")
+    return Scenario(
+        workload=args.workload,
+        device=args.device,
+        devices_per_node=devices_per_node,
+        intra_node=intra if devices_per_node > 1 else None,
+        host_link=args.host_link if args.host_link != "none" else None,
+        network=args.network,
+        nics_per_node=args.nics_per_node,
+        topology=args.topology,
+        oversubscription=args.oversubscription,
+        nodes_per_leaf=args.nodes_per_leaf,
+        algorithm=args.algorithm,
+        algorithm_options=parse_options(args.algorithm_option),
+        nodes=parse_counts(args.nodes),
+        per_device_batch=args.per_device_batch,
+        precision=args.precision,
+        bucket_bytes=parse_bytes(args.bucket_bytes, "--bucket-bytes"),
+        overlap=not args.no_overlap,
+        iterations=args.iterations,
+        executor=args.executor,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    scenario = scenario_from_args(args)
+    if args.plot and args.out is None:
+        from simulator.cli import InputError
+
+        raise InputError("--plot needs --out DIR to write the PNG into")
+    progress = Progress("simulating", args.progress if args.progress is not None else None)
+    rows = run_sweep(scenario, workers=args.workers, pool=args.executor_pool, progress=progress)
+    profile = compute_profile(scenario)
+    for row in rows:
+        row["analytic_iteration_s"] = analytic_point(scenario, row["nodes"], profile)["iteration_s"]
+    print(
+        f"# {scenario.workload} on {scenario.device} x {scenario.devices_per_node}/node "
+        f"({scenario.intra_node or '-'}), {scenario.network or '-'} {scenario.topology}, "
+        f"{scenario.algorithm} all-reduce, batch {scenario.per_device_batch}/device, {scenario.precision}, "
+        f"executor {scenario.executor}"
+    )
+    print_table(rows, SCALING_COLUMNS)
+    if args.out is not None:
+        write_csv(args.out / "results.csv", rows, RESULT_COLUMNS)
+        resolved = scenario.resolved()
+        resolved["scenario"] = dataclasses.asdict(scenario) | {"nodes": list(scenario.nodes)}
+        write_json(args.out / "scenario.json", resolved)
+        written = ["results.csv", "scenario.json"]
+        if args.plot:
+            from reports.plots import plot_scaling
+
+            plot_scaling([args.out], args.out / "scaling_efficiency.png")
+            written.append("scaling_efficiency.png")
+        print(f"# wrote {', '.join(str(args.out / name) for name in written)}")
+    return 0

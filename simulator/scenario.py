@@ -1,0 +1,188 @@
+"""A scenario: workload x cluster x strategy x run settings, validated and frozen.
+
+The CLI builds one from its options; every executor reads only this. ``resolved()`` expands the
+tokens into the datasheet numbers actually used, and is written beside the results.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
+from hardware_models.compute import BYTES_PER_ELEMENT
+from simulator.fabric import TOPOLOGIES, FabricSpec
+from simulator.workloads import Workload, load_workload
+
+EXECUTORS = ("des", "analytic")
+
+
+class ScenarioError(ValueError):
+    """The scenario is invalid; the message names the setting and what is allowed."""
+
+
+def default_host_link(device: Device) -> str | None:
+    """GPUs reach the NIC over PCIe (gen 4 from Ampere on); CPUs and KNL are the host themselves."""
+    if device.kind != "gpu":
+        return None
+    return "pcie4_x16" if device.token.startswith(("a100", "h100")) else "pcie3_x16"
+
+
+@dataclass(frozen=True)
+class Scenario:
+    workload: str = "resnet50"
+    device: str = "p100_sxm2"
+    devices_per_node: int = 8
+    intra_node: str | None = "nvlink1"
+    host_link: str | None = "auto"
+    network: str | None = "ib_edr"
+    nics_per_node: int = 1
+    topology: str = "switch"
+    oversubscription: float = 1.0
+    nodes_per_leaf: int = 16
+    algorithm: str = "ring"
+    algorithm_options: dict[str, Any] = field(default_factory=dict)
+    nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+    per_device_batch: int = 32
+    precision: str = "fp32"
+    bucket_bytes: float = 25e6
+    overlap: bool = True
+    iterations: int = 1
+    executor: str = "des"
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        def positive_int(name: str, value: Any) -> None:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ScenarioError(f"{name} must be a positive integer, got {value!r}")
+
+        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch", "iterations"):
+            positive_int(name.replace("_", "-"), getattr(self, name))
+        if not self.nodes:
+            raise ScenarioError("nodes: give at least one node count")
+        for count in self.nodes:
+            positive_int("nodes", count)
+        if not self.bucket_bytes > 0:
+            raise ScenarioError(f"bucket-bytes must be > 0, got {self.bucket_bytes!r}")
+        if self.precision not in PRECISIONS:
+            raise ScenarioError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        if self.executor not in EXECUTORS:
+            raise ScenarioError(f"unknown executor {self.executor!r}; valid: {', '.join(EXECUTORS)}")
+        if self.topology not in TOPOLOGIES:
+            raise ScenarioError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
+        if not self.oversubscription >= 1:
+            raise ScenarioError(
+                f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}"
+            )
+        if self.nics_per_node > self.devices_per_node:
+            raise ScenarioError("nics-per-node must not exceed devices-per-node")
+        # names: each lookup raises UnknownNameError listing the valid tokens
+        load_workload(self.workload)
+        device = load_device(self.device)
+        COLLECTIVE_ALGORITHMS.get(self.algorithm)
+        if self.devices_per_node > 1 and not self.intra_node:
+            raise ScenarioError("devices-per-node > 1 needs --intra-node (e.g. pcie3_x16, nvlink2)")
+        if max(self.nodes) > 1 and not self.network:
+            raise ScenarioError("more than one node needs --network (e.g. ib_edr, eth_10g)")
+        for token in (self.intra_node, self.network, self.resolved_host_link(device)):
+            if token:
+                load_link(token)
+        if self.intra_node and load_link(self.intra_node).kind != "intra_node":
+            raise ScenarioError(f"--intra-node {self.intra_node!r} is a network, not an intra-node link")
+        if self.network and load_link(self.network).kind != "network":
+            raise ScenarioError(f"--network {self.network!r} is an intra-node link, not a network")
+        self.check_memory()
+
+    def resolved_host_link(self, device: Device | None = None) -> str | None:
+        if self.host_link == "auto":
+            return default_host_link(device or load_device(self.device))
+        return self.host_link or None
+
+    # --- resolved objects --------------------------------------------------------------------
+    @property
+    def device_spec(self) -> Device:
+        return load_device(self.device)
+
+    @property
+    def workload_spec(self) -> Workload:
+        return load_workload(self.workload)
+
+    @property
+    def bytes_per_element(self) -> float:
+        return BYTES_PER_ELEMENT[self.precision]
+
+    def link(self, token: str | None) -> Link | None:
+        return load_link(token) if token else None
+
+    def fabric_spec(self, nodes: int) -> FabricSpec:
+        return FabricSpec(
+            nodes=nodes,
+            devices_per_node=self.devices_per_node,
+            peer_link=self.link(self.intra_node) if self.devices_per_node > 1 else None,
+            host_link=self.link(self.resolved_host_link()),
+            network=self.link(self.network) if nodes > 1 else None,
+            nics_per_node=self.nics_per_node,
+            topology=self.topology,
+            oversubscription=self.oversubscription,
+            nodes_per_leaf=self.nodes_per_leaf,
+        )
+
+    def memory_needed_bytes(self) -> float:
+        """Device memory for training: fp32 weights, gradients and momentum, the fp16 working copies
+        under mixed precision, and the batch's activations kept for backward."""
+        workload = self.workload_spec
+        parameters = workload.parameter_count
+        state = parameters * (4.0 * 3 + (4.0 if self.precision != "fp32" else 0.0))
+        activations = self.per_device_batch * workload.activation_bytes(self.bytes_per_element)
+        return state + activations
+
+    def check_memory(self) -> None:
+        device = self.device_spec
+        needed = self.memory_needed_bytes()
+        if needed > device.memory_capacity_bytes:
+            raise ScenarioError(
+                f"does not fit: {self.workload} at per-device batch {self.per_device_batch} ({self.precision}) "
+                f"needs {needed / 1e9:.1f} GB, {self.device} has {device.memory_capacity_bytes / 1e9:.1f} GB; "
+                "lower --per-device-batch"
+            )
+
+    def with_nodes(self, nodes: tuple[int, ...]) -> Scenario:
+        return dataclasses.replace(self, nodes=nodes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["nodes"] = list(self.nodes)
+        return data
+
+    def resolved(self) -> dict[str, Any]:
+        """The scenario with every token expanded into the numbers used (SI units, with sources)."""
+        device = self.device_spec
+        workload = self.workload_spec
+        links = {
+            role: dataclasses.asdict(load_link(token))
+            for role, token in (
+                ("intra_node", self.intra_node),
+                ("host_link", self.resolved_host_link()),
+                ("network", self.network),
+            )
+            if token
+        }
+        return {
+            "scenario": self.to_dict(),
+            "device": dataclasses.asdict(device),
+            "links": links,
+            "workload": {
+                "name": workload.name,
+                "description": workload.description,
+                "parameters": workload.parameter_count,
+                "forward_flops_per_sample": workload.forward_flops,
+                "backward_flops_per_sample": workload.backward_flops,
+                "layers": len(workload.layers),
+            },
+            "memory_needed_bytes": self.memory_needed_bytes(),
+        }

@@ -1,0 +1,138 @@
+"""Synchronous data-parallel SGD: the per-device compute profile and the closed-form iteration.
+
+An iteration on every device: forward over all layers; backward in reverse order, where each
+layer's gradient becomes ready as soon as its backward is done; gradients are fused into buckets
+(filled in backward order until ``bucket_bytes``) and each bucket's all-reduce starts when the
+bucket is complete and the previous bucket's all-reduce is done (one communication stream, as
+Horovod and PyTorch DDP); the optimizer update follows the last all-reduce. With ``overlap``
+off, every bucket waits for the end of backward.
+
+Closed form (the analytic executor), buckets b = 0..B-1 in readiness order:
+
+    ready_b = forward + backward time up to the last layer of bucket b
+    end_b   = max(ready_b, end_{b-1}) + collective_time(bytes_b)
+    iteration = max(forward + backward, end_{B-1}) + update
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from hardware_models.compute import optimizer_update_time_s, roofline_time_s
+from simulator.fabric import Fabric
+from simulator.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    name: str
+    forward_s: float
+    backward_s: float
+    gradient_bytes: float
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Per-device times (seconds) and gradient buckets (wire bytes) of one iteration."""
+
+    layers: tuple[LayerTime, ...]
+    forward_s: float
+    backward_segments_s: tuple[float, ...]  # backward time before each bucket is ready, in order
+    bucket_bytes: tuple[float, ...]
+    update_s: float
+
+    @property
+    def backward_s(self) -> float:
+        return sum(self.backward_segments_s)
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s + self.update_s
+
+
+def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
+    """Roofline time of each layer's forward and backward at the scenario's batch and precision.
+
+    Memory traffic: forward reads inputs and weights and writes outputs; backward reads inputs,
+    output gradients and weights and writes input and weight gradients (about twice forward).
+    """
+    device = scenario.device_spec
+    element = scenario.bytes_per_element / 4.0  # tables hold fp32 bytes
+    batch = scenario.per_device_batch
+    out = []
+    for layer in scenario.workload_spec.layers:
+        weights = layer.parameters * scenario.bytes_per_element
+        activations = batch * (layer.input_bytes + layer.output_bytes) * element
+        forward = roofline_time_s(
+            batch * layer.forward_flops, activations + weights, device, scenario.precision, layer.layer_type
+        )
+        backward = roofline_time_s(
+            batch * layer.backward_flops,
+            2 * (activations + weights),
+            device,
+            scenario.precision,
+            layer.layer_type,
+        )
+        out.append(LayerTime(layer.name, forward, backward, layer.parameters * scenario.bytes_per_element))
+    return tuple(out)
+
+
+def compute_profile(scenario: Scenario) -> ComputeProfile:
+    layers = layer_times(scenario)
+    segments: list[float] = []
+    buckets: list[float] = []
+    pending_s = 0.0
+    pending_bytes = 0.0
+    for layer in reversed(layers):
+        pending_s += layer.backward_s
+        pending_bytes += layer.gradient_bytes
+        if pending_bytes >= scenario.bucket_bytes:
+            segments.append(pending_s)
+            buckets.append(pending_bytes)
+            pending_s = pending_bytes = 0.0
+    if pending_bytes > 0 or not buckets:
+        segments.append(pending_s)
+        buckets.append(pending_bytes)
+    elif pending_s > 0:  # layers without parameters at the front of the network
+        segments.append(pending_s)
+        buckets.append(0.0)
+    if not scenario.overlap:
+        total = sum(segments)
+        segments = [total] + [0.0] * (len(segments) - 1)
+    update = optimizer_update_time_s(
+        scenario.workload_spec.parameter_count, scenario.device_spec, scenario.precision
+    )
+    return ComputeProfile(
+        layers, sum(layer.forward_s for layer in layers), tuple(segments), tuple(buckets), update
+    )
+
+
+def analytic_iteration(profile: ComputeProfile, collective_s) -> tuple[float, float]:
+    """(iteration_s, summed collective time) from the closed form; ``collective_s(bytes)`` gives seconds."""
+    ready = profile.forward_s
+    end = -float("inf")
+    comm = 0.0
+    for segment, nbytes in zip(profile.backward_segments_s, profile.bucket_bytes, strict=True):
+        ready += segment
+        if nbytes > 0:
+            duration = collective_s(nbytes)
+            end = max(ready, end) + duration
+            comm += duration
+    return max(ready, end) + profile.update_s, comm
+
+
+def analytic_point(scenario: Scenario, nodes: int, profile: ComputeProfile | None = None) -> dict[str, float]:
+    profile = profile or compute_profile(scenario)
+    ranks = nodes * scenario.devices_per_node
+    algorithm = COLLECTIVE_ALGORITHMS.get(scenario.algorithm)
+    if ranks == 1:
+        return {"iteration_s": profile.compute_s, "comm_s": 0.0}
+    costs = Fabric(scenario.fabric_spec(nodes)).fabric_costs()
+    options = dict(scenario.algorithm_options)
+
+    def collective_s(nbytes: float) -> float:
+        return algorithm.closed_form_s("allreduce", ranks, nbytes, costs, **options)
+
+    iteration, comm = analytic_iteration(profile, collective_s)
+    return {"iteration_s": iteration, "comm_s": comm}

@@ -1,0 +1,105 @@
+"""The command line as a user meets it: tables, files, exit codes, one-line errors."""
+
+import subprocess
+import sys
+
+import pytest
+
+from simulator.cli import main
+from simulator.records import SCALING_COLUMNS, read_csv
+
+SMALL = ["--nodes", "1,2,4", "--executor-pool", "serial"]
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_default_simulate_prints_scaling_table(capsys):
+    code, out, err = run(capsys, "simulate", "--executor-pool", "serial")
+    assert code == 0, err
+    header = next(line for line in out.splitlines() if not line.startswith("#"))
+    assert header.split() == list(SCALING_COLUMNS)
+    rows = [line for line in out.splitlines() if line.strip() and not line.startswith("#")][1:]
+    assert [int(row.split()[0]) for row in rows] == [1, 2, 4, 8, 16, 32]
+
+
+def test_installed_command_runs():
+    result = subprocess.run(
+        [sys.executable, "-m", "simulator.cli", "simulate", "--nodes", "1,2", "--executor-pool", "serial"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "scaling_efficiency" in result.stdout
+
+
+def test_out_writes_results_scenario_and_plot(capsys, tmp_path):
+    out = tmp_path / "run"
+    code, _, err = run(capsys, "simulate", *SMALL, "--out", str(out), "--plot")
+    assert code == 0, err
+    rows = read_csv(out / "results.csv")
+    assert [int(row["nodes"]) for row in rows] == [1, 2, 4]
+    assert set(SCALING_COLUMNS) <= set(rows[0])
+    assert '"device"' in (out / "scenario.json").read_text()
+    png = (out / "scaling_efficiency.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def test_same_inputs_give_byte_identical_results(capsys, tmp_path):
+    for name in ("a", "b"):
+        assert run(capsys, "simulate", *SMALL, "--out", str(tmp_path / name))[0] == 0
+    assert (tmp_path / "a" / "results.csv").read_bytes() == (tmp_path / "b" / "results.csv").read_bytes()
+
+
+def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
+    for executor in ("des", "analytic"):
+        assert (
+            run(capsys, "simulate", *SMALL, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
+        )
+    des = read_csv(tmp_path / "des" / "results.csv")
+    closed = read_csv(tmp_path / "analytic" / "results.csv")
+    for a, b in zip(des, closed, strict=True):
+        assert float(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--device", "p9000"], "unknown device 'p9000'; valid: "),
+        (["--workload", "resnet5"], "unknown workload 'resnet5'; valid: "),
+        (["--algorithm", "rign"], "unknown collective algorithm 'rign'; valid: "),
+        (["--network", "ib_xdr"], "unknown link or network 'ib_xdr'; valid: "),
+        (["--per-device-batch", "0"], "per-device-batch must be a positive integer"),
+        (["--nodes", "0,1"], "counts must be positive"),
+        (["--nodes", "1,2,banana"], "cannot parse '1,2,banana'"),
+        (["--bucket-bytes", "25 furlongs"], "unknown size unit"),
+        (["--bucket-bytes=-5MB"], "bucket-bytes must be > 0"),
+        (["--precision", "fp8"], "unknown precision 'fp8'"),
+        (["--topology", "ring_of_rings"], "unknown topology"),
+        (["--workload", "vgg16", "--per-device-batch", "4096"], "does not fit"),
+        (["--network", "nvlink2"], "is an intra-node link, not a network"),
+    ],
+)
+def test_bad_input_one_line_exit_2_nothing_written(capsys, tmp_path, argv, message):
+    out = tmp_path / "out"
+    code, _stdout, err = run(capsys, "simulate", *SMALL, *argv, "--out", str(out))
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("ddlsim: error: ")
+    assert message in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("kind", ["devices", "networks", "workloads", "algorithms"])
+def test_list(capsys, kind):
+    code, out, _ = run(capsys, "list", kind)
+    assert code == 0
+    expected = {"devices": "p100_sxm2", "networks": "ib_edr", "workloads": "resnet50", "algorithms": "ring"}[
+        kind
+    ]
+    assert expected in out

@@ -1,0 +1,113 @@
+"""The two collective executors agree; contention shows with the expected factors."""
+
+import numpy as np
+import pytest
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from algorithms.schedule import REDUCE, Round, Schedule
+from hardware_models.catalog import load_link
+from simulator.collective_engine import (
+    ContentionDetected,
+    MessageExecutor,
+    VectorisedExecutor,
+    run_collective,
+)
+from simulator.fabric import Fabric, FabricSpec
+
+
+def _paths(schedule, fabric, nbytes, start=0.0):
+    fast = VectorisedExecutor(fabric).run(schedule, nbytes, start)
+    exact = MessageExecutor(fabric).run(schedule, nbytes, start)
+    return fast, exact
+
+
+@pytest.mark.parametrize(("nodes", "devices_per_node"), [(2, 1), (5, 1), (16, 1), (1, 4), (3, 4), (4, 8)])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+def test_vectorised_equals_message_level_for_ring(switch_fabric, nodes, devices_per_node, collective):
+    fabric = switch_fabric(nodes, devices_per_node)
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule(collective, nodes * devices_per_node)
+    fast, exact = _paths(schedule, fabric, 8e6)
+    np.testing.assert_allclose(fast, exact, rtol=1e-12)
+
+
+def test_uneven_start_times_agree(switch_fabric):
+    """Ranks entering at different times: both paths still agree rank by rank."""
+    fabric = switch_fabric(6)
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 6)
+    start = np.array([0.0, 3e-4, 1e-5, 0.0, 2e-3, 7e-4])
+    fast, exact = _paths(schedule, fabric, 4e6, start)
+    np.testing.assert_allclose(fast, exact, rtol=1e-12)
+
+
+@pytest.mark.parametrize("algorithm", COLLECTIVE_ALGORITHMS.names())
+def test_every_algorithm_same_on_both_paths(switch_fabric, algorithm):
+    """Every registered all-reduce: the auto path (vectorised or its fallback) equals message level."""
+    impl = COLLECTIVE_ALGORITHMS.get(algorithm)
+    if "allreduce" not in impl.collectives:
+        pytest.skip("no allreduce")
+    devices_per_node = 2
+    ranks = 8
+    schedule = impl.schedule("allreduce", ranks, devices_per_node=devices_per_node)
+    nodes = -(-schedule.ranks // devices_per_node)
+    fabric = switch_fabric(nodes, devices_per_node)
+    auto, _ = run_collective(schedule, fabric, 2e6)
+    exact = MessageExecutor(fabric).run(schedule, 2e6, 0.0)
+    np.testing.assert_allclose(auto, exact, rtol=1e-9)
+
+
+def _one_round(pairs, ranks):
+    src = np.array([a for a, _ in pairs])
+    dst = np.array([b for _, b in pairs])
+    rnd = Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE))
+    return Schedule("exchange", "allreduce", ranks, 1, lambda: [rnd])
+
+
+def test_oversubscribed_fat_tree_slows_cross_leaf_traffic_by_its_factor():
+    """4 nodes per leaf, 2 leaves, oversubscription 2: the leaf uplink carries 4 x 12.125 / 2 GB/s.
+
+    All 4 nodes of leaf 0 send 100 MB to leaf 1 at once: each flow gets 12.125 / 2 GB/s, so the bulk
+    time doubles against a full-bisection switch (latencies aside).
+    """
+    ib = load_link("ib_edr")
+    schedule = _one_round([(i, i + 4) for i in range(4)], 8)
+    times = {}
+    for name, spec in {
+        "switch": FabricSpec(nodes=8, devices_per_node=1, network=ib),
+        "fat_tree": FabricSpec(
+            nodes=8,
+            devices_per_node=1,
+            network=ib,
+            topology="fat_tree",
+            nodes_per_leaf=4,
+            oversubscription=2.0,
+        ),
+    }.items():
+        finish, path = run_collective(schedule, Fabric(spec), 100e6)
+        times[name] = finish.max()
+        if name == "fat_tree":
+            assert path == "message"  # four flows on one uplink: the vectorised path must refuse
+    bulk = 100e6 / ib.port_bandwidth_Bps
+    assert times["switch"] == pytest.approx(bulk, rel=1e-3)
+    assert times["fat_tree"] == pytest.approx(2 * bulk, rel=1e-3)
+
+
+def test_vectorised_refuses_shared_links():
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
+    schedule = _one_round([(0, 2), (1, 2)], 3)  # two flows into rank 2's NIC
+    with pytest.raises(ContentionDetected):
+        VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
+    finish, path = run_collective(schedule, fabric, 1e6)
+    assert path == "message"
+    # both share rank 2's downlink: 2 MB at the port rate, plus alpha
+    alpha = fabric.hop_cost(0, 2).alpha_s
+    assert finish[2] == pytest.approx(alpha + 2e6 / ib.port_bandwidth_Bps, rel=1e-9)
+
+
+def test_torus_routes_take_the_shorter_way():
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=16, devices_per_node=1, network=ib, topology="torus_2d"))
+    assert fabric.shape == (4, 4)
+    routes = fabric.routes(np.array([0, 0, 0]), np.array([1, 3, 5]))
+    hops = (routes >= 0).sum(axis=1) - 2  # minus NIC up and down
+    assert hops.tolist() == [1, 1, 2]  # 0->3 wraps around: one hop, not three

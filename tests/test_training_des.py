@@ -1,0 +1,105 @@
+"""The training DES against the closed form, and the directions scaling must take."""
+
+import dataclasses
+
+import pytest
+
+from simulator.engine import simulate_training
+from simulator.scenario import Scenario
+from simulator.sweep import parse_counts, run_sweep, simulate_point
+from simulator.training import analytic_point, compute_profile
+
+SMALL = Scenario(
+    workload="resnet50",
+    device="p100_sxm2",
+    devices_per_node=4,
+    intra_node="nvlink1",
+    network="ib_edr",
+    nodes=(1, 2, 4),
+)
+
+
+@pytest.mark.parametrize("nodes", [1, 2, 3, 8])
+@pytest.mark.parametrize("overlap", [True, False])
+def test_des_equals_closed_form_without_contention(nodes, overlap):
+    scenario = dataclasses.replace(SMALL, overlap=overlap, iterations=2)
+    des = simulate_training(scenario, nodes)
+    closed = analytic_point(scenario, nodes)
+    assert des.iteration_s == pytest.approx(closed["iteration_s"], rel=1e-6)
+
+
+def test_message_level_des_equals_vectorised():
+    scenario = dataclasses.replace(SMALL, devices_per_node=2, intra_node="nvlink1")
+    fast = simulate_training(scenario, 3, mode="vectorised")
+    exact = simulate_training(scenario, 3, mode="message")
+    assert fast.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)
+
+
+def test_single_device_has_no_communication():
+    scenario = dataclasses.replace(SMALL, devices_per_node=1, intra_node=None)
+    row = simulate_point(scenario, 1)
+    assert row["scaling_efficiency"] == pytest.approx(1.0)
+    assert row["exposed_comm_s"] == 0
+
+
+def _efficiency(scenario, nodes):
+    return simulate_point(scenario, nodes)["scaling_efficiency"]
+
+
+def test_efficiency_falls_as_nodes_grow():
+    values = [_efficiency(SMALL, n) for n in (1, 4, 16, 64)]
+    assert values == sorted(values, reverse=True) and values[0] > values[-1]
+
+
+def test_efficiency_rises_with_per_device_batch():
+    values = [_efficiency(dataclasses.replace(SMALL, per_device_batch=b), 16) for b in (8, 32, 64)]
+    assert values == sorted(values) and values[0] < values[-1]
+
+
+def test_efficiency_rises_with_network_bandwidth():
+    values = [
+        _efficiency(dataclasses.replace(SMALL, network=net), 16) for net in ("eth_10g", "ib_fdr", "ib_edr")
+    ]
+    assert values == sorted(values) and values[0] < values[-1]
+
+
+def test_overlap_hides_communication():
+    on = simulate_point(SMALL, 8)["iteration_s"]
+    off = simulate_point(dataclasses.replace(SMALL, overlap=False), 8)["iteration_s"]
+    assert on < off
+
+
+def test_buckets_cover_all_gradients():
+    profile = compute_profile(SMALL)
+    total = SMALL.workload_spec.parameter_bytes(4.0)
+    assert sum(profile.bucket_bytes) == pytest.approx(total)
+    assert (
+        max(profile.bucket_bytes) < SMALL.bucket_bytes + 20e6
+    )  # a bucket closes at the first layer past the size
+
+
+def test_fp16_halves_gradient_bytes():
+    fp32 = compute_profile(SMALL)
+    fp16 = compute_profile(dataclasses.replace(SMALL, precision="fp16"))
+    assert sum(fp16.bucket_bytes) == pytest.approx(sum(fp32.bucket_bytes) / 2)
+
+
+def test_sweep_identical_across_pools():
+    scenario = dataclasses.replace(SMALL, nodes=(1, 2, 4, 8))
+    serial = run_sweep(scenario, pool="serial")
+    pooled = run_sweep(scenario, pool="process", workers=2)
+    assert serial == pooled
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1,2,4,...,32", (1, 2, 4, 8, 16, 32)),
+        ("1:16:x2", (1, 2, 4, 8, 16)),
+        ("2:8:+3", (2, 5, 8)),
+        ("3", (3,)),
+        ("2,4,...,10", (2, 4, 6, 8, 10)),
+    ],
+)
+def test_parse_counts(text, expected):
+    assert parse_counts(text) == expected
