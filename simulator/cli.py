@@ -23,6 +23,8 @@ COMMAND_MODULES = (
     "simulator.commands.simulate_command",
     "simulator.commands.list_command",
     "simulator.commands.collective_command",
+    "real_runs.run_command",
+    "real_runs.bench_command",
 )
 
 USER_ERRORS = (ScenarioError, UnknownNameError, UnitError, ScheduleError, FabricError, CatalogError)
