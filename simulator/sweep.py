@@ -71,6 +71,28 @@ def parse_counts(text: str, what: str = "nodes") -> tuple[int, ...]:
     return counts
 
 
+def parse_sizes(text: str) -> tuple[float, ...]:
+    """Parse message sizes: "100MB", "1KB,4KB" or a geometric sweep "1KB:1GB:x2" (bytes)."""
+    from hardware_models.units import parse_bytes
+
+    text = text.strip()
+    if ":" in text:
+        parts = text.split(":")
+        if len(parts) != 3 or not re.fullmatch(r"[x*]\d+", parts[2]) or int(parts[2][1:]) < 2:
+            raise ScenarioError(f"--message-bytes: cannot parse {text!r}; write e.g. 1KB:1GB:x2")
+        start, stop, factor = parse_bytes(parts[0]), parse_bytes(parts[1]), int(parts[2][1:])
+        sizes = []
+        current = start
+        while current <= stop * (1 + 1e-12) and start > 0:
+            sizes.append(current)
+            current *= factor
+    else:
+        sizes = [parse_bytes(item, "--message-bytes") for item in text.split(",")]
+    if not sizes or any(not size > 0 for size in sizes):
+        raise ScenarioError(f"--message-bytes: sizes must be > 0 bytes, got {text!r}")
+    return tuple(sizes)
+
+
 def _continue(head: list[int], last: int, geometric: bool) -> list[int] | None:
     """Extend ``head`` by its last ratio (or difference) up to ``last``; None unless it lands on ``last``
     and ``head`` itself follows the same pattern."""

@@ -59,9 +59,7 @@ def test_same_inputs_give_byte_identical_results(capsys, tmp_path):
 
 def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
     for executor in ("des", "analytic"):
-        assert (
-            run(capsys, "simulate", *SMALL, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
-        )
+        assert run(capsys, "simulate", *SMALL, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
     des = read_csv(tmp_path / "des" / "results.csv")
     closed = read_csv(tmp_path / "analytic" / "results.csv")
     for a, b in zip(des, closed, strict=True):
@@ -99,7 +97,32 @@ def test_bad_input_one_line_exit_2_nothing_written(capsys, tmp_path, argv, messa
 def test_list(capsys, kind):
     code, out, _ = run(capsys, "list", kind)
     assert code == 0
-    expected = {"devices": "p100_sxm2", "networks": "ib_edr", "workloads": "resnet50", "algorithms": "ring"}[
-        kind
-    ]
+    expected = {"devices": "p100_sxm2", "networks": "ib_edr", "workloads": "resnet50", "algorithms": "ring"}[kind]
     assert expected in out
+
+
+def test_collective_prints_busbw_and_writes_results(capsys, tmp_path):
+    code, _out, err = run(capsys, "collective", "--ranks", "8", "--message-bytes", "1MB:4MB:x2", "--out", str(tmp_path))
+    assert code == 0, err
+    rows = read_csv(tmp_path / "results.csv")
+    assert [float(r["message_bytes"]) for r in rows] == [1e6, 2e6, 4e6]
+    for row in rows:  # nccl-tests: busbw = S / t x 2(n-1)/n for all-reduce
+        assert float(row["busbw_Bps"]) == pytest.approx(float(row["message_bytes"]) / float(row["time_s"]) * 14 / 8)
+        assert float(row["time_s"]) == pytest.approx(float(row["closed_form_s"]), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--algorithm", "rign"], "unknown collective algorithm 'rign'; valid: "),
+        (["--topology", "hypercube"], "unknown topology 'hypercube'; valid: "),
+        (["--message-bytes", "0"], "sizes must be > 0"),
+        (["--ranks", "0"], "counts must be positive"),
+        (["--collective", "alltoall"], "unknown collective 'alltoall'"),
+        (["--topology", "torus_2d", "--torus-dims", "3x3", "--ranks", "16"], "do not hold 16 nodes"),
+    ],
+)
+def test_collective_bad_input(capsys, tmp_path, argv, message):
+    code, _, err = run(capsys, "collective", "--ranks", "8", *argv, "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()

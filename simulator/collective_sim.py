@@ -1,0 +1,119 @@
+"""Simulating one collective on a modeled fabric: time, algbw and busbw as nccl-tests defines them.
+
+nccl-tests (doc/PERFORMANCE.md): algbw = S / t, busbw = algbw x factor with factor
+2(n-1)/n for all-reduce, (n-1)/n for reduce-scatter and all-gather, 1 for broadcast and reduce.
+``message_bytes`` S is the full buffer of one rank (for all-gather: the gathered result).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from algorithms.schedule import COLLECTIVES
+from hardware_models.catalog import load_link
+from simulator.collective_engine import run_collective
+from simulator.fabric import Fabric, FabricSpec
+from simulator.scenario import ScenarioError
+
+LIBRARIES = ("nccl", "mpich", "mlsl", "openmpi")
+
+
+def bus_factor(collective: str, ranks: int) -> float:
+    if collective == "allreduce":
+        return 2.0 * (ranks - 1) / ranks
+    if collective in ("reduce_scatter", "allgather"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+@dataclass(frozen=True)
+class CollectiveSetup:
+    """Where a collective runs: ranks placed in blocks of ``devices_per_node`` on the fabric."""
+
+    devices_per_node: int = 1
+    intra_node: str | None = None
+    host_link: str | None = None
+    network: str | None = "ib_edr"
+    nics_per_node: int = 1
+    topology: str = "switch"
+    oversubscription: float = 1.0
+    nodes_per_leaf: int = 16
+    torus_dims: tuple[int, ...] | None = None
+
+    def fabric(self, ranks: int) -> Fabric:
+        nodes = -(-ranks // self.devices_per_node)
+        if nodes > 1 and not self.network:
+            raise ScenarioError("more than one node needs --network")
+        if self.devices_per_node > 1 and not self.intra_node:
+            raise ScenarioError("devices-per-node > 1 needs --intra-node")
+        return Fabric(
+            FabricSpec(
+                nodes=nodes,
+                devices_per_node=self.devices_per_node,
+                peer_link=load_link(self.intra_node) if self.intra_node and self.devices_per_node > 1 else None,
+                host_link=load_link(self.host_link) if self.host_link else None,
+                network=load_link(self.network) if self.network and nodes > 1 else None,
+                nics_per_node=self.nics_per_node,
+                topology=self.topology,
+                oversubscription=self.oversubscription,
+                nodes_per_leaf=self.nodes_per_leaf,
+                torus_dims=self.torus_dims,
+            )
+        )
+
+
+def resolve_algorithm(
+    algorithm: str, collective: str, message_bytes: float, ranks: int, devices_per_node: int
+) -> tuple[str, dict[str, Any]]:
+    """An algorithm token stays itself; a library token (nccl, mpich, ...) picks as that library does."""
+    if algorithm in LIBRARIES:
+        from algorithms.selectors import select
+
+        return select(algorithm, collective, message_bytes, ranks, devices_per_node)
+    COLLECTIVE_ALGORITHMS.get(algorithm)
+    return algorithm, {}
+
+
+def simulate_collective(
+    setup: CollectiveSetup,
+    algorithm: str,
+    collective: str,
+    ranks: int,
+    message_bytes: float,
+    options: dict[str, Any] | None = None,
+    mode: str = "auto",
+) -> dict[str, Any]:
+    """One row: time_s, algbw_Bps, busbw_Bps (and the closed form on the same fabric) for one size."""
+    if collective not in COLLECTIVES:
+        raise ScenarioError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
+    if ranks < 1:
+        raise ScenarioError(f"ranks must be a positive integer, got {ranks}")
+    if not message_bytes > 0:
+        raise ScenarioError(f"message size must be > 0 bytes, got {message_bytes!r}")
+    token, chosen = resolve_algorithm(algorithm, collective, message_bytes, ranks, setup.devices_per_node)
+    merged = {**chosen, **(options or {})}
+    impl = COLLECTIVE_ALGORITHMS.get(token)
+    schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)
+    fabric = setup.fabric(schedule.ranks)
+    started = time.perf_counter()
+    finish, path = run_collective(schedule, fabric, message_bytes, 0.0, mode)
+    wall = time.perf_counter() - started
+    elapsed = float(finish[: schedule.workers].max()) if ranks > 1 else 0.0
+    closed = impl.closed_form_s(collective, ranks, message_bytes, fabric.fabric_costs(), **merged)
+    algbw = message_bytes / elapsed if elapsed > 0 else float("inf")
+    return {
+        "algorithm": algorithm,
+        "resolved_algorithm": token,
+        "collective": collective,
+        "ranks": ranks,
+        "message_bytes": message_bytes,
+        "time_s": elapsed,
+        "algbw_Bps": algbw,
+        "busbw_Bps": algbw * bus_factor(collective, ranks),
+        "closed_form_s": closed,
+        "execution_path": path,
+        "wall_s": wall,
+    }

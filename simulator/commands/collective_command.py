@@ -1,0 +1,112 @@
+"""``ddlsim collective``: time one collective over a sweep of sizes and rank counts on a modeled fabric."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hardware_models.units import format_bytes
+from simulator.collective_sim import CollectiveSetup, simulate_collective
+from simulator.commands.common import Progress, parse_options, print_table
+from simulator.fabric import TOPOLOGIES
+from simulator.records import write_csv, write_json
+from simulator.sweep import parse_counts, parse_sizes
+
+COLUMNS = (
+    "algorithm",
+    "resolved_algorithm",
+    "collective",
+    "ranks",
+    "message_bytes",
+    "time_s",
+    "algbw_Bps",
+    "busbw_Bps",
+    "closed_form_s",
+    "execution_path",
+)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "collective",
+        help="simulate one collective: time, algbw and busbw (nccl-tests definitions) per message size",
+    )
+    p.add_argument("--algorithm", default="ring", help="algorithm token, or a library: nccl, mpich, mlsl, openmpi")
+    p.add_argument("--collective", default="allreduce", help="allreduce, reduce_scatter, allgather, broadcast, reduce")
+    p.add_argument("--message-bytes", default="100MB", help="size or sweep: 100MB, 1KB:1GB:x2")
+    p.add_argument("--ranks", default="64", help="rank counts: 64, 2,4,...,4096 or 2:4096:x2")
+    p.add_argument("--devices-per-node", type=int, default=1)
+    p.add_argument("--intra-node", default=None, help="intra-node link when devices-per-node > 1")
+    p.add_argument("--host-link", default=None, help="device-to-NIC link (e.g. pcie3_x16); none by default")
+    p.add_argument("--network", default="ib_edr")
+    p.add_argument("--nics-per-node", type=int, default=1)
+    p.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))
+    p.add_argument("--oversubscription", type=float, default=1.0)
+    p.add_argument("--nodes-per-leaf", type=int, default=16)
+    p.add_argument("--torus-dims", default=None, help="torus extents, e.g. 8x8 or 4x4x4")
+    p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
+    p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
+    p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.set_defaults(func=run)
+
+
+def _dims(text: str | None) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    from simulator.scenario import ScenarioError
+
+    try:
+        dims = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
+    if any(d < 1 for d in dims):
+        raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
+    return dims
+
+
+def run(args: argparse.Namespace) -> int:
+    setup = CollectiveSetup(
+        devices_per_node=args.devices_per_node,
+        intra_node=args.intra_node,
+        host_link=args.host_link,
+        network=args.network,
+        nics_per_node=args.nics_per_node,
+        topology=args.topology,
+        oversubscription=args.oversubscription,
+        nodes_per_leaf=args.nodes_per_leaf,
+        torus_dims=_dims(args.torus_dims),
+    )
+    sizes = parse_sizes(args.message_bytes)
+    rank_counts = parse_counts(args.ranks, "ranks")
+    options = parse_options(args.algorithm_option)
+    points = [(ranks, size) for ranks in rank_counts for size in sizes]
+    progress = Progress("simulating", args.progress)
+    rows = []
+    for index, (ranks, size) in enumerate(points, start=1):
+        rows.append(simulate_collective(setup, args.algorithm, args.collective, ranks, size, options, args.mode))
+        progress(index, len(points))
+    shown = [
+        row
+        | {
+            "size": format_bytes(row["message_bytes"]),
+            "algbw_GBps": row["algbw_Bps"] / 1e9,
+            "busbw_GBps": row["busbw_Bps"] / 1e9,
+        }
+        for row in rows
+    ]
+    print(f"# {args.collective} with {args.algorithm} on {args.topology} ({args.network}), busbw as nccl-tests")
+    print_table(shown, ("ranks", "size", "time_s", "algbw_GBps", "busbw_GBps", "resolved_algorithm", "execution_path"))
+    if args.out is not None:
+        write_csv(args.out / "results.csv", rows, COLUMNS)
+        write_json(
+            args.out / "setup.json",
+            {
+                "setup": vars(setup) | {"torus_dims": setup.torus_dims},
+                "algorithm": args.algorithm,
+                "collective": args.collective,
+                "options": options,
+            },
+        )
+        print(f"# wrote {args.out / 'results.csv'}, {args.out / 'setup.json'}")
+    return 0
