@@ -101,6 +101,9 @@ class VectorisedExecutor:
             self._claim(flat_links, src[owner])
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
             permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
+            if self.fabric.spec.loggp and not permutation:
+                # a rank's CPU would handle its several messages one after another
+                raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
             overhead = self.fabric.overheads(src, dst)
             shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
             if shift and not np.array_equal(dst, (src + shift) % ranks):
@@ -208,6 +211,13 @@ class MessageExecutor:
         self.env = env or simpy.Environment()
         self.network = FlowNetwork(self.env, fabric.capacity_Bps)
         self.transfers = 0
+        # LogGP: each rank's CPU handles one message overhead at a time
+        self._cpus: dict[int, simpy.Resource] = {}
+
+    def _cpu(self, rank: int) -> simpy.Resource:
+        if rank not in self._cpus:
+            self._cpus[rank] = simpy.Resource(self.env, capacity=1)
+        return self._cpus[rank]
 
     def process(
         self,
@@ -224,7 +234,8 @@ class MessageExecutor:
         rounds = [rnd for rnd in schedule.rounds() if len(rnd)]
         plans = []
         for rnd in rounds:
-            routes, alpha, _bottleneck = self.fabric.path_properties(rnd.src, rnd.dst)
+            routes = self.fabric.routes(rnd.src, rnd.dst)
+            latency = self.fabric.latencies(routes)
             overhead = self.fabric.overheads(rnd.src, rnd.dst)
             nbytes = schedule.transfer_bytes(rnd, message_bytes)
             arrivals = [env.event() for _ in range(len(rnd))]
@@ -233,14 +244,25 @@ class MessageExecutor:
             for index, (s, d) in enumerate(zip(rnd.src.tolist(), rnd.dst.tolist(), strict=True)):
                 sends.setdefault(s, []).append(index)
                 receives.setdefault(d, []).append(index)
-            plans.append((rnd, routes, alpha - overhead, overhead, nbytes, arrivals, sends, receives))
+            plans.append((rnd, routes, latency, overhead, nbytes, arrivals, sends, receives))
+        loggp = self.fabric.spec.loggp
 
         def transfer(plan, index):
             rnd, routes, latency, overhead, nbytes, arrivals, _, _ = plan
             begin = env.now
-            yield env.timeout(float(overhead[index]))
+            o = float(overhead[index])
+            if loggp:
+                with self._cpu(int(rnd.src[index])).request() as cpu:
+                    yield cpu
+                    yield env.timeout(o)
+            else:
+                yield env.timeout(o)
             yield self.network.transfer(routes[index], float(nbytes[index]))
             yield env.timeout(float(latency[index]))
+            if loggp:
+                with self._cpu(int(rnd.dst[index])).request() as cpu:
+                    yield cpu
+                    yield env.timeout(o)
             self.transfers += 1
             if log is not None:
                 log.src.append(rnd.src[index : index + 1])

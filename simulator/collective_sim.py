@@ -42,6 +42,7 @@ class CollectiveSetup:
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
     torus_dims: tuple[int, ...] | None = None
+    loggp: bool = False
 
     def fabric(self, ranks: int) -> Fabric:
         nodes = -(-ranks // self.devices_per_node)
@@ -61,6 +62,7 @@ class CollectiveSetup:
                 oversubscription=self.oversubscription,
                 nodes_per_leaf=self.nodes_per_leaf,
                 torus_dims=self.torus_dims,
+                loggp=self.loggp,
             )
         )
 

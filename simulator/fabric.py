@@ -54,6 +54,10 @@ class FabricSpec:
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
     torus_dims: tuple[int, ...] | None = None
+    # LogGP-style CPU overheads (Alexandrov et al. 1995): the per-message overhead o is paid on the
+    # sender's CPU before the message and on the receiver's CPU after it, and a rank's CPU handles
+    # one message at a time. Off: o is paid once per message, concurrently for a rank's messages.
+    loggp: bool = False
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -63,9 +67,7 @@ class FabricSpec:
             if not isinstance(value, int) or value < 1:
                 raise FabricError(f"{name} must be a positive integer, got {value!r}")
         if not self.oversubscription >= 1.0:
-            raise FabricError(
-                f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}"
-            )
+            raise FabricError(f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}")
         if self.nics_per_node > self.devices_per_node:
             raise FabricError(
                 f"nics_per_node ({self.nics_per_node}) must not exceed devices_per_node ({self.devices_per_node})"
@@ -80,9 +82,7 @@ def torus_shape(nodes: int, dimensions: int, dims: tuple[int, ...] | None) -> tu
     """The torus extents: ``dims`` if given (their product must equal ``nodes``), else near-cubic."""
     if dims is not None:
         if len(dims) != dimensions or math.prod(dims) != nodes:
-            raise FabricError(
-                f"torus dimensions {'x'.join(map(str, dims))} do not hold {nodes} nodes in {dimensions}D"
-            )
+            raise FabricError(f"torus dimensions {'x'.join(map(str, dims))} do not hold {nodes} nodes in {dimensions}D")
         return tuple(dims)
     shape: list[int] = []
     remaining = nodes
@@ -134,9 +134,7 @@ class Fabric:
             self.nic_down = block(nics, net.port_bandwidth_Bps, net.latency_s / 2, "nic_down")
             if spec.topology == "fat_tree":
                 leaves = -(-spec.nodes // spec.nodes_per_leaf)
-                uplink = (
-                    spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
-                )
+                uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
                 self.leaf_up = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_up")
                 self.leaf_down = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_down")
                 self.core_hops = 2
@@ -226,9 +224,7 @@ class Fabric:
                     coordinate = (current // strides[dim]) % extent
                     step = np.where(go_plus, 1, -1)
                     new_coordinate = (coordinate + step) % extent
-                    current = np.where(
-                        moving, current + (new_coordinate - coordinate) * strides[dim], current
-                    )
+                    current = np.where(moving, current + (new_coordinate - coordinate) * strides[dim], current)
             column += extent // 2
         return column
 
@@ -240,14 +236,24 @@ class Fabric:
         inter = spec.network.per_message_overhead_s if spec.network is not None else 0.0
         return np.where(same, intra, inter)
 
+    def receive_overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Receiver CPU overhead per message: the send overhead again under LogGP, else none."""
+        overhead = self.overheads(src, dst)
+        return overhead if self.spec.loggp else np.zeros_like(overhead)
+
+    def latencies(self, routes: np.ndarray) -> np.ndarray:
+        valid = routes >= 0
+        return np.where(valid, self.latency_s[np.where(valid, routes, 0)], 0.0).sum(axis=1)
+
     def path_properties(self, src: np.ndarray, dst: np.ndarray):
-        """(routes, alpha_s, bottleneck_Bps) of each transfer: alpha = overhead + summed latency."""
+        """(routes, alpha_s, bottleneck_Bps) of each transfer.
+
+        alpha = send overhead + summed link latency + receive overhead (zero unless LogGP).
+        """
         routes = self.routes(src, dst)
         valid = routes >= 0
-        safe = np.where(valid, routes, 0)
-        latency = np.where(valid, self.latency_s[safe], 0.0).sum(axis=1)
-        bottleneck = np.where(valid, self.capacity_Bps[safe], np.inf).min(axis=1)
-        alpha = self.overheads(src, dst) + latency
+        bottleneck = np.where(valid, self.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
+        alpha = self.overheads(src, dst) + self.latencies(routes) + self.receive_overheads(src, dst)
         return routes, alpha, bottleneck
 
     def hop_cost(self, src: int, dst: int) -> HopCost:

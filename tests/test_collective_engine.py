@@ -111,3 +111,31 @@ def test_torus_routes_take_the_shorter_way():
     routes = fabric.routes(np.array([0, 0, 0]), np.array([1, 3, 5]))
     hops = (routes >= 0).sum(axis=1) - 2  # minus NIC up and down
     assert hops.tolist() == [1, 1, 2]  # 0->3 wraps around: one hop, not three
+
+
+def test_loggp_serialises_a_senders_overheads():
+    """Rank 0 sends 1 byte to ranks 1 and 2 in one round on a switch (o = per-message overhead).
+
+    Plain alpha-beta: both messages start at once and share rank 0's uplink: each arrives after
+    o + L + 2/B.
+    LogGP: the CPU pays o for the first, then o for the second; each receiver pays o again:
+    arrivals at (o + L + 1/B + o) and (2o + L + 1/B + o).
+    """
+    ib = load_link("ib_edr")
+    schedule = _one_round([(0, 1), (0, 2)], 3)
+    o, L, B = ib.per_message_overhead_s, ib.latency_s, ib.port_bandwidth_Bps
+    plain = MessageExecutor(Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))).run(schedule, 1.0, 0.0)
+    loggp_fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib, loggp=True))
+    loggp = MessageExecutor(loggp_fabric).run(schedule, 1.0, 0.0)
+    assert plain[1] == pytest.approx(o + L + 2 / B) and plain[2] == pytest.approx(o + L + 2 / B)
+    assert sorted(loggp[1:]) == pytest.approx([2 * o + L + 1 / B, 3 * o + L + 1 / B])
+    with pytest.raises(ContentionDetected):
+        VectorisedExecutor(loggp_fabric).run(schedule, 1.0, 0.0)
+
+
+def test_loggp_ring_both_paths_agree():
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=6, devices_per_node=1, network=ib, loggp=True))
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 6)
+    fast, exact = _paths(schedule, fabric, 3e6)
+    np.testing.assert_allclose(fast, exact, rtol=1e-12)

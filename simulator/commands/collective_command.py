@@ -45,6 +45,9 @@ def register(subparsers) -> None:
     p.add_argument("--nodes-per-leaf", type=int, default=16)
     p.add_argument("--torus-dims", default=None, help="torus extents, e.g. 8x8 or 4x4x4")
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
+    p.add_argument(
+        "--loggp", action="store_true", help="LogGP-style CPU overhead at sender and receiver, one message at a time"
+    )
     p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
@@ -76,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
         torus_dims=_dims(args.torus_dims),
+        loggp=args.loggp,
     )
     sizes = parse_sizes(args.message_bytes)
     rank_counts = parse_counts(args.ranks, "ranks")
