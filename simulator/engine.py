@@ -87,24 +87,23 @@ class TrainingSimulation:
         self.ranks = nodes * scenario.devices_per_node
         self.profile = profile or compute_profile(scenario)
         self.mode = mode
-        self.fabric = Fabric(scenario.fabric_spec(nodes))
         self.algorithm = COLLECTIVE_ALGORITHMS.get(scenario.algorithm)
         self.env = simpy.Environment()
         self.trace = PointTrace() if trace else None
         # per-rank multiplier on compute times (stragglers); ones for a homogeneous cluster
-        self.compute_scale = (
-            np.ones(self.ranks) if compute_scale is None else np.asarray(compute_scale, dtype=float)
-        )
+        self.compute_scale = np.ones(self.ranks) if compute_scale is None else np.asarray(compute_scale, dtype=float)
         self.comm_total = np.zeros(self.ranks)
         self._schedule = None
+        collective_ranks = self.ranks
         if self.ranks > 1:
             self._schedule = self.algorithm.schedule(
-                "allreduce",
-                self.ranks,
-                devices_per_node=scenario.devices_per_node,
-                **scenario.algorithm_options,
+                "allreduce", self.ranks, devices_per_node=scenario.devices_per_node, **scenario.algorithm_options
             )
-        self.vectorised = VectorisedExecutor(self.fabric, self.ranks)
+            # helper ranks (dedicated parameter servers) get devices of their own, on extra nodes
+            collective_ranks = self._schedule.ranks
+        self.collective_ranks = collective_ranks
+        self.fabric = Fabric(scenario.fabric_spec(fabric_nodes(scenario, collective_ranks)))
+        self.vectorised = VectorisedExecutor(self.fabric, self.collective_ranks)
         self.message = MessageExecutor(self.fabric, self.env)
         # per (iteration, bucket): each rank's "ready" event and "done" event
         buckets = len(self.profile.bucket_bytes)
@@ -149,7 +148,9 @@ class TrainingSimulation:
     def coordinator(self):
         """Vectorised path: execute each bucket's collective once all ranks have posted it."""
         env = self.env
-        previous = np.full(self.ranks, -np.inf)
+        # helper ranks (servers) are always ready: their start is their previous finish
+        previous = np.zeros(self.collective_ranks)
+        workers = self.ranks
         assert self._schedule is not None
         for iteration in range(self.scenario.iterations):
             for bucket, nbytes in enumerate(self.profile.bucket_bytes):
@@ -157,20 +158,17 @@ class TrainingSimulation:
                 done = [env.event() for _ in range(self.ranks)]
                 self.done[iteration][bucket] = done
                 yield env.all_of(ready_events)
-                ready = np.fromiter(
-                    (event.value for event in ready_events), dtype=np.float64, count=self.ranks
-                )
-                start = np.maximum(ready, previous)
+                ready = np.fromiter((event.value for event in ready_events), dtype=np.float64, count=workers)
+                start = previous.copy()
+                start[:workers] = np.maximum(ready, previous[:workers])
                 finish = self.vectorised.run(self._schedule, nbytes, start) if nbytes > 0 else start
-                if finish.min() < env.now - _CAUSALITY_SLACK_S:
+                if finish[:workers].min() < env.now - _CAUSALITY_SLACK_S:
                     raise RuntimeError("a rank would finish its all-reduce before the last rank posted it")
-                self.comm_total += finish - start
+                self.comm_total += finish[:workers] - start[:workers]
                 for rank in range(self.ranks):
                     delay = max(float(finish[rank]) - env.now, 0.0)
                     env.timeout(delay).callbacks.append(_succeed_later(done[rank]))
-                    self._record(
-                        rank, iteration, "allreduce", float(start[rank]), float(finish[rank]), nbytes
-                    )
+                    self._record(rank, iteration, "allreduce", float(start[rank]), float(finish[rank]), nbytes)
                 previous = finish
 
     def _message_collectives(self) -> None:
@@ -179,10 +177,12 @@ class TrainingSimulation:
         assert self._schedule is not None
         for iteration in range(self.scenario.iterations):
             for bucket, nbytes in enumerate(self.profile.bucket_bytes):
-                ready = self.ready[iteration][bucket]
+                ready = list(self.ready[iteration][bucket])
+                for _ in range(self.collective_ranks - self.ranks):  # helper ranks: always ready
+                    ready.append(env.event().succeed(0.0))
                 previous = self._previous_done(iteration, bucket)
                 gates = [
-                    env.all_of([ready[r], previous[r]]) if previous else ready[r] for r in range(self.ranks)
+                    env.all_of([ready[r], previous[r]]) if previous else ready[r] for r in range(self.collective_ranks)
                 ]
                 entered = [env.event() for _ in range(self.ranks)]
                 for r in range(self.ranks):
@@ -199,9 +199,7 @@ class TrainingSimulation:
         self.comm_total[rank] += self.env.now - start
         self._record(rank, iteration, "allreduce", start, self.env.now, nbytes)
 
-    def _record(
-        self, rank: int, iteration: int, op: str, start: float, end: float, nbytes: float = 0.0
-    ) -> None:
+    def _record(self, rank: int, iteration: int, op: str, start: float, end: float, nbytes: float = 0.0) -> None:
         if self.trace is not None:
             self.trace.add(rank, iteration, op, start, end, nbytes)
 
@@ -225,6 +223,11 @@ class TrainingSimulation:
             transfers=transfers,
             trace=self.trace,
         )
+
+
+def fabric_nodes(scenario: Scenario, collective_ranks: int) -> int:
+    """Nodes the fabric needs for ``collective_ranks`` ranks placed in blocks."""
+    return -(-collective_ranks // scenario.devices_per_node)
 
 
 def simulate_training(

@@ -33,6 +33,7 @@ from algorithms.schedule import FabricCosts, HopCost
 from hardware_models.catalog import Link
 
 TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
+PLACEMENTS = ("block", "scatter")
 SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch port-to-port ~90-130 ns)
 
 
@@ -58,10 +59,16 @@ class FabricSpec:
     # sender's CPU before the message and on the receiver's CPU after it, and a rank's CPU handles
     # one message at a time. Off: o is paid once per message, concurrently for a rank's messages.
     loggp: bool = False
+    # How collective ranks map to devices. block: rank r on node r // devices_per_node (what
+    # launchers do by default). scatter: consecutive ranks on different nodes, and on a fat tree
+    # under different leaves, as a scheduler that ignores topology may place them.
+    placement: str = "block"
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
             raise FabricError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
+        if self.placement not in PLACEMENTS:
+            raise FabricError(f"unknown placement {self.placement!r}; valid: {', '.join(PLACEMENTS)}")
         for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
@@ -147,12 +154,32 @@ class Fabric:
                     count, spec.nics_per_node * net.port_bandwidth_Bps, SWITCH_HOP_LATENCY_S, "torus"
                 )[0]
                 self.core_hops = sum(extent // 2 for extent in self.shape)
+        self.device_of_rank = self._placement()
         self.capacity_Bps = np.asarray(capacity, dtype=np.float64)
         self.latency_s = np.asarray(latency, dtype=np.float64)
         self.link_names = names
         self.max_hops = 4 + self.core_hops
 
     # --- placement -------------------------------------------------------------------------------
+    def _placement(self) -> np.ndarray | None:
+        """Device of each rank; None for block placement (the identity)."""
+        spec = self.spec
+        if spec.placement == "block":
+            return None
+        rank = np.arange(self.devices)
+        k, local = rank % spec.nodes, rank // spec.nodes
+        node = k
+        if spec.topology == "fat_tree" and spec.nodes % spec.nodes_per_leaf == 0:
+            leaves = spec.nodes // spec.nodes_per_leaf
+            node = (k % leaves) * spec.nodes_per_leaf + k // leaves
+        return node * spec.devices_per_node + local
+
+    def devices_of(self, ranks: np.ndarray) -> np.ndarray:
+        ranks = np.asarray(ranks, dtype=np.int64)
+        if ranks.size and (ranks.max() >= self.devices or ranks.min() < 0):
+            raise FabricError(f"a transfer names a rank outside the fabric's {self.devices} devices")
+        return ranks if self.device_of_rank is None else self.device_of_rank[ranks]
+
     def node_of(self, device: np.ndarray) -> np.ndarray:
         return device // self.spec.devices_per_node
 
@@ -163,11 +190,9 @@ class Fabric:
 
     # --- routing ---------------------------------------------------------------------------------
     def routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Link ids of each transfer's path, shape (transfers, max_hops), padded with -1."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.asarray(dst, dtype=np.int64)
-        if src.size and (max(src.max(), dst.max()) >= self.devices or min(src.min(), dst.min()) < 0):
-            raise FabricError(f"a transfer names a rank outside the fabric's {self.devices} devices")
+        """Link ids of each transfer's path between ranks, shape (transfers, max_hops), padded with -1."""
+        src = self.devices_of(src)
+        dst = self.devices_of(dst)
         out = np.full((src.size, self.max_hops), -1, dtype=np.int64)
         same = self.node_of(src) == self.node_of(dst)
         if same.any():
@@ -231,7 +256,7 @@ class Fabric:
     # --- costs -----------------------------------------------------------------------------------
     def overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         spec = self.spec
-        same = self.node_of(np.asarray(src)) == self.node_of(np.asarray(dst))
+        same = self.node_of(self.devices_of(src)) == self.node_of(self.devices_of(dst))
         intra = spec.peer_link.per_message_overhead_s if spec.peer_link is not None else 0.0
         inter = spec.network.per_message_overhead_s if spec.network is not None else 0.0
         return np.where(same, intra, inter)

@@ -100,12 +100,8 @@ def compute_profile(scenario: Scenario) -> ComputeProfile:
     if not scenario.overlap:
         total = sum(segments)
         segments = [total] + [0.0] * (len(segments) - 1)
-    update = optimizer_update_time_s(
-        scenario.workload_spec.parameter_count, scenario.device_spec, scenario.precision
-    )
-    return ComputeProfile(
-        layers, sum(layer.forward_s for layer in layers), tuple(segments), tuple(buckets), update
-    )
+    update = optimizer_update_time_s(scenario.workload_spec.parameter_count, scenario.device_spec, scenario.precision)
+    return ComputeProfile(layers, sum(layer.forward_s for layer in layers), tuple(segments), tuple(buckets), update)
 
 
 def analytic_iteration(profile: ComputeProfile, collective_s) -> tuple[float, float]:
@@ -128,8 +124,9 @@ def analytic_point(scenario: Scenario, nodes: int, profile: ComputeProfile | Non
     algorithm = COLLECTIVE_ALGORITHMS.get(scenario.algorithm)
     if ranks == 1:
         return {"iteration_s": profile.compute_s, "comm_s": 0.0}
-    costs = Fabric(scenario.fabric_spec(nodes)).fabric_costs()
     options = dict(scenario.algorithm_options)
+    schedule_ranks = algorithm.schedule("allreduce", ranks, devices_per_node=scenario.devices_per_node, **options).ranks
+    costs = Fabric(scenario.fabric_spec(-(-schedule_ranks // scenario.devices_per_node))).fabric_costs()
 
     def collective_s(nbytes: float) -> float:
         return algorithm.closed_form_s("allreduce", ranks, nbytes, costs, **options)
