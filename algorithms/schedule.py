@@ -147,6 +147,13 @@ class Schedule:
     owned_chunks: tuple[tuple[int, int], ...] | None = None
     # Initial ownership for allgather-like schedules: rank r starts with these chunks.
     initial_chunks: tuple[tuple[int, int], ...] | None = None
+    # Helper ranks (dedicated parameter servers): when set, ranks 0..worker_ranks-1 are the workers
+    # that contribute data and to which the collective's contract applies; ranks worker_ranks..ranks-1
+    # start empty and are only relays. None means every rank is a worker.
+    worker_ranks: int | None = None
+    # The symbolic contract when it differs from ``collective``: top-k sparse allreduce moves every
+    # rank's (values, indices) contribution to every rank, so it is checked as an allgather.
+    contract: str | None = None
 
     def rounds(self) -> Iterator[Round]:
         factory = self.round_factory
@@ -157,6 +164,11 @@ class Schedule:
         """Bytes on the wire for each transfer of ``rnd`` when the full buffer is ``message_bytes``."""
         per_chunk = message_bytes * self.payload_factor / self.num_chunks
         return rnd.chunk_count * per_chunk
+
+    @property
+    def workers(self) -> int:
+        """Ranks that contribute data and receive the result (all ranks unless helpers are present)."""
+        return self.ranks if self.worker_ranks is None else self.worker_ranks
 
     def num_rounds(self) -> int:
         return sum(1 for _ in self.rounds())

@@ -2,7 +2,12 @@
 
 State is a boolean array ``state[rank, chunk, contributor]``: which ranks' data a rank's copy of
 a chunk holds. A reduce transfer unions the sets and fails on double counting (a contributor
-reduced in twice); a copy overwrites. The final state is compared with the collective's contract.
+reduced in twice); a copy overwrites. The final state is compared with the collective's contract
+(``schedule.contract`` when set, else ``schedule.collective``).
+
+Schedules with helper ranks (``schedule.worker_ranks`` set, e.g. dedicated parameter servers) have
+contributors 0..worker_ranks-1 only; helper ranks start empty and the contract is checked on the
+workers alone.
 """
 
 from __future__ import annotations
@@ -16,20 +21,25 @@ class SymbolicError(AssertionError):
     """The schedule does not compute its collective; the message names the round and ranks."""
 
 
+def _contract(schedule: Schedule) -> str:
+    return schedule.contract or schedule.collective
+
+
 def _initial(schedule: Schedule) -> np.ndarray:
-    p, c = schedule.ranks, schedule.num_chunks
-    state = np.zeros((p, c, p), dtype=bool)
-    if schedule.collective in ("allreduce", "reduce_scatter", "reduce"):
-        for r in range(p):
+    p, c, w = schedule.ranks, schedule.num_chunks, schedule.workers
+    state = np.zeros((p, c, w), dtype=bool)
+    contract = _contract(schedule)
+    if contract in ("allreduce", "reduce_scatter", "reduce"):
+        for r in range(w):
             state[r, :, r] = True
-    elif schedule.collective == "allgather":
-        ranges = schedule.initial_chunks or tuple((r, r + 1) for r in range(p))
+    elif contract == "allgather":
+        ranges = schedule.initial_chunks or tuple((r, r + 1) for r in range(w))
         for r, (lo, hi) in enumerate(ranges):
             state[r, lo:hi, r] = True
-    elif schedule.collective == "broadcast":
+    elif contract == "broadcast":
         state[schedule.root, :, schedule.root] = True
     else:
-        raise SymbolicError(f"unknown collective {schedule.collective!r}")
+        raise SymbolicError(f"unknown collective {contract!r}")
     return state
 
 
@@ -71,9 +81,10 @@ def run_symbolic(schedule: Schedule) -> np.ndarray:
 def check_schedule(schedule: Schedule) -> None:
     """Raise SymbolicError unless ``schedule`` fulfils its collective's contract."""
     state = run_symbolic(schedule)
-    p, c = schedule.ranks, schedule.num_chunks
+    p, c = schedule.workers, schedule.num_chunks
+    state = state[:p]  # helper ranks (dedicated servers) carry no contract
     full = np.ones(p, dtype=bool)
-    name, collective = schedule.name, schedule.collective
+    name, collective = schedule.name, _contract(schedule)
     if collective == "allreduce":
         bad = np.argwhere(~state.all(axis=2))
         if bad.size:
@@ -97,8 +108,8 @@ def check_schedule(schedule: Schedule) -> None:
             if not (state[r] == want).all():
                 raise SymbolicError(f"{name}: rank {r} does not end with every rank's chunk exactly once")
     elif collective == "broadcast":
-        want = np.zeros(p, dtype=bool)
-        want[schedule.root] = True
+        root_only = np.zeros(p, dtype=bool)
+        root_only[schedule.root] = True
         for r in range(p):
-            if not (state[r] == want).all():
+            if not (state[r] == root_only).all():
                 raise SymbolicError(f"{name}: rank {r} does not end with the root's data")
