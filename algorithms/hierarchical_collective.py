@@ -1,0 +1,161 @@
+"""Hierarchical allreduce: inside nodes, then among nodes, then inside nodes again.
+
+The scheme of Goyal et al. 2017 (intra-node reduce, inter-node recursive halving/doubling,
+intra-node broadcast) and Jia et al. 2018 (the same with an inter-node ring). Ranks are placed in
+blocks of D = ``devices_per_node``; the first device of each node is its leader::
+
+    node 0: 0 1 2 3    node 1: 4 5 6 7        intra="reduce" (default):
+            ^-reduce-'         ^-reduce-'       1. binomial reduce to the leader (0, 4)
+            0 <--inner allreduce--> 4           2. allreduce among the leaders (option ``inner``)
+            '-bcast->          '-bcast->        3. binomial broadcast from the leader
+
+    intra="reduce_scatter": 1. ring reduce-scatter inside each node (device i keeps part i+1 mod D)
+                            2. D concurrent inner allreduces, one per part, among the devices
+                               holding that part on every node (S/D bytes each)
+                            3. ring allgather inside each node
+
+``inner`` is any other allreduce token (default ``ring``), run on one rank per node with
+``inner_options``; it must not add helper ranks (dedicated parameter servers) or change the payload
+(top-k). P must be a multiple of D so that every node has the same devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from algorithms.binomial_tree_collective import broadcast_pairs, reduce_pairs
+from algorithms.collective import COLLECTIVE_ALGORITHMS, CollectiveAlgorithm, check_collective, reject_options
+from algorithms.registry import UnknownNameError
+from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+
+INTRA = ("reduce", "reduce_scatter")
+
+
+def _settings(ranks: int, devices_per_node: int, options: dict[str, Any]):
+    inner_name = options.get("inner", "ring")
+    intra = options.get("intra", "reduce")
+    inner_options = dict(options.get("inner_options") or {})
+    if intra not in INTRA:
+        raise ScheduleError(f"hierarchical: unknown intra {intra!r}; valid: {', '.join(INTRA)}")
+    try:
+        inner: CollectiveAlgorithm = COLLECTIVE_ALGORITHMS.get(inner_name)
+    except UnknownNameError as error:
+        raise ScheduleError(f"hierarchical: inner: {error}") from None
+    valid = [
+        n
+        for n in COLLECTIVE_ALGORITHMS.names()
+        if n != "hierarchical" and "allreduce" in COLLECTIVE_ALGORITHMS.get(n).collectives
+    ]
+    if inner_name == "hierarchical" or "allreduce" not in inner.collectives:
+        raise ScheduleError(f"hierarchical: inner must be another allreduce algorithm; valid: {', '.join(valid)}")
+    if not isinstance(devices_per_node, int | np.integer) or devices_per_node < 1:
+        raise ScheduleError(f"hierarchical: devices_per_node must be a positive integer, got {devices_per_node!r}")
+    local = min(int(devices_per_node), ranks)
+    if ranks % local:
+        raise ScheduleError(
+            f"hierarchical: ranks ({ranks}) must be a multiple of devices_per_node ({devices_per_node}) "
+            "so that every node has the same devices"
+        )
+    return inner_name, inner, inner_options, intra, local, ranks // local
+
+
+def _inner_schedule(inner_name: str, inner: CollectiveAlgorithm, nodes: int, options: dict[str, Any]) -> Schedule:
+    schedule = inner.schedule("allreduce", nodes, devices_per_node=1, **options)
+    if schedule.worker_ranks is not None or schedule.ranks != nodes:
+        raise ScheduleError(
+            f"hierarchical: inner {inner_name!r} adds helper ranks; use one that does not "
+            "(e.g. parameter_server with placement='colocated')"
+        )
+    if schedule.payload_factor != 1.0 or schedule.contract is not None:
+        raise ScheduleError(f"hierarchical: inner {inner_name!r} is not a dense allreduce")
+    return schedule
+
+
+def _per_node(pairs: Iterator[tuple[np.ndarray, np.ndarray]], ranks: int, local: int):
+    """Repeat local (src, dst) pairs on every node."""
+    base = np.arange(0, ranks, local, dtype=np.int64)[:, None]
+    for src, dst in pairs:
+        yield (base + src).ravel(), (base + dst).ravel()
+
+
+def _local_ring(ranks: int, local: int, chunks_per_part: int, first: int, op: int) -> Iterator[Round]:
+    """local-1 ring steps inside every node; in step s device i sends part (i + first - s) mod local."""
+    rank = np.arange(ranks, dtype=np.int64)
+    index = rank % local
+    right = rank - index + (index + 1) % local
+    for step in range(local - 1):
+        part = (index + first - step) % local
+        yield Round.of(rank, right, part * chunks_per_part, (part + 1) * chunks_per_part, op)
+
+
+class HierarchicalCollective:
+    name = "hierarchical"
+    collectives: tuple[str, ...] = ("allreduce",)
+    options = ("inner", "intra", "inner_options")
+
+    def schedule(self, collective: str, ranks: int, *, devices_per_node: int = 1, **options: Any) -> Schedule:
+        check_collective(self, collective)
+        reject_options(self.name, options, self.options)
+        check_ranks(self.name, ranks)
+        inner_name, inner, inner_options, intra, local, nodes = _settings(ranks, devices_per_node, options)
+        inner_schedule = _inner_schedule(inner_name, inner, nodes, inner_options)
+        inner_chunks = inner_schedule.num_chunks
+
+        def leader_rounds() -> Iterator[Round]:
+            for src, dst in _per_node(reduce_pairs(local), ranks, local):
+                yield Round.of(src, dst, 0, inner_chunks, REDUCE)
+            for rnd in inner_schedule.rounds():
+                yield Round(rnd.src * local, rnd.dst * local, rnd.chunk_lo, rnd.chunk_hi, rnd.op)
+            for src, dst in _per_node(broadcast_pairs(local), ranks, local):
+                yield Round.of(src, dst, 0, inner_chunks, COPY)
+
+        def scatter_rounds() -> Iterator[Round]:
+            yield from _local_ring(ranks, local, inner_chunks, 0, REDUCE)
+            index = np.arange(local, dtype=np.int64)[:, None]
+            offset = ((index + 1) % local) * inner_chunks  # device i owns part i+1 after the ring
+            for rnd in inner_schedule.rounds():
+                yield Round(
+                    (rnd.src * local + index).ravel(),
+                    (rnd.dst * local + index).ravel(),
+                    (rnd.chunk_lo + offset).ravel(),
+                    (rnd.chunk_hi + offset).ravel(),
+                    np.tile(rnd.op, local),
+                )
+            yield from _local_ring(ranks, local, inner_chunks, 1, COPY)
+
+        if intra == "reduce":
+            return Schedule(self.name, collective, ranks, inner_chunks, leader_rounds)
+        return Schedule(self.name, collective, ranks, local * inner_chunks, scatter_rounds)
+
+    def closed_form_s(
+        self, collective: str, ranks: int, message_bytes: float, costs: FabricCosts, **options: Any
+    ) -> float:
+        """Intra phases on the intra-node hop plus the inner allreduce's closed form on the inter hop.
+
+        intra="reduce": (floor(log2 D) + ceil(log2 D)) (alpha_intra + S/beta_intra) + T_inner(N, S).
+        intra="reduce_scatter": 2 (D-1) (alpha_intra + S/(D beta_intra)) + T_inner(N, S/D).
+        N = P/D nodes; T_inner is the inner algorithm's closed form on a uniform inter-node fabric.
+        E.g. P=8, D=4, S=4 MB, ring inner, intra 1 us / 100 GB/s, inter 2 us / 10 GB/s: reduce
+        variant (2 + 2) * (1e-6 + 40e-6) + 2 * (2e-6 + 200e-6) = 0.568e-3 s.
+        Exact: every node runs the same intra phases in lock step, so all leaders start the inner
+        allreduce together and all inner links cross nodes.
+        """
+        check_collective(self, collective)
+        reject_options(self.name, options, self.options)
+        check_ranks(self.name, ranks)
+        inner_name, inner, inner_options, intra, local, nodes = _settings(ranks, costs.devices_per_node, options)
+        _inner_schedule(inner_name, inner, nodes, inner_options)
+        between_nodes = FabricCosts(costs.inter, costs.inter, 1)
+        if intra == "reduce":
+            hops = (local.bit_length() - 1) + (local - 1).bit_length()  # floor + ceil of log2(D)
+            inner_s = inner.closed_form_s("allreduce", nodes, message_bytes, between_nodes, **inner_options)
+            return hops * costs.intra.time(message_bytes) + inner_s
+        part = message_bytes / local
+        inner_s = inner.closed_form_s("allreduce", nodes, part, between_nodes, **inner_options)
+        return 2 * (local - 1) * costs.intra.time(part) + inner_s
+
+
+COLLECTIVE_ALGORITHMS.register("hierarchical")(HierarchicalCollective())
