@@ -1,0 +1,447 @@
+"""Every collective algorithm: symbolic correctness, closed form = round semantics, bytes, bad input.
+
+The algorithm list comes from ``COLLECTIVE_ALGORITHMS.names()``, so a new ``*_collective.py`` file
+is put through the same tests without touching this one. ``VARIANTS`` adds option sets worth
+covering for the algorithms that have options.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from algorithms.double_binary_tree_collective import dtree_parents, tree_height
+from algorithms.registry import UnknownNameError
+from algorithms.schedule import FabricCosts, HopCost, Schedule, ScheduleError
+from algorithms.selectors import LIBRARIES, select
+from algorithms.symbolic import check_schedule
+
+VARIANTS: dict[str, list[dict]] = {
+    "chain": [{}, {"chunks": 3}],
+    "double_binary_tree": [{}, {"chunks": 3}],
+    "hierarchical": [
+        {},
+        {"intra": "reduce_scatter"},
+        {"inner": "halving_doubling"},
+        {"inner": "double_binary_tree", "intra": "reduce_scatter", "inner_options": {"chunks": 2}},
+        {"inner": "parameter_server", "inner_options": {"placement": "colocated"}},
+    ],
+    "parameter_server": [{}, {"servers": 3}, {"placement": "colocated", "servers": 2}],
+    "topk_sparse": [{}, {"density": 0.5, "value_bytes": 2}],
+}
+# Closed forms charge each round its slowest hop; with the non-power-of-two fold (or devices_per_node
+# not a power of two) the slowest transfers of successive rounds need not chain: an upper bound there.
+SLOWEST_HOP_PER_ROUND = {"recursive_doubling", "halving_doubling"}
+
+CASES = [
+    (name, collective, options)
+    for name in COLLECTIVE_ALGORITHMS.names()
+    for collective in COLLECTIVE_ALGORITHMS.get(name).collectives
+    for options in VARIANTS.get(name, [{}])
+]
+IDS = [f"{n}-{c}-{'-'.join(f'{k}={v}' for k, v in o.items()) or 'default'}" for n, c, o in CASES]
+
+UNIFORM = FabricCosts.uniform(1e-6, 1e9)
+TWO_LEVEL = FabricCosts(HopCost(1e-6, 100e9), HopCost(2e-6, 10e9), 4)
+FAST = settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def reference_time_s(schedule: Schedule, message_bytes: float, costs: FabricCosts) -> float:
+    """The round semantics, transfer by transfer: a rank enters round k+1 once all its round-k sends
+    and receives are done; a transfer starts when its sender enters the round and costs
+    ``costs.between(src, dst).time(bytes)``, concurrent transfers each at full cost."""
+    clock = np.zeros(schedule.ranks)
+    for rnd in schedule.rounds():
+        nbytes = schedule.transfer_bytes(rnd, message_bytes)
+        end = clock[rnd.src] + [
+            costs.between(int(s), int(d)).time(float(b)) for s, d, b in zip(rnd.src, rnd.dst, nbytes, strict=True)
+        ]
+        after = clock.copy()
+        np.maximum.at(after, rnd.src, end)
+        np.maximum.at(after, rnd.dst, end)
+        clock = after
+    return float(clock.max())
+
+
+def _buildable(options: dict, ranks: int) -> bool:
+    return not (options.get("placement") == "colocated" and options.get("servers", 1) > ranks)
+
+
+def _close(a: float, b: float) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-15)
+
+
+def test_the_registry_has_every_algorithm():
+    assert {
+        "ring",
+        "recursive_doubling",
+        "halving_doubling",
+        "binomial_tree",
+        "double_binary_tree",
+        "hierarchical",
+        "torus_2d",
+        "parameter_server",
+        "topk_sparse",
+        "chain",
+    } <= set(COLLECTIVE_ALGORITHMS.names())
+
+
+# (a) symbolic correctness -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+def test_small_rank_counts_compute_the_collective(name, collective, options):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    for ranks in range(1, 18):
+        if _buildable(options, ranks):
+            check_schedule(algorithm.schedule(collective, ranks, **options))
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+@FAST
+@given(ranks=st.integers(1, 64))
+def test_any_rank_count_up_to_64_computes_the_collective(name, collective, options, ranks):
+    if _buildable(options, ranks):
+        check_schedule(COLLECTIVE_ALGORITHMS.get(name).schedule(collective, ranks, **options))
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+@FAST
+@given(devices_per_node=st.integers(2, 8), nodes=st.integers(1, 8))
+def test_multi_device_nodes_compute_the_collective(name, collective, options, devices_per_node, nodes):
+    ranks = devices_per_node * nodes
+    if _buildable(options, ranks):
+        schedule = COLLECTIVE_ALGORITHMS.get(name).schedule(
+            collective, ranks, devices_per_node=devices_per_node, **options
+        )
+        check_schedule(schedule)
+
+
+# (b) closed form = round semantics ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+def test_closed_form_equals_the_round_semantics(name, collective, options):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    checks = [(UNIFORM, p) for p in (1, 2, 3, 5, 6, 8, 12, 13, 16)]
+    checks += [(TWO_LEVEL, p) for p in (4, 8, 16, 32)]
+    if name not in SLOWEST_HOP_PER_ROUND:
+        checks += [(TWO_LEVEL, p) for p in (12, 20, 24)]
+    for costs, ranks in checks:
+        if not _buildable(options, ranks):
+            continue
+        schedule = algorithm.schedule(collective, ranks, devices_per_node=costs.devices_per_node, **options)
+        for message_bytes in (1e3, 1e6, 3e7):
+            closed = algorithm.closed_form_s(collective, ranks, message_bytes, costs, **options)
+            reference = reference_time_s(schedule, message_bytes, costs)
+            assert _close(closed, reference), (ranks, message_bytes, costs, closed, reference)
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+@FAST
+@given(ranks=st.integers(1, 40), devices_per_node=st.integers(1, 9))
+def test_closed_form_on_any_two_level_fabric(name, collective, options, ranks, devices_per_node):
+    """Exact everywhere, except the slowest-hop-per-round algorithms off powers of two (upper bound)."""
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    costs = FabricCosts(HopCost(1e-6, 100e9), HopCost(5e-6, 5e9), devices_per_node)
+    try:
+        schedule = algorithm.schedule(collective, ranks, devices_per_node=devices_per_node, **options)
+    except ScheduleError:
+        assert ranks % devices_per_node or not _buildable(options, ranks)
+        return
+    closed = algorithm.closed_form_s(collective, ranks, 2e6, costs, **options)
+    reference = reference_time_s(schedule, 2e6, costs)
+    powers = ranks & (ranks - 1) == 0 and devices_per_node & (devices_per_node - 1) == 0
+    if name in SLOWEST_HOP_PER_ROUND and not powers:
+        assert closed >= reference * (1 - 1e-12)
+    else:
+        assert _close(closed, reference), (closed, reference)
+
+
+def test_reference_semantics_on_a_three_rank_story():
+    """Rank 0 -> 1 (1 s) in round 0; round 1: 2 -> 1 starts at 0 (rank 2 idle in round 0) and
+    ends at 1 s, 1 -> 0 starts at 1 s and ends at 2 s; total 2 s."""
+    from algorithms.schedule import COPY, Round
+
+    def rounds():
+        yield Round.of(0, 1, 0, 1, COPY)
+        yield Round.of([2, 1], [1, 0], 0, 1, COPY)
+
+    schedule = Schedule("story", "broadcast", 3, 1, rounds)
+    assert reference_time_s(schedule, 1.0, FabricCosts.uniform(1.0, math.inf)) == 2.0
+
+
+# (c) hand-derived closed forms (alpha = 1 us, beta = 1 GB/s unless said) ----------------------------
+
+
+def closed(name: str, collective: str, ranks: int, message_bytes: float, costs=UNIFORM, **options) -> float:
+    return COLLECTIVE_ALGORITHMS.get(name).closed_form_s(collective, ranks, message_bytes, costs, **options)
+
+
+def test_recursive_doubling_hand_numbers():
+    """P=8, S=1 MB: log2(8) (1e-6 + 1e-3) = 3.003e-3 s. P=6: pof2=4 plus pre- and post-step:
+    (2 + 2) * 1.001e-3 = 4.004e-3 s. Allgather P=8: 3 alpha + 7/8 S/beta = 3e-6 + 0.875e-3 s."""
+    assert math.isclose(closed("recursive_doubling", "allreduce", 8, 1e6), 3.003e-3)
+    assert math.isclose(closed("recursive_doubling", "allreduce", 6, 1e6), 4.004e-3)
+    assert math.isclose(closed("recursive_doubling", "allgather", 8, 1e6), 0.878e-3)
+
+
+def test_halving_doubling_hand_numbers():
+    """P=8, S=8 MB: 2 log2(8) alpha + 2 (7/8) S/beta = 6e-6 + 14e-3 = 14.006e-3 s.
+    P=12: core on pof2=8 plus the fold, 2 (1e-6 + 8e-3): 14.006e-3 + 16.002e-3 = 30.008e-3 s.
+    Reduce-scatter P=8, S=8 MB: 3e-6 + 7e-3 s. P=3, S=3 MB (1 MB chunks): pre-step 3.001e-3, then
+    new rank 0 (rank 1) sends 1 chunk while new rank 1 (rank 2, idle so far) sends 2: max(3.001e-3
+    + 1.001e-3, 2.001e-3) = 4.002e-3, post-step 1.001e-3: 5.003e-3 s."""
+    assert math.isclose(closed("halving_doubling", "allreduce", 8, 8e6), 14.006e-3)
+    assert math.isclose(closed("halving_doubling", "allreduce", 12, 8e6), 30.008e-3)
+    assert math.isclose(closed("halving_doubling", "reduce_scatter", 8, 8e6), 7.003e-3)
+    assert math.isclose(closed("halving_doubling", "reduce_scatter", 3, 3e6), 5.003e-3)
+
+
+def test_binomial_tree_hand_numbers():
+    """S=1 MB. Reduce P=5: heaviest path 3 -> 2 -> 0, 2 * 1.001e-3 = 2.002e-3 s (rank 4 was ready
+    at 0 and arrives at 1.001e-3). Broadcast P=5: the root sends in 3 rounds: 3.003e-3 s.
+    Allreduce P=8: (3 + 3) * 1.001e-3 = 6.006e-3 s. Two-level P=8, D=4, S=1 MB: reduce crosses
+    nodes once (4 -> 0: 2e-6 + 1e-4) and climbs two intra edges (1e-6 + 1e-5 each): 1.24e-4 s."""
+    assert math.isclose(closed("binomial_tree", "reduce", 5, 1e6), 2.002e-3)
+    assert math.isclose(closed("binomial_tree", "broadcast", 5, 1e6), 3.003e-3)
+    assert math.isclose(closed("binomial_tree", "allreduce", 8, 1e6), 6.006e-3)
+    assert math.isclose(closed("binomial_tree", "reduce", 8, 1e6, TWO_LEVEL), 1.24e-4)
+
+
+def test_double_binary_tree_hand_numbers():
+    """P=8 ranks on 8 nodes, S=2 MB (1 MB per tree): height 3, 2*3 steps of 1.001e-3 = 6.006e-3 s.
+    With 4 pieces: (6 + 3) steps of 1e-6 + 0.25e-3 = 2.259e-3 s. Two-level P=8, D=4, S=2 MB, C=1:
+    chain 2 * 3 steps of 1e-6 + 1e6/100e9 = 11e-6 (66e-6) plus trees over 2 nodes, 2 steps of
+    2e-6 + 1e6/10e9 = 102e-6 (204e-6): 270e-6 s."""
+    assert math.isclose(closed("double_binary_tree", "allreduce", 8, 2e6), 6.006e-3)
+    assert math.isclose(closed("double_binary_tree", "allreduce", 8, 2e6, chunks=4), 2.259e-3)
+    assert math.isclose(closed("double_binary_tree", "allreduce", 8, 2e6, TWO_LEVEL), 270e-6)
+
+
+def test_double_binary_trees_are_complementary():
+    """NCCL's tree pair: height ceil(log2 N); for even N no node is interior in both trees."""
+    assert [tree_height(n) for n in (2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 2, 3, 3, 4, 4, 5]
+    a, b = dtree_parents(8)
+    assert a.tolist() == [-1, 2, 4, 2, 0, 6, 4, 6] and b.tolist() == [1, 3, 1, 7, 5, 3, 5, -1]
+    for nodes in (4, 8, 16, 32):
+        a, b = dtree_parents(nodes)
+        interior_a, interior_b = set(a[a >= 0].tolist()), set(b[b >= 0].tolist())
+        assert not (interior_a & interior_b - {0, nodes - 1})
+
+
+def test_hierarchical_hand_numbers():
+    """P=8, D=4, S=4 MB, intra 1 us/100 GB/s, inter 2 us/10 GB/s, ring among 2 leaders:
+    (floor + ceil log2 4 =) 4 intra steps of 1e-6 + 4e-5 = 164e-6, ring 2 steps of 2e-6 + 2e-4 =
+    404e-6: 568e-6 s. intra="reduce_scatter": 2 * 3 steps of 1e-6 + 1e-5 = 66e-6, ring of S/4:
+    2 * (2e-6 + 5e-5) = 104e-6: 170e-6 s."""
+    assert math.isclose(closed("hierarchical", "allreduce", 8, 4e6, TWO_LEVEL), 568e-6)
+    assert math.isclose(closed("hierarchical", "allreduce", 8, 4e6, TWO_LEVEL, intra="reduce_scatter"), 170e-6)
+
+
+def test_torus_2d_hand_numbers():
+    """P=8 as 2 x 4, S=8 MB: 2 * 3 row steps of 1e-6 + 2e-3 plus 2 * 1 column steps of
+    1e-6 + 1e-3 = 12.006e-3 + 2.002e-3 = 14.008e-3 s. Default grid of 12 ranks is 3 x 4."""
+    assert math.isclose(closed("torus_2d", "allreduce", 8, 8e6), 14.008e-3)
+    assert math.isclose(closed("torus_2d", "allreduce", 8, 8e6, rows=2), 14.008e-3)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 12)
+    assert schedule.num_rounds() == 2 * 3 + 2 * 2
+
+
+def test_parameter_server_topk_and_chain_hand_numbers():
+    """PS P=4, k=2, S=2 MB: push and pull of 1 MB: 2 * 1.001e-3 = 2.002e-3 s.
+    Top-k P=4, S=100 MB fp32, density 0.01: 250 000 (value, index) pairs = 2 MB per rank,
+    3 ring steps: 3 * 2.001e-3 = 6.003e-3 s. Chain broadcast P=4 in 2 pieces of 1 MB:
+    (3 + 1) * 1.001e-3 = 4.004e-3 s."""
+    assert math.isclose(closed("parameter_server", "allreduce", 4, 2e6, servers=2), 2.002e-3)
+    assert math.isclose(closed("topk_sparse", "allreduce", 4, 100e6), 6.003e-3)
+    assert math.isclose(closed("chain", "broadcast", 4, 2e6, chunks=2), 4.004e-3)
+
+
+# (d) bytes --------------------------------------------------------------------------------------
+
+
+def _bytes_by(schedule: Schedule, message_bytes: float, side: str) -> np.ndarray:
+    total = np.zeros(schedule.ranks)
+    for rnd in schedule.rounds():
+        np.add.at(total, getattr(rnd, side), schedule.transfer_bytes(rnd, message_bytes))
+    return total
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+def test_bytes_scale_with_the_message(name, collective, options):
+    """fp16 halves message_bytes, and every transfer halves with it."""
+    schedule = COLLECTIVE_ALGORITHMS.get(name).schedule(collective, 8, devices_per_node=4, **options)
+    full, half = _bytes_by(schedule, 4e6, "src"), _bytes_by(schedule, 2e6, "src")
+    assert np.allclose(half, full / 2) and full.sum() > 0
+
+
+def test_ring_allreduce_sends_two_p_minus_one_over_p_of_the_buffer():
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 8)
+    assert np.allclose(_bytes_by(schedule, 8e6, "src"), 2 * 7 / 8 * 8e6)
+
+
+def test_topk_bytes_grow_with_ranks():
+    """Each rank forwards P-1 contributions of density * S/4 * 8 bytes: 1% of 40 MB fp32 is 0.8 MB."""
+    per_rank = []
+    for ranks in (2, 4, 8, 16):
+        schedule = COLLECTIVE_ALGORITHMS.get("topk_sparse").schedule("allreduce", ranks)
+        sent = _bytes_by(schedule, 40e6, "src")
+        assert np.allclose(sent, (ranks - 1) * 0.8e6)
+        per_rank.append(sent[0])
+    assert per_rank == sorted(per_rank) and per_rank[-1] > per_rank[0]
+
+
+def test_parameter_server_link_carries_p_times_s():
+    """Dedicated, one server: P x S in and P x S out; k servers share it, P x S/k each."""
+    ps = COLLECTIVE_ALGORITHMS.get("parameter_server")
+    schedule = ps.schedule("allreduce", 6)
+    assert schedule.ranks == 7 and schedule.worker_ranks == 6
+    assert _bytes_by(schedule, 1e6, "dst")[6] == pytest.approx(6e6)
+    assert _bytes_by(schedule, 1e6, "src")[6] == pytest.approx(6e6)
+    schedule = ps.schedule("allreduce", 6, servers=3)
+    assert np.allclose(_bytes_by(schedule, 3e6, "dst")[6:], 6e6)
+
+
+def test_colocated_server_keeps_its_own_shard_off_the_wire():
+    """Colocated k=2, P=4, S=2 MB: server 0 receives shard 0 from ranks 1..3 (3 MB) and its own
+    shard 1 arrives from server 1 (1 MB): 4 MB; a worker receives 2 MB."""
+    schedule = COLLECTIVE_ALGORITHMS.get("parameter_server").schedule("allreduce", 4, servers=2, placement="colocated")
+    assert np.allclose(_bytes_by(schedule, 2e6, "dst"), [4e6, 4e6, 2e6, 2e6])
+
+
+# (e) bad input ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_ALGORITHMS.names())
+def test_unknown_option_is_rejected(name):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    collective = algorithm.collectives[0]
+    with pytest.raises(ScheduleError, match=r"unknown option.*bogus.*valid"):
+        algorithm.schedule(collective, 4, bogus=1)
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_ALGORITHMS.names())
+@pytest.mark.parametrize("ranks", [0, -3])
+def test_impossible_rank_counts_are_rejected(name, ranks):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    with pytest.raises(ScheduleError, match="ranks must be a positive integer"):
+        algorithm.schedule(algorithm.collectives[0], ranks)
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_ALGORITHMS.names())
+def test_unknown_and_unimplemented_collectives_are_rejected(name):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    with pytest.raises(ScheduleError, match="unknown collective 'alltoall'; valid: allreduce"):
+        algorithm.schedule("alltoall", 4)
+    missing = [
+        c for c in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce") if c not in algorithm.collectives
+    ]
+    for collective in missing:
+        with pytest.raises(ScheduleError, match=f"does not implement {collective}; it implements"):
+            algorithm.schedule(collective, 4)
+
+
+@pytest.mark.parametrize(
+    ("name", "ranks", "kwargs", "message"),
+    [
+        (
+            "torus_2d",
+            12,
+            {"rows": 5},
+            r"rows must be a positive integer dividing ranks \(12\), got 5; "
+            r"valid: 1, 2, 3, 4, 6, 12",
+        ),
+        ("hierarchical", 6, {"devices_per_node": 4}, r"ranks \(6\) must be a multiple of devices_per_node"),
+        ("hierarchical", 8, {"inner": "nope"}, "unknown collective algorithm 'nope'; valid:"),
+        ("hierarchical", 8, {"inner": "hierarchical"}, "inner must be another allreduce algorithm"),
+        ("hierarchical", 8, {"inner": "parameter_server"}, "adds helper ranks"),
+        ("hierarchical", 8, {"inner": "topk_sparse"}, "not a dense allreduce"),
+        ("hierarchical", 8, {"intra": "scatter"}, "unknown intra 'scatter'; valid: reduce, reduce_scatter"),
+        ("hierarchical", 8, {"inner_options": {"bogus": 1}}, "unknown option"),
+        ("double_binary_tree", 6, {"devices_per_node": 4}, r"must be a multiple of devices_per_node"),
+        ("double_binary_tree", 4, {"chunks": 0}, "chunks must be a positive integer"),
+        ("chain", 4, {"chunks": 1.5}, "chunks must be a positive integer"),
+        ("parameter_server", 2, {"servers": 3, "placement": "colocated"}, "at least as many workers"),
+        ("parameter_server", 2, {"placement": "remote"}, "unknown placement 'remote'; valid: dedicated"),
+        ("parameter_server", 2, {"servers": 0}, "servers must be a positive integer"),
+        ("topk_sparse", 4, {"density": 0.0}, r"density must be in \(0, 1\]"),
+        ("topk_sparse", 4, {"density": 1.5}, r"density must be in \(0, 1\]"),
+    ],
+)
+def test_bad_options_say_why(name, ranks, kwargs, message):
+    algorithm = COLLECTIVE_ALGORITHMS.get(name)
+    with pytest.raises(ScheduleError, match=message):
+        algorithm.schedule("allreduce" if "allreduce" in algorithm.collectives else "broadcast", ranks, **kwargs)
+    options = {k: v for k, v in kwargs.items() if k != "devices_per_node"}
+    costs = FabricCosts(UNIFORM.intra, UNIFORM.inter, kwargs.get("devices_per_node", 1))
+    with pytest.raises(ScheduleError, match=message):
+        algorithm.closed_form_s(algorithm.collectives[0], ranks, 1e6, costs, **options)
+
+
+# selectors ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("library", "collective", "message_bytes", "ranks", "devices_per_node", "token"),
+    [
+        ("mpich", "allreduce", 2048, 16, 1, "recursive_doubling"),
+        ("mpich", "allreduce", 2049, 16, 1, "halving_doubling"),
+        ("mpich", "allreduce", 4096, 2048, 1, "recursive_doubling"),  # 1024 elements < pof2 2048
+        ("mpich", "allgather", 100 * 1024, 16, 1, "recursive_doubling"),
+        ("mpich", "allgather", 100 * 1024, 12, 1, "ring"),
+        ("mpich", "broadcast", 1e6, 4, 1, "binomial_tree"),
+        ("mpich", "broadcast", 1e6, 16, 1, "chain"),
+        ("nccl", "allreduce", 1e3, 8, 8, "ring"),
+        ("nccl", "allreduce", 1e3, 16, 8, "double_binary_tree"),
+        ("nccl", "allreduce", 600 * 1024, 16, 8, "ring"),
+        ("nccl", "allreduce", 600 * 1024, 64, 8, "double_binary_tree"),
+        ("nccl", "allgather", 1e3, 64, 8, "ring"),
+        ("mlsl", "allreduce", 2048, 64, 1, "recursive_doubling"),
+        ("mlsl", "allreduce", 1e6, 64, 1, "halving_doubling"),
+        ("mlsl", "allreduce", 1e8, 64, 1, "ring"),
+        ("openmpi", "allreduce", 9999, 64, 1, "recursive_doubling"),
+        ("openmpi", "allreduce", 10_000, 64, 1, "ring"),
+    ],
+)
+def test_selector_rules(library, collective, message_bytes, ranks, devices_per_node, token):
+    assert select(library, collective, message_bytes, ranks, devices_per_node)[0] == token
+
+
+def test_every_selection_builds_a_schedule():
+    for library in LIBRARIES.names():
+        for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
+            for message_bytes in (8, 3000, 1e5, 1e6, 1e8):
+                for ranks, devices_per_node in ((1, 1), (6, 1), (16, 1), (12, 4), (64, 8), (10, 4)):
+                    token, options = select(library, collective, message_bytes, ranks, devices_per_node)
+                    algorithm = COLLECTIVE_ALGORITHMS.get(token)
+                    algorithm.schedule(collective, ranks, devices_per_node=devices_per_node, **options)
+
+
+def test_selector_bad_input():
+    with pytest.raises(UnknownNameError, match="unknown collective library 'gloo'; valid: mlsl, mpich, nccl, openmpi"):
+        select("gloo", "allreduce", 1e6, 8, 1)
+    with pytest.raises(ScheduleError, match="unknown collective 'alltoall'"):
+        select("nccl", "alltoall", 1e6, 8, 1)
+    with pytest.raises(ScheduleError, match="ranks must be a positive integer"):
+        select("nccl", "allreduce", 1e6, 0, 1)
+
+
+# scale ------------------------------------------------------------------------------------------
+
+
+def test_4096_ranks_generate_lazily_and_fast():
+    """First rounds of every schedule at 4096 ranks (8 per node) in well under a second each."""
+    for name, collective, options in CASES:
+        start = time.perf_counter()
+        schedule = COLLECTIVE_ALGORITHMS.get(name).schedule(collective, 4096, devices_per_node=8, **options)
+        rounds = schedule.rounds()
+        for _ in range(3):
+            next(rounds, None)
+        assert time.perf_counter() - start < 1.0, (name, collective, options)
