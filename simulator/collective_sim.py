@@ -13,7 +13,8 @@ from typing import Any
 
 from algorithms.collective import COLLECTIVE_ALGORITHMS
 from algorithms.schedule import COLLECTIVES
-from hardware_models.catalog import load_link
+from hardware_models.catalog import Link, load_link
+from hardware_models.profile import Profile
 from simulator.collective_engine import run_collective
 from simulator.fabric import Fabric, FabricSpec
 from simulator.scenario import ScenarioError
@@ -43,8 +44,16 @@ class CollectiveSetup:
     nodes_per_leaf: int = 16
     torus_dims: tuple[int, ...] | None = None
     loggp: bool = False
+    # a calibration profile (fitted link alpha/beta per message size) and the device it is scoped to
+    profile: Profile | None = None
+    device: str | None = None
 
-    def fabric(self, ranks: int) -> Fabric:
+    def link(self, token: str, message_bytes: float | None = None) -> Link:
+        """The datasheet link, or the profile's alpha/beta for a collective of ``message_bytes``."""
+        link = load_link(token)
+        return self.profile.link(link, self.device, message_bytes) if self.profile else link
+
+    def fabric(self, ranks: int, message_bytes: float | None = None) -> Fabric:
         nodes = -(-ranks // self.devices_per_node)
         if nodes > 1 and not self.network:
             raise ScenarioError("more than one node needs --network")
@@ -54,9 +63,13 @@ class CollectiveSetup:
             FabricSpec(
                 nodes=nodes,
                 devices_per_node=self.devices_per_node,
-                peer_link=load_link(self.intra_node) if self.intra_node and self.devices_per_node > 1 else None,
-                host_link=load_link(self.host_link) if self.host_link else None,
-                network=load_link(self.network) if self.network and nodes > 1 else None,
+                peer_link=(
+                    self.link(self.intra_node, message_bytes)
+                    if self.intra_node and self.devices_per_node > 1
+                    else None
+                ),
+                host_link=self.link(self.host_link, message_bytes) if self.host_link else None,
+                network=self.link(self.network, message_bytes) if self.network and nodes > 1 else None,
                 nics_per_node=self.nics_per_node,
                 topology=self.topology,
                 oversubscription=self.oversubscription,
@@ -99,7 +112,7 @@ def simulate_collective(
     merged = {**chosen, **(options or {})}
     impl = COLLECTIVE_ALGORITHMS.get(token)
     schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)
-    fabric = setup.fabric(schedule.ranks)
+    fabric = setup.fabric(schedule.ranks, message_bytes)
     started = time.perf_counter()
     finish, path = run_collective(schedule, fabric, message_bytes, 0.0, mode)
     wall = time.perf_counter() - started

@@ -13,6 +13,7 @@ from typing import Any
 from algorithms.collective import COLLECTIVE_ALGORITHMS
 from hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
 from hardware_models.compute import BYTES_PER_ELEMENT
+from hardware_models.profile import Profile
 from simulator.fabric import TOPOLOGIES, FabricSpec
 from simulator.workloads import Workload, load_workload
 
@@ -52,6 +53,8 @@ class Scenario:
     iterations: int = 1
     executor: str = "des"
     seed: int = 0
+    # a calibration profile: fitted efficiencies and link alpha/beta override the datasheets
+    profile: Profile | None = None
 
     def __post_init__(self) -> None:
         self.validate()
@@ -106,7 +109,19 @@ class Scenario:
     # --- resolved objects --------------------------------------------------------------------
     @property
     def device_spec(self) -> Device:
-        return load_device(self.device)
+        device = load_device(self.device)
+        return self.profile.device(device) if self.profile else device
+
+    @property
+    def compute_scale(self) -> float:
+        """Measured / modeled compute time pinned by the profile for this run shape (1 without one)."""
+        if self.profile is None:
+            return 1.0
+        return self.profile.compute_scale(self.device, self.workload, self.precision, self.per_device_batch)
+
+    @property
+    def overlap_interference(self) -> float:
+        return self.profile.overlap_interference if self.profile else 0.0
 
     @property
     def workload_spec(self) -> Workload:
@@ -117,7 +132,11 @@ class Scenario:
         return BYTES_PER_ELEMENT[self.precision]
 
     def link(self, token: str | None) -> Link | None:
-        return load_link(token) if token else None
+        """The link's datasheet, or its calibrated alpha/beta for gradient buckets of ``bucket_bytes``."""
+        if not token:
+            return None
+        link = load_link(token)
+        return self.profile.link(link, self.device, self.bucket_bytes) if self.profile else link
 
     def fabric_spec(self, nodes: int) -> FabricSpec:
         return FabricSpec(
@@ -155,8 +174,9 @@ class Scenario:
         return dataclasses.replace(self, nodes=nodes)
 
     def to_dict(self) -> dict[str, Any]:
-        data = dataclasses.asdict(self)
+        data = dataclasses.asdict(dataclasses.replace(self, profile=None))
         data["nodes"] = list(self.nodes)
+        data["profile"] = self.profile.summary() if self.profile else None
         return data
 
     def resolved(self) -> dict[str, Any]:
@@ -164,7 +184,7 @@ class Scenario:
         device = self.device_spec
         workload = self.workload_spec
         links = {
-            role: dataclasses.asdict(load_link(token))
+            role: dataclasses.asdict(self.link(token))  # type: ignore[arg-type]
             for role, token in (
                 ("intra_node", self.intra_node),
                 ("host_link", self.resolved_host_link()),

@@ -16,7 +16,7 @@ from typing import Any
 
 from simulator.engine import simulate_training
 from simulator.scenario import Scenario, ScenarioError
-from simulator.training import analytic_point, compute_profile
+from simulator.training import analytic_point, compute_profile, with_interference
 
 POOLS = ("auto", "serial", "process", "mpi")
 
@@ -116,6 +116,7 @@ def simulate_point(scenario: Scenario, nodes: int, des_mode: str = "auto") -> di
     else:
         des = simulate_training(scenario, nodes, profile, mode=des_mode)
         iteration_s, comm_s, path = des.iteration_s, des.comm_s, des.path
+    iteration_s = with_interference(iteration_s, profile.compute_s, comm_s, scenario.overlap_interference)
     global_batch = devices * scenario.per_device_batch
     throughput = global_batch / iteration_s
     single_device = scenario.per_device_batch / profile.compute_s

@@ -56,8 +56,11 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
 
     Memory traffic: forward reads inputs and weights and writes outputs; backward reads inputs,
     output gradients and weights and writes input and weight gradients (about twice forward).
+    A calibration profile may pin the run shape's measured compute time: every time is then
+    multiplied by its ``compute_scale`` (1 without a profile).
     """
     device = scenario.device_spec
+    scale = scenario.compute_scale
     element = scenario.bytes_per_element / 4.0  # tables hold fp32 bytes
     batch = scenario.per_device_batch
     out = []
@@ -74,7 +77,9 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
             scenario.precision,
             layer.layer_type,
         )
-        out.append(LayerTime(layer.name, forward, backward, layer.parameters * scenario.bytes_per_element))
+        out.append(
+            LayerTime(layer.name, forward * scale, backward * scale, layer.parameters * scenario.bytes_per_element)
+        )
     return tuple(out)
 
 
@@ -116,6 +121,20 @@ def analytic_iteration(profile: ComputeProfile, collective_s) -> tuple[float, fl
             end = max(ready, end) + duration
             comm += duration
     return max(ready, end) + profile.update_s, comm
+
+
+def with_interference(iteration_s: float, compute_s: float, comm_s: float, factor: float) -> float:
+    """Iteration time when overlapped communication slows compute down by ``factor``.
+
+    The communication hidden under compute (comm_s minus the exposed part iteration_s - compute_s)
+    costs ``factor`` x its duration in extra compute time: memory and PCIe contention between
+    kernels and transfers, a first-order form of the slowdowns reported by Rashidi et al. (ISCA
+    2022). factor = 0 (no profile) leaves the iteration unchanged.
+    """
+    if factor <= 0:
+        return iteration_s
+    hidden = max(comm_s - max(iteration_s - compute_s, 0.0), 0.0)
+    return iteration_s + factor * hidden
 
 
 def analytic_point(scenario: Scenario, nodes: int, profile: ComputeProfile | None = None) -> dict[str, float]:

@@ -1,0 +1,381 @@
+"""Calibration profiles: fitted model parameters that override the catalog's datasheet values.
+
+A profile is a TOML file in the catalog's format (every number a ``{ value, source }`` table, SI
+units) written by ``ddlsim calibrate``::
+
+    schema_version = 1
+    data_sha256 = "..."                       # hash of the measurement rows it was fitted to
+    overlap_interference = { value = 0.0, source = "..." }
+    noise_sigma = { value = 0.05, source = "..." }   # lognormal sigma of measured / predicted
+
+    [devices.k80]                              # any of the device datasheet's efficiencies
+    compute_efficiency = { value = 0.41, source = "fitted ..." }
+    memory_efficiency = { value = 0.62, source = "fitted ..." }
+    [devices.k80.layer_efficiency]
+    conv = { value = 0.45, source = "fitted ..." }
+    [devices.k80.workload_scale]              # measured / modeled compute time, pinned per run shape
+    "resnet50/fp32/64" = { value = 1.03, source = "pinned by TFBENCH-041, ..." }
+
+    [links."pcie3_x16@titanx_pascal"]          # link token, optionally scoped to one device
+    breakpoints_bytes = { value = [1e6], source = "protocol switch between 0.4 and 12 MB" }
+    alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
+    beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
+
+    [[bootstrap]]                              # parameter samples for confidence intervals
+    "devices.k80.compute_efficiency" = 0.40
+    "links.pcie3_x16@titanx_pascal.alpha_s.0" = 2.1e-5
+
+The segment of a message of S bytes is the number of breakpoints <= S. A fitted link replaces the
+datasheet's (latency + per-message overhead, line rate x efficiency x links) by (alpha, beta):
+alpha is all the per-message time the path's other (uncalibrated) parts do not already carry.
+
+Nothing here is global: a profile is a frozen value passed to ``Scenario(profile=...)`` and
+``CollectiveSetup(profile=...)``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hardware_models.catalog import CatalogError, Device, Link
+
+SCHEMA_VERSION = 1
+
+DEVICE_KEYS = ("compute_efficiency", "memory_efficiency", "layer_efficiency", "workload_scale")
+LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps")
+TOP_KEYS = (
+    "schema_version",
+    "data_sha256",
+    "description",
+    "overlap_interference",
+    "noise_sigma",
+    "devices",
+    "links",
+    "bootstrap",
+)
+
+
+class ProfileError(CatalogError):
+    """A profile file is malformed; the message names the file, the key and what is allowed."""
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """Fitted alpha (s) and beta (bytes/s) per message-size segment; breakpoints in bytes."""
+
+    breakpoints_bytes: tuple[float, ...] = ()
+    alpha_s: tuple[float, ...] = (0.0,)
+    beta_Bps: tuple[float, ...] = (1e9,)
+    source: str = "fitted"
+
+    def segment(self, message_bytes: float | None) -> int:
+        if message_bytes is None:
+            return len(self.alpha_s) - 1
+        return bisect.bisect_right(self.breakpoints_bytes, message_bytes)
+
+    def apply(self, link: Link, message_bytes: float | None) -> Link:
+        index = self.segment(message_bytes)
+        return dataclasses.replace(
+            link,
+            bandwidth_Bps=self.beta_Bps[index],
+            efficiency=1.0,
+            links_per_device=1,
+            latency_s=0.0,
+            per_message_overhead_s=self.alpha_s[index],
+            sources={**link.sources, "profile": self.source},
+        )
+
+
+@dataclass(frozen=True)
+class DeviceFit:
+    """Fitted efficiencies (None = keep the datasheet's) and pinned compute-time scales."""
+
+    compute_efficiency: float | None = None
+    memory_efficiency: float | None = None
+    layer_efficiency: dict[str, float] = field(default_factory=dict)
+    workload_scale: dict[str, float] = field(default_factory=dict)  # "workload/precision/batch" -> factor
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def apply(self, device: Device) -> Device:
+        return dataclasses.replace(
+            device,
+            compute_efficiency=self.compute_efficiency or device.compute_efficiency,
+            memory_efficiency=self.memory_efficiency or device.memory_efficiency,
+            layer_efficiency={**device.layer_efficiency, **self.layer_efficiency},
+            sources={**device.sources, **{f"profile.{k}": v for k, v in self.sources.items()}},
+        )
+
+
+def workload_key(workload: str, precision: str, per_device_batch: int) -> str:
+    return f"{workload}/{precision}/{per_device_batch}"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Everything a calibration fitted; apply it with ``device``, ``link`` and ``compute_scale``."""
+
+    devices: dict[str, DeviceFit] = field(default_factory=dict)
+    links: dict[str, LinkFit] = field(default_factory=dict)
+    overlap_interference: float = 0.0
+    noise_sigma: float = 0.0
+    data_sha256: str = ""
+    description: str = ""
+    bootstrap: tuple[dict[str, float], ...] = ()
+    sources: dict[str, str] = field(default_factory=dict)
+    schema_version: int = SCHEMA_VERSION
+
+    # --- applying ------------------------------------------------------------------------------
+    def device(self, device: Device) -> Device:
+        fit = self.devices.get(device.token)
+        return fit.apply(device) if fit else device
+
+    def link_fit(self, token: str, device: str | None = None) -> LinkFit | None:
+        if device is not None and f"{token}@{device}" in self.links:
+            return self.links[f"{token}@{device}"]
+        return self.links.get(token)
+
+    def link(self, link: Link, device: str | None = None, message_bytes: float | None = None) -> Link:
+        fit = self.link_fit(link.token, device)
+        return fit.apply(link, message_bytes) if fit else link
+
+    def compute_scale(self, device: str, workload: str, precision: str, per_device_batch: int) -> float:
+        fit = self.devices.get(device)
+        if fit is None:
+            return 1.0
+        return fit.workload_scale.get(workload_key(workload, precision, per_device_batch), 1.0)
+
+    def pins(self, device: str, workload: str, precision: str, per_device_batch: int) -> bool:
+        fit = self.devices.get(device)
+        return fit is not None and workload_key(workload, precision, per_device_batch) in fit.workload_scale
+
+    # --- flat parameter vectors (bootstrap samples) ------------------------------------------------
+    def flat(self) -> dict[str, float]:
+        """Every fitted number under a dotted name, e.g. ``links.ib_fdr.beta_Bps.0``."""
+        out: dict[str, float] = {"overlap_interference": self.overlap_interference}
+        for token, fit in self.devices.items():
+            for key in ("compute_efficiency", "memory_efficiency"):
+                value = getattr(fit, key)
+                if value is not None:
+                    out[f"devices.{token}.{key}"] = value
+            for layer, value in fit.layer_efficiency.items():
+                out[f"devices.{token}.layer_efficiency.{layer}"] = value
+            for key, value in fit.workload_scale.items():
+                out[f"devices.{token}.workload_scale.{key}"] = value
+        for key, link in self.links.items():
+            for index, value in enumerate(link.alpha_s):
+                out[f"links.{key}.alpha_s.{index}"] = value
+            for index, value in enumerate(link.beta_Bps):
+                out[f"links.{key}.beta_Bps.{index}"] = value
+        return out
+
+    def with_flat(self, values: dict[str, float]) -> Profile:
+        """This profile with the named numbers replaced (names as ``flat`` gives them)."""
+        devices = {
+            token: dataclasses.replace(
+                fit, layer_efficiency=dict(fit.layer_efficiency), workload_scale=dict(fit.workload_scale)
+            )
+            for token, fit in self.devices.items()
+        }
+        links = {key: fit for key, fit in self.links.items()}
+        interference = self.overlap_interference
+        for name, value in values.items():
+            parts = name.split(".")
+            if parts[0] == "overlap_interference":
+                interference = value
+            elif parts[0] == "devices" and parts[1] in devices:
+                fit = devices[parts[1]]
+                if parts[2] in ("compute_efficiency", "memory_efficiency"):
+                    devices[parts[1]] = dataclasses.replace(fit, **{parts[2]: value})
+                elif parts[2] == "layer_efficiency":
+                    fit.layer_efficiency[parts[3]] = value
+                elif parts[2] == "workload_scale":
+                    fit.workload_scale[".".join(parts[3:])] = value
+            elif parts[0] == "links":
+                # link keys may hold dots only in the device scope, never; the index is last
+                key, what, index = ".".join(parts[1:-2]), parts[-2], int(parts[-1])
+                if key in links:
+                    link = links[key]
+                    numbers = list(getattr(link, what))
+                    numbers[index] = value
+                    links[key] = dataclasses.replace(link, **{what: tuple(numbers)})
+        return dataclasses.replace(self, devices=devices, links=links, overlap_interference=interference)
+
+    def samples(self) -> list[Profile]:
+        """One profile per bootstrap sample (empty when the profile carries none)."""
+        return [self.with_flat(sample) for sample in self.bootstrap]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "schema_version": self.schema_version,
+            "data_sha256": self.data_sha256,
+            "devices": sorted(self.devices),
+            "links": sorted(self.links),
+            "overlap_interference": self.overlap_interference,
+            "noise_sigma": self.noise_sigma,
+            "bootstrap_samples": len(self.bootstrap),
+        }
+
+
+# --- TOML ---------------------------------------------------------------------------------------
+
+
+def _toml_string(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(float(value))
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(item) for item in value) + "]"
+    return _toml_string(str(value))
+
+
+def _entry(value: Any, source: str) -> str:
+    return f"{{ value = {_toml_value(value)}, source = {_toml_string(source)} }}"
+
+
+def profile_to_toml(profile: Profile) -> str:
+    """The profile as TOML text (deterministic: keys sorted)."""
+    lines = [
+        "# ddlsim calibration profile: fitted values override the hardware catalog's datasheets.",
+        f"schema_version = {profile.schema_version}",
+        f"data_sha256 = {_toml_string(profile.data_sha256)}",
+        f"description = {_toml_string(profile.description)}",
+        "overlap_interference = "
+        + _entry(profile.overlap_interference, profile.sources.get("overlap_interference", "fitted")),
+        "noise_sigma = " + _entry(profile.noise_sigma, profile.sources.get("noise_sigma", "fitted")),
+    ]
+    for token in sorted(profile.devices):
+        fit = profile.devices[token]
+        lines += ["", f"[devices.{_toml_string(token)}]"]
+        for key in ("compute_efficiency", "memory_efficiency"):
+            value = getattr(fit, key)
+            if value is not None:
+                lines.append(f"{key} = {_entry(value, fit.sources.get(key, 'fitted'))}")
+        for table in ("layer_efficiency", "workload_scale"):
+            values = getattr(fit, table)
+            if values:
+                lines += ["", f"[devices.{_toml_string(token)}.{table}]"]
+                for key in sorted(values):
+                    source = fit.sources.get(f"{table}.{key}", "fitted")
+                    lines.append(f"{_toml_string(key)} = {_entry(values[key], source)}")
+    for key in sorted(profile.links):
+        link = profile.links[key]
+        lines += ["", f"[links.{_toml_string(key)}]"]
+        lines.append(f"breakpoints_bytes = {_entry(list(link.breakpoints_bytes), link.source)}")
+        lines.append(f"alpha_s = {_entry(list(link.alpha_s), link.source)}")
+        lines.append(f"beta_Bps = {_entry(list(link.beta_Bps), link.source)}")
+    for sample in profile.bootstrap:
+        lines += ["", "[[bootstrap]]"]
+        lines += [f"{_toml_string(name)} = {_toml_value(float(sample[name]))}" for name in sorted(sample)]
+    return "\n".join(lines) + "\n"
+
+
+def _number_entry(table: dict[str, Any], key: str, where: str, low: float, high: float) -> tuple[Any, str]:
+    entry = table[key]
+    if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
+        raise ProfileError(f'{where}: key {key!r} must be a table {{ value = ..., source = "..." }}')
+    values = entry["value"] if isinstance(entry["value"], list) else [entry["value"]]
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise ProfileError(f"{where}: key {key!r}: must be a number, got {value!r}")
+        if not low <= value <= high:
+            raise ProfileError(f"{where}: key {key!r}: must be in [{low:g}, {high:g}], got {value!r}")
+    return entry["value"], str(entry["source"])
+
+
+def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
+    for key in table:
+        if key not in allowed:
+            raise ProfileError(f"{where}: unknown key {key!r}; allowed keys: {', '.join(allowed)}")
+
+
+def parse_profile(data: dict[str, Any], path: Path) -> Profile:
+    where = str(path)
+    _unknown(data, TOP_KEYS, where)
+    version = data.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise ProfileError(
+            f"{where}: key 'schema_version': this ddlsim reads version {SCHEMA_VERSION}, got {version!r}"
+        )
+    sources: dict[str, str] = {}
+    interference, sources["overlap_interference"] = _number_entry(data, "overlap_interference", where, 0.0, 1.0)
+    sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, 0.0, 5.0)
+    devices: dict[str, DeviceFit] = {}
+    for token, table in (data.get("devices") or {}).items():
+        at = f"{where} [devices.{token}]"
+        _unknown(table, DEVICE_KEYS, at)
+        fit_sources: dict[str, str] = {}
+        efficiencies: dict[str, float | None] = {"compute_efficiency": None, "memory_efficiency": None}
+        for key in efficiencies:
+            if key in table:
+                efficiencies[key], fit_sources[key] = _number_entry(table, key, at, 1e-6, 1.0)
+        maps: dict[str, dict[str, float]] = {"layer_efficiency": {}, "workload_scale": {}}
+        for name, high in (("layer_efficiency", 1.0), ("workload_scale", 1e6)):
+            for key in table.get(name, {}) or {}:
+                maps[name][key], fit_sources[f"{name}.{key}"] = _number_entry(
+                    table[name], key, f"{at}.{name}", 1e-6, high
+                )
+        devices[token] = DeviceFit(
+            efficiencies["compute_efficiency"],
+            efficiencies["memory_efficiency"],
+            maps["layer_efficiency"],
+            maps["workload_scale"],
+            fit_sources,
+        )
+    links: dict[str, LinkFit] = {}
+    for key, table in (data.get("links") or {}).items():
+        at = f"{where} [links.{key}]"
+        _unknown(table, LINK_KEYS, at)
+        for name in LINK_KEYS:
+            if name not in table:
+                raise ProfileError(f"{at}: missing key {name!r}")
+        breakpoints, source = _number_entry(table, "breakpoints_bytes", at, 0.0, 1e18)
+        alpha, _ = _number_entry(table, "alpha_s", at, 0.0, 1e3)
+        beta, _ = _number_entry(table, "beta_Bps", at, 1.0, 1e15)
+        if len(alpha) != len(breakpoints) + 1 or len(beta) != len(alpha):
+            raise ProfileError(f"{at}: alpha_s and beta_Bps need one value per segment (breakpoints + 1)")
+        if list(breakpoints) != sorted(breakpoints):
+            raise ProfileError(f"{at}: key 'breakpoints_bytes' must be increasing")
+        links[key] = LinkFit(
+            tuple(float(b) for b in breakpoints),
+            tuple(float(a) for a in alpha),
+            tuple(float(b) for b in beta),
+            source,
+        )
+    samples = data.get("bootstrap") or []
+    if not isinstance(samples, list) or not all(isinstance(sample, dict) for sample in samples):
+        raise ProfileError(f"{where}: key 'bootstrap' must be an array of tables [[bootstrap]]")
+    return Profile(
+        devices=devices,
+        links=links,
+        overlap_interference=float(interference),
+        noise_sigma=float(sigma),
+        data_sha256=str(data.get("data_sha256", "")),
+        description=str(data.get("description", "")),
+        bootstrap=tuple({str(k): float(v) for k, v in sample.items()} for sample in samples),
+        sources=sources,
+    )
+
+
+def load_profile(path: Path | str) -> Profile:
+    path = Path(path)
+    if not path.is_file():
+        raise ProfileError(f"{path}: no such profile file")
+    try:
+        with path.open("rb") as handle:
+            data = tomllib.load(handle)
+    except tomllib.TOMLDecodeError as error:
+        raise ProfileError(f"{path}: not valid TOML: {error}") from None
+    return parse_profile(data, path)
