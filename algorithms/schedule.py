@@ -46,7 +46,9 @@ class Round:
 
     __slots__ = ("_hi", "_lo", "_lo_fn", "chunk_count", "dst", "op", "src")
 
-    def __init__(self, src, dst, chunk_lo=None, chunk_hi=None, op=None, *, chunk_count=None, chunk_lo_fn=None):
+    def __init__(
+        self, src, dst, chunk_lo=None, chunk_hi=None, op=None, *, chunk_count=None, chunk_lo_fn=None
+    ):
         self.src = src
         self.dst = dst
         self.op = op

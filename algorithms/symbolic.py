@@ -48,7 +48,9 @@ def run_symbolic(schedule: Schedule) -> np.ndarray:
     state = _initial(schedule)
     p = schedule.ranks
     for index, rnd in enumerate(schedule.rounds()):
-        if rnd.src.size and (rnd.src.min() < 0 or rnd.src.max() >= p or rnd.dst.min() < 0 or rnd.dst.max() >= p):
+        if rnd.src.size and (
+            rnd.src.min() < 0 or rnd.src.max() >= p or rnd.dst.min() < 0 or rnd.dst.max() >= p
+        ):
             raise SymbolicError(f"{schedule.name}: round {index} names a rank outside 0..{p - 1}")
         before = state.copy()
         copied = np.zeros(state.shape[:2], dtype=bool)
