@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "simulator.commands.simulate_command",
     "simulator.commands.list_command",
     "simulator.commands.collective_command",
+    "simulator.commands.algorithm_command",
     "real_runs.run_command",
     "real_runs.bench_command",
 )

@@ -1,0 +1,80 @@
+"""Hybrid parallelism: model parallelism inside a node, data parallelism across nodes
+(You, Buluç, Demmel SC17 §5; the layer split over the devices or NUMA domains of one node).
+
+Ranks: ``stages`` consecutive ranks form one node's pipeline (rank r is stage r % stages of node
+r // stages); stage s holds ``split[s]`` consecutive layers. One step on every pipeline::
+
+    stage 0            stage 1              ...   stage S-1
+    forward --act--->  forward --act--->          forward, loss
+    backward <-grad--  backward <-grad---         backward
+    all-reduce of the stage's weight gradients with the same stage of every other node, step
+
+Per step: one activation and one activation-gradient message across each stage boundary (bytes:
+the boundary layer's output for the minibatch) and, with more than one node, one all-reduce per
+stage of that stage's gradient bytes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from algorithms.comm import RoleProgram
+from algorithms.training_algorithm import (
+    TAG_ACTIVATION,
+    TAG_ACTIVATION_GRADIENT,
+    TRAINING_ALGORITHMS,
+    AlgorithmOptions,
+    Plan,
+    Trainer,
+    TrainingAlgorithm,
+    TrainingAlgorithmError,
+)
+
+
+class HybridParallelTraining(TrainingAlgorithm):
+    name = "hybrid_parallel"
+    family = "synchronous"
+    options = ("stages", "split", "collective")
+    summary = "layers split over a node's devices, data parallel across nodes"
+
+    def plan(self, ranks: int, steps: int, options: AlgorithmOptions | None = None) -> Plan:
+        options = options or AlgorithmOptions()
+        plan = super().plan(ranks, steps, options)
+        if ranks % options.stages:
+            raise TrainingAlgorithmError(
+                f"hybrid_parallel: {ranks} ranks do not form whole pipelines of {options.stages} stages"
+            )
+        if options.split is not None and len(options.split) != options.stages:
+            raise TrainingAlgorithmError(
+                f"hybrid split {','.join(map(str, options.split))} names {len(options.split)} stages, "
+                f"the node has {options.stages} devices"
+            )
+        return plan
+
+    def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:
+        stages = plan.options.stages
+        stage, rank = comm.rank % stages, comm.rank
+        nodes = plan.ranks // stages
+        group = tuple(node * stages + stage for node in range(nodes))
+        for _ in range(plan.steps):
+            activation = None
+            if stage > 0:
+                activation = yield comm.recv(rank - 1, TAG_ACTIVATION, like=trainer.activation_like(True))
+            output = yield comm.compute(trainer.forward(activation))
+            output_gradient = None
+            if stage < stages - 1:
+                yield comm.send(rank + 1, output, TAG_ACTIVATION)
+                output_gradient = yield comm.recv(
+                    rank + 1, TAG_ACTIVATION_GRADIENT, like=trainer.activation_like(False)
+                )
+            input_gradient = yield comm.compute(trainer.backward(output_gradient))
+            if stage > 0:
+                yield comm.send(rank - 1, input_gradient, TAG_ACTIVATION_GRADIENT)
+            gradient = trainer.stage_gradient()
+            if nodes > 1:
+                gradient = yield comm.allreduce(gradient, algorithm=plan.options.collective, group=group)
+            yield comm.compute(trainer.step(gradient, 1.0 / nodes))
+        return {"role": "worker", "stage": stage}
+
+
+TRAINING_ALGORITHMS.register("hybrid_parallel")(HybridParallelTraining())

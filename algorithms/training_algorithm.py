@@ -1,0 +1,251 @@
+"""The training-algorithm extension point: one role-program definition per algorithm, run by every executor.
+
+A training algorithm is a set of role programs (worker, server or master) over the ``Comm`` seam of
+``algorithms.comm``. Each program talks to its model state only through a ``Trainer`` (the executor
+supplies one per rank: the simulator's has durations and size-only payloads, the MPI harness's runs
+torch), so the same generator drives a SimPy run and a real run.
+
+Register one algorithm per file named ``<token>_training.py``::
+
+    sync_sgd  sync_sgd_ps  async_sgd  async_msgd  hogwild_sgd
+    easgd  async_easgd  async_measgd  hogwild_easgd  sync_easgd  hybrid_parallel
+
+Ranks and roles (``Plan``): parameter servers or the EASGD master take ranks ``0..servers-1``, the
+workers the rest; all-reduce algorithms have workers only. ``hybrid_parallel`` puts ``stages``
+consecutive ranks on one node (one pipeline of model parallelism) and one pipeline per node.
+
+Units: ``steps`` counts minibatch gradient steps per worker (a Hogwild worker's threads together
+count as one worker); bytes are wire bytes of the payloads the trainer hands out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from algorithms.comm import RoleProgram
+from algorithms.registry import Registry
+from algorithms.schedule import ScheduleError
+
+# Message tags, one per kind of message, shared by every algorithm.
+TAG_PUSH = 11  # worker -> server: gradient, weight delta or worker weights (EASGD)
+TAG_PULL = 12  # server -> worker: weights or the center variable
+TAG_ACTIVATION = 13  # hybrid: stage s -> s+1 forward activations
+TAG_ACTIVATION_GRADIENT = 14  # hybrid: stage s+1 -> s gradient of those activations
+
+
+class TrainingAlgorithmError(ScheduleError):
+    """Options or a placement that an algorithm cannot run with (the message says what is allowed).
+
+    A ``ScheduleError`` (hence a ``ValueError``), so the CLI reports it as bad input with exit code 2.
+    """
+
+
+class Trainer(Protocol):
+    """A rank's model state and the work on it. Methods returning work hand back a ``Work``
+    (see ``algorithms.comm``) whose result is the payload described; payloads have ``.nbytes``."""
+
+    def gradient(self) -> Any:
+        """Forward and backward of the next minibatch at the local weights -> gradient payload."""
+
+    def hogwild(self, threads: int) -> Any:
+        """``threads`` lock-free SGD steps sharing the local weights (one minibatch each) -> None."""
+
+    def step(self, gradient: Any, scale: float = 1.0) -> Any:
+        """Local optimizer step with ``scale * gradient`` (momentum if the trainer has it) -> None."""
+
+    def weights(self) -> Any:
+        """A snapshot payload of the local weights (no work)."""
+
+    def assign(self, weights: Any) -> Any:
+        """Set the local weights (and the Hogwild anchor) to ``weights`` -> None."""
+
+    def delta(self) -> Any:
+        """Local weights minus the anchor set by the last ``assign`` -> payload."""
+
+    def add(self, delta: Any) -> Any:
+        """Server: weights += delta -> None."""
+
+    def accumulate(self, gradient: Any) -> Any:
+        """Server: gradient sum += gradient -> None."""
+
+    def apply_accumulated(self, count: int) -> Any:
+        """Server: optimizer step with the mean of the ``count`` accumulated gradients, reset -> None."""
+
+    def elastic_center(self, worker_weights: Any, alpha: float) -> Any:
+        """Master: center += alpha (x - center) -> payload of the center before the update."""
+
+    def elastic_worker(self, center: Any, alpha: float) -> Any:
+        """Worker: x -= alpha (x - center) -> None."""
+
+    def elastic_sync(self, total: Any, workers: int, alpha: float) -> Any:
+        """Sync EASGD on every worker: x -= alpha (x - c); c += alpha (total - workers c) -> None."""
+
+    def part(self, payload: Any, index: int, count: int) -> Any:
+        """Shard ``index`` of ``count`` of a full-model payload (no work)."""
+
+    def assign_part(self, payload: Any, index: int, count: int) -> Any:
+        """Set shard ``index`` of ``count`` of the local weights -> None."""
+
+    def like(self, index: int = 0, count: int = 1) -> Any:
+        """A receive buffer for a model shard (None where the executor needs none)."""
+
+    # --- hybrid parallel (one pipeline stage per rank) -------------------------------------------
+    def forward(self, activation: Any) -> Any:
+        """Stage forward on the activation from the previous stage (None on the first) -> output payload."""
+
+    def backward(self, output_gradient: Any) -> Any:
+        """Stage backward (None on the last: the loss) -> gradient of the stage input (None on the first)."""
+
+    def activation_like(self, incoming: bool) -> Any:
+        """Receive buffer for the activation (incoming) or for its gradient (not incoming)."""
+
+    def stage_gradient(self) -> Any:
+        """Payload of this stage's weight gradients from the last backward (no work)."""
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """Every algorithm option; an algorithm lists the ones it reads in ``TrainingAlgorithm.options``.
+
+    tau: communication period in local steps (EASGD family), >= 1.
+    alpha: elastic coefficient in (0, 1) (EASGD family; Zhang et al. 2015 use beta = p alpha).
+    servers: parameter servers sharding the model (parameter-server algorithms), >= 1.
+    collective: registered all-reduce algorithm token (all-reduce algorithms).
+    threads: Hogwild threads per worker (one node), >= 1.
+    split: hybrid: layers per pipeline stage, in order (None: chosen by the caller).
+    stages: hybrid: pipeline stages per node (the devices or NUMA domains of one node), >= 1.
+    staleness: async_sgd: artificial extra staleness, in pulls (real-run statistical check), >= 0.
+    """
+
+    tau: int = 1
+    alpha: float = 0.5
+    servers: int = 1
+    collective: str = "ring"
+    threads: int = 4
+    split: tuple[int, ...] | None = None
+    stages: int = 2
+    staleness: int = 0
+
+    def validate(self) -> None:
+        def positive_int(name: str) -> None:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise TrainingAlgorithmError(f"{name} must be an integer >= 1, got {value!r}")
+
+        for name in ("tau", "servers", "threads", "stages"):
+            positive_int(name)
+        if not (isinstance(self.alpha, int | float) and 0.0 < self.alpha < 1.0):
+            raise TrainingAlgorithmError(f"alpha must lie in the open interval (0, 1), got {self.alpha!r}")
+        if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
+            raise TrainingAlgorithmError(f"staleness must be an integer >= 0, got {self.staleness!r}")
+        if self.split is not None:
+            empty = [i for i, count in enumerate(self.split) if count < 1]
+            if empty:
+                raise TrainingAlgorithmError(
+                    f"hybrid split {','.join(map(str, self.split))} leaves device {empty[0]} of the node "
+                    "with no layers; every device needs at least one layer"
+                )
+
+
+OPTION_FIELDS = ("tau", "alpha", "servers", "collective", "threads", "split", "stages", "staleness")
+
+
+def parse_split(text: str | tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """``"3,5"`` -> (3, 5): layers per pipeline stage."""
+    if text is None or isinstance(text, tuple):
+        return text
+    try:
+        return tuple(int(item) for item in str(text).split(","))
+    except ValueError:
+        raise TrainingAlgorithmError(f"split: expected layer counts like 10,12, got {text!r}") from None
+
+
+def make_options(algorithm: str, values: dict[str, Any]) -> AlgorithmOptions:
+    """Options for ``algorithm`` from a dict; options the algorithm does not read are rejected."""
+    spec = TRAINING_ALGORITHMS.get(algorithm)
+    unknown = sorted(set(values) - set(OPTION_FIELDS))
+    unused = sorted(set(values) & set(OPTION_FIELDS) - set(spec.options))
+    if unknown or unused:
+        bad = ", ".join(unknown + unused)
+        valid = ", ".join(spec.options) if spec.options else "none"
+        raise TrainingAlgorithmError(f"algorithm {algorithm!r}: option(s) {bad} do not apply; valid: {valid}")
+    values = dict(values)
+    if "split" in values:
+        values["split"] = parse_split(values["split"])
+    options = replace(AlgorithmOptions(), **values)
+    options.validate()
+    return options
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Who does what: ``servers`` ranks first (server or master), then ``workers``; ``steps`` per worker."""
+
+    algorithm: str
+    ranks: int
+    servers: tuple[int, ...]
+    workers: tuple[int, ...]
+    steps: int
+    options: AlgorithmOptions = field(default_factory=AlgorithmOptions)
+
+    def is_server(self, rank: int) -> bool:
+        return rank < len(self.servers)
+
+    @property
+    def exchanges(self) -> int:
+        """Worker-server exchanges per worker for periodic algorithms: one after every ``tau`` steps."""
+        return self.steps // self.options.tau
+
+
+ProgramFactory = Callable[[Any, Trainer, Plan], RoleProgram]
+
+
+class TrainingAlgorithm:
+    """Base of every registered training algorithm.
+
+    Subclasses set ``name``, ``family`` (``synchronous``, ``asynchronous`` or ``elastic``, used by the
+    statistical-efficiency model), ``options`` (the option names they read), ``uses_servers``, and
+    implement ``program``.
+    """
+
+    name = ""
+    family = "synchronous"
+    options: tuple[str, ...] = ()
+    uses_servers = False
+    hogwild = False  # workers run Hogwild threads (trainers need ``hogwild``)
+    momentum = False  # the updating trainers (servers or local steps) keep a momentum buffer
+    summary = ""
+
+    def plan(self, ranks: int, steps: int, options: AlgorithmOptions | None = None) -> Plan:
+        """The roles of ``ranks`` ranks running ``steps`` steps per worker (raises on impossible input)."""
+        options = options or AlgorithmOptions()
+        options.validate()
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise TrainingAlgorithmError(f"steps (updates per worker) must be an integer >= 1, got {steps!r}")
+        servers = options.servers if self.uses_servers else 0
+        if servers >= ranks:
+            raise TrainingAlgorithmError(
+                f"{self.name}: {servers} server(s) leave no worker among {ranks} rank(s); "
+                f"use fewer servers or more ranks"
+            )
+        return Plan(self.name, ranks, tuple(range(servers)), tuple(range(servers, ranks)), steps, options)
+
+    def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:
+        """The role program of ``comm.rank``."""
+        raise NotImplementedError
+
+
+TRAINING_ALGORITHMS: Registry[TrainingAlgorithm] = Registry(
+    "training algorithm", package="algorithms", suffix="_training"
+)
+
+
+def check_server_placement(algorithm: TrainingAlgorithm, options: AlgorithmOptions, nodes: int) -> None:
+    """Servers live one per node (on the node's first device): more servers than nodes is an error."""
+    if algorithm.uses_servers and options.servers > nodes:
+        raise TrainingAlgorithmError(
+            f"{algorithm.name}: {options.servers} servers but only {nodes} node(s); "
+            "servers are placed one per node, so use at most as many servers as nodes"
+        )

@@ -1,0 +1,333 @@
+"""Training algorithms in the simulator: hand-derived event counts and bytes, exact small timelines,
+staleness, stragglers, determinism, bad input, and the You et al. (SC17) claims."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from algorithms.comm import ANY_SOURCE, CommOps
+from algorithms.training_algorithm import TRAINING_ALGORITHMS, TrainingAlgorithmError, make_options
+from hardware_models.catalog import load_link
+from simulator.algorithm_sim import (
+    AlgorithmSetup,
+    Stragglers,
+    balanced_split,
+    best_hybrid_split,
+    simulate_algorithm,
+)
+from simulator.cli import main
+from simulator.role_executor import RoleExecutor
+from simulator.scenario import Scenario, ScenarioError
+from simulator.training import layer_times
+
+KNL = Scenario(workload="lenet", device="knl_7250", devices_per_node=1, intra_node=None, network="opa_100", nodes=(4,))
+GPU_NODE = Scenario(
+    workload="lenet", device="p100_sxm2", devices_per_node=2, intra_node="nvlink1", network="ib_edr", nodes=(2,)
+)
+MODEL_BYTES = 4.0 * KNL.workload_spec.parameter_count
+
+
+def simulate(algorithm: str, nodes: int = 4, updates: int = 8, scenario: Scenario = KNL, **options):
+    setup = AlgorithmSetup(algorithm, scenario, nodes, updates, make_options(algorithm, options))
+    return simulate_algorithm(setup)
+
+
+def ops(result, rank: int) -> Counter:
+    return Counter((r.kind, r.op) for r in result.records if r.rank == rank)
+
+
+def sent_bytes(result, rank: int) -> list[float]:
+    return [r.nbytes for r in result.records if r.rank == rank and r.kind == "send"]
+
+
+# --- every registry entry ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", TRAINING_ALGORITHMS.names())
+def test_every_algorithm_runs_to_the_end(name):
+    scenario = GPU_NODE if name == "hybrid_parallel" else KNL
+    result = simulate(name, 2 if name == "hybrid_parallel" else 4, 6, scenario)
+    assert result.time_s > 0
+    assert result.samples == (result.workers // (2 if name == "hybrid_parallel" else 1)) * 6 * 32
+    assert 0 < result.comm_share < 1
+    assert set(result.trace_rows()[0]) == {"rank", "iteration", "op", "peer", "bytes", "start_s", "end_s"}
+
+
+# --- hand-derived event counts and bytes per update ---------------------------------------------------
+def test_async_sgd_one_push_and_one_pull_of_model_bytes_per_update():
+    """4 nodes: server on node 0, 3 workers, 8 updates each -> per worker 8 gradients, 8 pushes of
+    M bytes to rank 0, 8 pulls of M bytes; the server 24 receives, 24 updates, 24 sends."""
+    result = simulate("async_sgd", 4, 8)
+    for worker in (1, 2, 3):
+        counts = ops(result, worker)
+        assert counts[("compute", "gradient")] == 8
+        assert counts[("send", "send")] == 8 and counts[("recv", "recv")] == 8
+        assert sent_bytes(result, worker) == [pytest.approx(MODEL_BYTES)] * 8
+        assert {r.peer for r in result.records if r.rank == worker and r.kind != "compute"} == {0}
+    server = ops(result, 0)
+    assert server[("recv", "recv")] == server[("send", "send")] == server[("compute", "update")] == 24
+    assert result.staleness.size == 24
+
+
+def test_sync_sgd_ps_shards_the_model_over_servers():
+    """2 servers: per step a worker pushes 2 shards of M/2 and pulls 2 shards of M/2."""
+    result = simulate("sync_sgd_ps", 4, 5, servers=2)
+    assert result.servers == 2 and result.workers == 2
+    assert sent_bytes(result, 2) == [pytest.approx(MODEL_BYTES / 2)] * 10
+    assert ops(result, 0)[("compute", "update")] == 5  # one update per step after all workers pushed
+
+
+def test_easgd_exchanges_every_tau_local_steps():
+    """tau 4, 8 updates: every worker makes 8 local steps and 2 exchanges of M bytes each way."""
+    for name in ("easgd", "async_easgd", "async_measgd"):
+        result = simulate(name, 4, 8, tau=4)
+        for worker in (1, 2, 3):
+            counts = ops(result, worker)
+            assert counts[("compute", "gradient")] == counts[("compute", "update")] == 8
+            assert counts[("send", "send")] == counts[("recv", "recv")] == counts[("compute", "elastic")] == 2
+            assert sent_bytes(result, worker) == [pytest.approx(MODEL_BYTES)] * 2
+        assert ops(result, 0)[("compute", "elastic_center")] == 6
+
+
+def test_easgd_master_serves_workers_in_round_robin_order():
+    result = simulate("easgd", 4, 6, tau=2)
+    order = [r.peer for r in result.records if r.rank == 0 and r.kind == "recv"]
+    assert order == [1, 2, 3] * 3
+
+
+def test_sync_easgd_one_allreduce_per_tau_steps():
+    result = simulate("sync_easgd", 4, 8, tau=4)
+    for rank in range(4):
+        counts = ops(result, rank)
+        assert counts[("collective", "allreduce")] == 2
+        assert counts[("send", "send")] == 0
+        assert [r.nbytes for r in result.records if r.rank == rank and r.kind == "collective"] == [
+            pytest.approx(MODEL_BYTES)
+        ] * 2
+
+
+def test_sync_sgd_one_allreduce_of_the_gradient_per_step():
+    result = simulate("sync_sgd", 4, 3)
+    assert all(ops(result, rank)[("collective", "allreduce")] == 3 for rank in range(4))
+
+
+def test_hogwild_exchanges_once_per_iteration_of_threads_steps():
+    """8 updates on 4 threads = 2 iterations: hogwild_sgd 2 exchanges, hogwild_easgd (tau 2) 1."""
+    sgd = simulate("hogwild_sgd", 4, 8, threads=4)
+    easgd = simulate("hogwild_easgd", 4, 8, threads=4, tau=2)
+    assert ops(sgd, 1)[("compute", "hogwild")] == 2 and ops(sgd, 1)[("send", "send")] == 2
+    assert ops(easgd, 1)[("compute", "hogwild")] == 2 and ops(easgd, 1)[("send", "send")] == 1
+
+
+def test_hybrid_parallel_messages_per_step():
+    """2 nodes x 2 devices: per step one activation forward and one gradient back across the cut,
+    and one all-reduce per stage (over the 2 nodes) of that stage's gradient bytes."""
+    split = (3, len(layer_times(GPU_NODE)) - 3)
+    result = simulate("hybrid_parallel", 2, 4, GPU_NODE, split=split)
+    layers = GPU_NODE.workload_spec.layers
+    activation = GPU_NODE.per_device_batch * layers[2].output_bytes
+    assert sent_bytes(result, 0) == [pytest.approx(activation)] * 4  # stage 0 -> 1
+    assert sent_bytes(result, 1) == [pytest.approx(activation)] * 4  # gradient of it, back
+    stage0_bytes = 4.0 * sum(layer.parameters for layer in layers[:3])
+    collectives = [r for r in result.records if r.rank == 0 and r.kind == "collective"]
+    assert [r.nbytes for r in collectives] == [pytest.approx(stage0_bytes)] * 4
+
+
+def test_best_hybrid_split_is_no_slower_than_balanced():
+    scenario = dataclasses.replace(GPU_NODE, workload="resnet50")
+    setup = AlgorithmSetup("hybrid_parallel", scenario, 2, 2)
+    split, seconds = best_hybrid_split(setup)
+    options = make_options("hybrid_parallel", {"split": balanced_split(layer_times(scenario), 2)})
+    balanced = simulate_algorithm(dataclasses.replace(setup, options=options)).time_s / 2
+    assert sum(split) == len(scenario.workload_spec.layers)
+    assert seconds <= balanced * (1 + 1e-12)
+
+
+# --- exact small timelines on the role executor --------------------------------------------------------
+class Fixed:
+    def __init__(self, name: str, duration_s: float) -> None:
+        self.name, self.duration_s = name, duration_s
+
+    def run(self):
+        return None
+
+
+class Payload:
+    def __init__(self, nbytes: float) -> None:
+        self.nbytes = nbytes
+
+
+def _two_nodes():
+    from simulator.fabric import Fabric, FabricSpec
+
+    return Fabric(FabricSpec(nodes=3, devices_per_node=1, network=load_link("ib_edr")))
+
+
+def test_point_to_point_costs_overhead_plus_bytes_over_bandwidth_plus_latency():
+    """1e9 B over EDR: overhead + 1e9 / (12.5e9 x efficiency) + latency, the fabric's hop cost."""
+    fabric = _two_nodes()
+    log = []
+
+    def program(comm):
+        if comm.rank == 0:
+            yield comm.compute(Fixed("work", 0.5))
+            yield comm.send(1, Payload(1e9))
+            log.append(("sent", comm.now()))
+        elif comm.rank == 1:
+            yield comm.recv(0)
+            log.append(("received", comm.now()))
+
+    executor = RoleExecutor(fabric, [0, 1, 2])
+    executor.run(program)
+    hop = fabric.hop_cost(0, 1)
+    expected = 0.5 + hop.alpha_s + 1e9 / hop.beta_Bps
+    assert log == [("sent", pytest.approx(expected)), ("received", pytest.approx(expected))]
+
+
+def test_any_source_takes_the_first_arrival_and_reports_its_sender():
+    fabric = _two_nodes()
+    got = []
+
+    def program(comm):
+        if comm.rank == 0:
+            for _ in range(2):
+                source, _payload = yield comm.recv(ANY_SOURCE)
+                got.append(source)
+        else:
+            yield comm.compute(Fixed("work", 1.0 if comm.rank == 1 else 0.1))
+            yield comm.send(0, Payload(10.0))
+
+    RoleExecutor(fabric, [0, 1, 2]).run(program)
+    assert got == [2, 1]
+
+
+def test_a_deadlock_is_reported():
+    def program(comm):
+        yield CommOps.recv(1 - comm.rank if comm.rank < 2 else 0)
+
+    with pytest.raises(RuntimeError, match="deadlock"):
+        RoleExecutor(_two_nodes(), [0, 1, 2]).run(program)
+
+
+# --- staleness, stragglers, determinism ------------------------------------------------------------------
+def test_staleness_is_zero_with_one_worker_and_bounded_by_the_other_workers():
+    alone = simulate("async_sgd", 2, 5)
+    assert alone.staleness.tolist() == [0] * 5
+    crowd = simulate("async_sgd", 8, 10)
+    assert crowd.staleness.max() <= 2 * (crowd.workers - 1)
+    assert crowd.mean_staleness > 1
+    assert simulate("sync_sgd", 4, 3).staleness.size == 0
+
+
+def test_same_seed_same_timeline_and_stragglers_change_it():
+    setup = AlgorithmSetup("async_sgd", KNL, 4, 6, stragglers="lognormal:0.3", seed=7)
+    first, again = simulate_algorithm(setup), simulate_algorithm(setup)
+    assert first.trace_rows() == again.trace_rows()
+    other = simulate_algorithm(dataclasses.replace(setup, seed=8))
+    assert other.trace_rows() != first.trace_rows()
+    calm = simulate_algorithm(dataclasses.replace(setup, stragglers="none"))
+    assert calm.time_s != first.time_s
+
+
+def test_stragglers_hurt_synchronous_training_more_than_asynchronous():
+    """Per-step noise: a synchronous step waits for the slowest worker, async workers do not wait."""
+    scenario = dataclasses.replace(KNL, workload="resnet50")
+
+    def slowdown(name: str) -> float:
+        noisy = AlgorithmSetup(name, scenario, 8, 20, make_options(name, {}), "lognormal:0.5", seed=1)
+        calm = dataclasses.replace(noisy, stragglers="none")
+        return simulate_algorithm(noisy).time_s / simulate_algorithm(calm).time_s
+
+    assert slowdown("sync_sgd") > slowdown("async_easgd")
+
+
+def test_straggler_parse():
+    assert Stragglers.parse("none") == Stragglers()
+    assert Stragglers.parse("lognormal:0.2") == Stragglers(0.2, False)
+    assert Stragglers.parse("lognormal:0.2:device") == Stragglers(0.2, True)
+    with pytest.raises(ScenarioError, match="lognormal:SIGMA"):
+        Stragglers.parse("gamma:2")
+    draws = [Stragglers(0.3).sampler(np.random.default_rng(0))() for _ in range(1)]
+    assert draws[0] > 0
+
+
+# --- bad input --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "algorithm, options, message",
+    [
+        ("easgd", {"tau": 0}, "tau must be an integer >= 1"),
+        ("sync_easgd", {"alpha": 1.0}, r"alpha must lie in the open interval \(0, 1\)"),
+        ("async_easgd", {"alpha": 0.0}, "alpha must lie"),
+        ("hybrid_parallel", {"split": "5,0"}, "leaves device 1 of the node with no layers"),
+        ("async_sgd", {"tau": 2}, "do not apply"),
+    ],
+)
+def test_bad_options_are_rejected(algorithm, options, message):
+    with pytest.raises(TrainingAlgorithmError, match=message):
+        make_options(algorithm, options)
+
+
+def test_more_servers_than_nodes_is_rejected():
+    with pytest.raises(TrainingAlgorithmError, match="at most as many servers as nodes"):
+        simulate("async_sgd", 2, 2, servers=3)
+    with pytest.raises(TrainingAlgorithmError, match="leave no worker"):
+        simulate("async_sgd", 2, 2, servers=2)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--algorithm", "easgd", "--tau", "0"],
+        ["--algorithm", "easgd", "--alpha", "1.5"],
+        ["--algorithm", "async_sgd", "--servers", "5", "--nodes", "4"],
+        ["--algorithm", "hybrid_parallel", "--device", "p100_sxm2", "--devices-per-node", "2", "--split", "161,0"],
+        ["--algorithm", "nonsense"],
+        ["--algorithm", "easgd", "--stragglers", "uniform"],
+        ["--algorithm", "easgd", "--target-accuracy", "0.99"],
+    ],
+)
+def test_cli_bad_input_exits_2_with_one_line(capsys, argv):
+    code = main(["simulate-algorithm", "--workload", "resnet50", *argv])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith("ddlsim: error: ") and err.count("\n") == 1
+
+
+def test_cli_writes_results_and_time_to_accuracy(capsys, tmp_path):
+    code = main(
+        [
+            "simulate-algorithm",
+            "--algorithm", "async_easgd", "--tau", "2", "--workload", "lenet", "--nodes", "3",
+            "--updates", "4", "--stragglers", "lognormal:0.2", "--target-accuracy", "0.9", "--out", str(tmp_path),
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "time_to_accuracy_s" in out
+    for name in ("summary.csv", "trace.csv", "staleness.csv", "roles.csv", "scenario.json"):
+        assert (tmp_path / name).exists()
+    assert (tmp_path / "roles.csv").read_text().splitlines()[1] == "0,master,0"
+
+
+# --- You, Buluç, Demmel (SC17) -------------------------------------------------------------------------
+def _benchmark():
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "you_et_al_claims.py"
+    spec = importlib.util.spec_from_file_location("you_et_al_claims", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_you_et_al_claims_on_a_knl_cluster():
+    results = _benchmark().claims(nodes=64)
+    sync = results["sync_easgd/easgd"]
+    assert sync["speedup"] > 3  # "several times faster" (published 5.3x)
+    assert sync["baseline"].comm_share > 0.7  # published 87%
+    assert sync["better"].comm_share < 0.25  # published 14%
+    for pair in ("async_easgd/async_sgd", "async_measgd/async_msgd", "hogwild_easgd/hogwild_sgd"):
+        assert results[pair]["speedup"] > 1.2, pair
