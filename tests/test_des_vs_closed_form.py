@@ -1,0 +1,63 @@
+"""Every registered algorithm: the DES (message by message, exact) equals its closed form where
+nothing contends. Driven by the registry, so a new algorithm file is tested automatically."""
+
+import numpy as np
+import pytest
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from hardware_models.catalog import load_link
+from simulator.collective_engine import MessageExecutor, run_collective
+from simulator.fabric import Fabric, FabricSpec
+
+CASES = [
+    (name, collective)
+    for name in COLLECTIVE_ALGORITHMS.names()
+    for collective in COLLECTIVE_ALGORITHMS.get(name).collectives
+]
+
+# Schedules whose rounds make one rank send (or receive) several flows at once share that rank's
+# port on any fabric: the parameter server's incast (tests/test_contention.py checks it by hand)
+# and the double binary tree, where a rank sends in both trees in the same round (bounded below).
+INHERENTLY_CONTENDED = {"parameter_server", "double_binary_tree"}
+
+
+def _fabric(ranks: int, devices_per_node: int) -> Fabric:
+    return Fabric(
+        FabricSpec(
+            nodes=-(-ranks // devices_per_node),
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+            host_link=load_link("pcie3_x16") if devices_per_node > 1 else None,
+            network=load_link("ib_edr") if ranks > devices_per_node else None,
+            # one NIC per device: devices of a node crossing the network at once do not share one
+            nics_per_node=devices_per_node,
+        )
+    )
+
+
+@pytest.mark.parametrize(("name", "collective"), CASES)
+@pytest.mark.parametrize(("ranks", "devices_per_node"), [(2, 1), (8, 1), (16, 1), (8, 2), (16, 4)])
+def test_des_equals_closed_form(name, collective, ranks, devices_per_node):
+    if name in INHERENTLY_CONTENDED:
+        pytest.skip("incast: no contention-free fabric exists")
+    impl = COLLECTIVE_ALGORITHMS.get(name)
+    schedule = impl.schedule(collective, ranks, devices_per_node=devices_per_node)
+    fabric = _fabric(schedule.ranks, devices_per_node)
+    size = 8e6
+    des = MessageExecutor(fabric).run(schedule, size, 0.0)[: schedule.workers].max()
+    closed = impl.closed_form_s(collective, ranks, size, fabric.fabric_costs())
+    assert des == pytest.approx(closed, rel=1e-6)
+    fast, _ = run_collective(schedule, fabric, size)
+    np.testing.assert_allclose(fast[: schedule.workers].max(), des, rtol=1e-9)
+
+
+@pytest.mark.parametrize(("ranks", "devices_per_node"), [(8, 1), (16, 1), (16, 4)])
+def test_double_binary_tree_between_its_uncontended_form_and_twice_it(ranks, devices_per_node):
+    """Each rank sends in both trees at once, so its two flows share its port: the DES lies above the
+    uncontended closed form, and at most twice it (the two trees at half rate each)."""
+    impl = COLLECTIVE_ALGORITHMS.get("double_binary_tree")
+    schedule = impl.schedule("allreduce", ranks, devices_per_node=devices_per_node)
+    fabric = _fabric(ranks, devices_per_node)
+    des = MessageExecutor(fabric).run(schedule, 8e6, 0.0).max()
+    closed = impl.closed_form_s("allreduce", ranks, 8e6, fabric.fabric_costs())
+    assert closed < des <= 2 * closed
