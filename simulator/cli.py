@@ -26,6 +26,8 @@ COMMAND_MODULES = (
     "simulator.commands.algorithm_command",
     "real_runs.run_command",
     "real_runs.bench_command",
+    "simulator.commands.plot_command",
+    "simulator.commands.report_command",
 )
 
 USER_ERRORS = (ScenarioError, UnknownNameError, UnitError, ScheduleError, FabricError, CatalogError)

@@ -26,7 +26,7 @@ import numpy as np
 import simpy
 
 from algorithms.collective import COLLECTIVE_ALGORITHMS
-from simulator.collective_engine import ContentionDetected, MessageExecutor, VectorisedExecutor
+from simulator.collective_engine import ContentionDetected, MessageExecutor, TransferLog, VectorisedExecutor
 from simulator.fabric import Fabric
 from simulator.scenario import Scenario
 from simulator.training import ComputeProfile, compute_profile
@@ -81,6 +81,7 @@ class TrainingSimulation:
         mode: str = "vectorised",
         trace: bool = False,
         compute_scale: np.ndarray | None = None,
+        transfer_log: TransferLog | None = None,
     ) -> None:
         self.scenario = scenario
         self.nodes = nodes
@@ -90,6 +91,7 @@ class TrainingSimulation:
         self.algorithm = COLLECTIVE_ALGORITHMS.get(scenario.algorithm)
         self.env = simpy.Environment()
         self.trace = PointTrace() if trace else None
+        self.transfer_log = transfer_log  # every transfer of every collective, for timelines
         # per-rank multiplier on compute times (stragglers); ones for a homogeneous cluster
         self.compute_scale = np.ones(self.ranks) if compute_scale is None else np.asarray(compute_scale, dtype=float)
         self.comm_total = np.zeros(self.ranks)
@@ -161,7 +163,7 @@ class TrainingSimulation:
                 ready = np.fromiter((event.value for event in ready_events), dtype=np.float64, count=workers)
                 start = previous.copy()
                 start[:workers] = np.maximum(ready, previous[:workers])
-                finish = self.vectorised.run(self._schedule, nbytes, start) if nbytes > 0 else start
+                finish = self.vectorised.run(self._schedule, nbytes, start, self.transfer_log) if nbytes > 0 else start
                 if finish[:workers].min() < env.now - _CAUSALITY_SLACK_S:
                     raise RuntimeError("a rank would finish its all-reduce before the last rank posted it")
                 self.comm_total += finish[:workers] - start[:workers]
@@ -187,7 +189,7 @@ class TrainingSimulation:
                 entered = [env.event() for _ in range(self.ranks)]
                 for r in range(self.ranks):
                     gates[r].callbacks.append(_succeed_later(entered[r], with_time=True))
-                done = self.message.process(self._schedule, nbytes, gates) if nbytes > 0 else gates
+                done = self.message.process(self._schedule, nbytes, gates, self.transfer_log) if nbytes > 0 else gates
                 self.done[iteration][bucket] = done
                 for r in range(self.ranks):
                     env.process(self._account(r, iteration, nbytes, entered[r], done[r]))

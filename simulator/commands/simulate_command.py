@@ -10,7 +10,7 @@ from hardware_models.catalog import load_device
 from hardware_models.units import parse_bytes
 from simulator.commands.common import Progress, parse_options, print_table
 from simulator.records import SCALING_COLUMNS, write_csv, write_json
-from simulator.scenario import EXECUTORS, Scenario
+from simulator.scenario import EXECUTORS, Scenario, ScenarioError
 from simulator.sweep import POOLS, parse_counts, run_sweep
 from simulator.training import analytic_point, compute_profile
 
@@ -77,6 +77,10 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and scenario.json")
     p.add_argument("--plot", action="store_true", help="also write scaling_efficiency.png into --out")
     p.add_argument(
+        "--trace", type=Path, default=None, metavar="JSON", help="write a Chrome/Perfetto trace of one point (DES)"
+    )
+    p.add_argument("--trace-nodes", type=int, default=None, help="node count to trace (default: the largest)")
+    p.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr"
     )
     p.set_defaults(func=run)
@@ -119,6 +123,9 @@ def run(args: argparse.Namespace) -> int:
         from simulator.cli import InputError
 
         raise InputError("--plot needs --out DIR to write the PNG into")
+    trace_nodes = max(scenario.nodes) if args.trace_nodes is None else args.trace_nodes
+    if trace_nodes < 1:
+        raise ScenarioError(f"--trace-nodes must be a positive integer, got {trace_nodes}")
     progress = Progress("simulating", args.progress if args.progress is not None else None)
     rows = run_sweep(scenario, workers=args.workers, pool=args.executor_pool, progress=progress)
     profile = compute_profile(scenario)
@@ -143,4 +150,9 @@ def run(args: argparse.Namespace) -> int:
             plot_scaling([args.out], args.out / "scaling_efficiency.png")
             written.append("scaling_efficiency.png")
         print(f"# wrote {', '.join(str(args.out / name) for name in written)}")
+    if args.trace is not None:
+        from reports.chrome_trace import simulate_timeline, write_trace
+
+        write_trace(args.trace, simulate_timeline(scenario, trace_nodes))
+        print(f"# wrote {args.trace} (timeline of {trace_nodes} nodes, {scenario.iterations} iterations)")
     return 0

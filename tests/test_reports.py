@@ -1,0 +1,275 @@
+"""Plots and the HTML report, on small result files made by the real commands."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import matplotlib.image
+import numpy as np
+import pytest
+
+from reports import plots
+from reports.html_report import build_report
+from simulator.cli import main
+
+VALIDATION_COLUMNS = [
+    "id",
+    "kind",
+    "metric",
+    "workload",
+    "collective",
+    "algorithm",
+    "device",
+    "devices_per_node",
+    "nodes",
+    "message_bytes",
+    "per_device_batch",
+    "precision",
+    "measured",
+    "predicted",
+    "error_pct",
+    "ci_low",
+    "ci_high",
+    "in_ci",
+    "status",
+    "reason",
+]
+
+
+def write_validation_fixture(directory: Path) -> None:
+    """A small validation directory in the format of the calibrate/validate issue."""
+    directory.mkdir(parents=True)
+    rows = []
+    for index, (measured, predicted, status) in enumerate(
+        [(1e-4, 1.1e-4, "calibration"), (1e-3, 0.9e-3, "predicted"), (1e-2, 1.3e-2, "predicted")]
+    ):
+        rows.append(
+            {
+                "id": f"DEEPBENCH-{index:03d}",
+                "kind": "collective",
+                "metric": "time_s",
+                "collective": "allreduce",
+                "algorithm": "ring",
+                "device": "knl_7250",
+                "devices_per_node": 1,
+                "nodes": 2,
+                "message_bytes": 4e5,
+                "measured": measured,
+                "predicted": predicted,
+                "error_pct": 100 * (predicted - measured) / measured,
+                "ci_low": predicted * 0.9,
+                "ci_high": predicted * 1.1,
+                "in_ci": True,
+                "status": status,
+            }
+        )
+    rows.append(
+        {
+            "id": "TFBENCH-001",
+            "kind": "training",
+            "metric": "throughput_samples_per_s",
+            "workload": "resnet50",
+            "device": "p100_sxm2",
+            "devices_per_node": 8,
+            "nodes": 1,
+            "per_device_batch": 64,
+            "precision": "fp32",
+            "measured": 1500.0,
+            "predicted": 1450.0,
+            "error_pct": -3.33,
+            "status": "predicted",
+        }
+    )
+    rows.append(
+        {
+            "id": "MLPERF-066",
+            "kind": "training",
+            "metric": "throughput_samples_per_s",
+            "measured": 2000.0,
+            "status": "cannot_model",
+            "reason": "no bf16 peak for xeon_8380h",
+        }
+    )
+    with (directory / "validation.csv").open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.DictWriter(handle, VALIDATION_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    summary = {
+        "n_predicted": 3,
+        "n_cannot_model": 1,
+        "median_ape": 10.0,
+        "p90_ape": 27.0,
+        "max_ape": 30.0,
+        "ci_level": 0.9,
+        "ci_coverage": 0.5,
+        "tolerance": 25.0,
+        "passed": True,
+    }
+    (directory / "summary.json").write_text(json.dumps(summary))
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("results")
+    dirs = {
+        "sim_a": base / "sim_a",
+        "sim_b": base / "sim_b",
+        "coll": base / "coll",
+        "coll_hd": base / "coll_hd",
+        "validation": base / "validation",
+    }
+    common = ["--nodes", "1,2", "--executor-pool", "serial"]
+    assert main(["simulate", *common, "--out", str(dirs["sim_a"])]) == 0
+    assert main(["simulate", *common, "--network", "eth_10g", "--out", str(dirs["sim_b"])]) == 0
+    sizes = ["--message-bytes", "1KB:1MB:x8"]
+    assert main(["collective", "--ranks", "4,8", *sizes, "--out", str(dirs["coll"])]) == 0
+    assert (
+        main(["collective", "--algorithm", "halving_doubling", "--ranks", "8", *sizes, "--out", str(dirs["coll_hd"])])
+        == 0
+    )
+    write_validation_fixture(dirs["validation"])
+    return dirs
+
+
+def assert_png(path: Path, kind: str) -> None:
+    data = path.read_bytes()
+    assert plots.png_size(data) == plots.expected_png_size(kind)
+    pixels = matplotlib.image.imread(path)
+    assert pixels.std() > 0.05, "blank image"
+
+
+@pytest.mark.parametrize(
+    ("kind", "dirs", "figure"),
+    [
+        ("scaling", ["sim_a", "sim_b"], "scaling"),
+        ("breakdown", ["sim_b"], "breakdown"),
+        ("validate", ["validation"], "validate"),
+        ("collective", ["coll", "coll_hd"], "collective"),
+    ],
+)
+def test_each_plot_command_writes_a_png_of_the_expected_size(capsys, tmp_path, results, kind, dirs, figure):
+    out = tmp_path / f"{kind}.png"
+    assert main(["plot", kind, *(str(results[d]) for d in dirs), "--out", str(out)]) == 0
+    assert "wrote" in capsys.readouterr().out
+    assert_png(out, figure)
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # atomic: no temporary left
+
+
+def test_plot_defaults_to_a_file_in_the_result_directory(tmp_path, results):
+    run = tmp_path / "run"
+    shutil.copytree(results["sim_a"], run)
+    assert main(["plot", "breakdown", str(run)]) == 0
+    assert_png(run / "breakdown.png", "breakdown")
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["plot", "scaling", "{missing}"], "no such directory"),
+        (["plot", "scaling", "{coll}"], "needs a scaling one"),
+        (["plot", "collective", "{sim_a}"], "needs a collective one"),
+        (["plot", "validate", "{sim_a}"], "needs a validation one"),
+        (["plot", "breakdown", "{empty}"], "not a result directory"),
+        (["report", "{sim_a}", "{missing}", "--out", "{tmp}/r.html"], "no such directory"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, results, argv, message):
+    (tmp_path / "empty").mkdir()
+    names = {key: str(value) for key, value in results.items()}
+    names |= {"missing": str(tmp_path / "missing"), "empty": str(tmp_path / "empty"), "tmp": str(tmp_path)}
+    assert main([arg.format(**names) for arg in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("ddlsim: error:") and message in err
+    assert not (tmp_path / "r.html").exists()
+
+
+class PageParser(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[dict[str, str]] = []
+        self.tables = 0
+        self.headings: list[str] = []
+        self.links: list[str] = []
+        self._in_heading = False
+
+    def handle_starttag(self, tag, attrs):
+        values = {key: value or "" for key, value in attrs}
+        if tag == "img":
+            self.images.append(values)
+        if tag == "table":
+            self.tables += 1
+        if tag in ("h1", "h2", "h3"):
+            self._in_heading = True
+            self.headings.append("")
+        for key in ("href", "src"):
+            if key in values and not values[key].startswith("data:"):
+                self.links.append(values[key])
+
+    def handle_endtag(self, tag):
+        if tag in ("h1", "h2", "h3"):
+            self._in_heading = False
+
+    def handle_data(self, data):
+        if self._in_heading:
+            self.headings[-1] += data
+
+
+def test_html_report_inlines_every_plot_and_the_tables(capsys, tmp_path, results):
+    out = tmp_path / "report.html"
+    dirs = [str(results[name]) for name in ("sim_a", "sim_b", "coll", "validation")]
+    assert main(["report", *dirs, "--out", str(out)]) == 0
+    parser = PageParser()
+    parser.feed(out.read_text(encoding="utf-8"))
+    assert parser.links == []  # self-contained: nothing fetched from elsewhere
+    # scaling + 2 breakdowns + collective + validation
+    assert len(parser.images) == 5
+    for img in parser.images:
+        prefix = "data:image/png;base64,"
+        assert img["src"].startswith(prefix)
+        png = base64.b64decode(img["src"][len(prefix) :])
+        assert plots.png_size(png) == (int(img["width"]), int(img["height"]))
+    assert {"Training scaling", "Collectives"} <= {h.strip() for h in parser.headings}
+    assert any(h.startswith("Validation") for h in parser.headings)
+    # sources, per sim run scenario + results (2 x 2), per collective run (1), validation summary,
+    # largest errors and cannot-model rows
+    assert parser.tables == 1 + 4 + 1 + 3
+
+
+def test_report_is_deterministic(results):
+    dirs = [results["sim_a"], results["coll"]]
+    assert build_report(dirs) == build_report(dirs)
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="chromium not installed")
+def test_report_renders_in_headless_chromium(tmp_path, results):
+    out = tmp_path / "report.html"
+    assert main(["report", str(results["sim_a"]), str(results["sim_b"]), "--out", str(out)]) == 0
+    shot = tmp_path / "shot.png"
+    command = [
+        "chromium",
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1280,1400",
+        f"--screenshot={shot}",
+        out.as_uri(),
+    ]
+    subprocess.run(command, capture_output=True, timeout=90, check=False)
+    assert shot.is_file(), "chromium wrote no screenshot"
+    pixels = matplotlib.image.imread(shot)[..., :3]
+    assert pixels.std() > 0.05, "blank screenshot"
+    # the plots' first series colour (#0072B2) is on screen: the inlined images rendered
+    blue = np.array([0x00, 0x72, 0xB2]) / 255
+    assert (np.abs(pixels - blue).max(axis=-1) < 0.04).sum() > 500
