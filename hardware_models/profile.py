@@ -16,7 +16,7 @@ units) written by ``ddlsim calibrate``::
     [devices.k80.workload_scale]              # measured / modeled compute time, pinned per run shape
     "resnet50/fp32/64" = { value = 1.03, source = "pinned by TFBENCH-041, ..." }
 
-    [links."pcie3_x16@titanx_pascal"]          # link token, optionally scoped to one device
+    [links."pcie3_x16@titanx_pascal@nccl"]     # link token [@device [@library or algorithm]]
     breakpoints_bytes = { value = [1e6], source = "protocol switch between 0.4 and 12 MB" }
     alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
     beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
@@ -136,8 +136,16 @@ class Profile:
         return fit.apply(device) if fit else device
 
     def link_fit(self, token: str, device: str | None = None) -> LinkFit | None:
-        if device is not None and f"{token}@{device}" in self.links:
-            return self.links[f"{token}@{device}"]
+        """The most specific fit: ``token@device@software``, then ``token@device``, then ``token``.
+
+        ``device`` is a device token, optionally followed by ``@software`` (the library or
+        algorithm that ran: software overheads differ between stacks on the same hardware).
+        """
+        scope = device
+        while scope:
+            if f"{token}@{scope}" in self.links:
+                return self.links[f"{token}@{scope}"]
+            scope = scope.rpartition("@")[0]
         return self.links.get(token)
 
     def link(self, link: Link, device: str | None = None, message_bytes: float | None = None) -> Link:
@@ -190,20 +198,22 @@ class Profile:
                 interference = value
             elif parts[0] == "devices" and parts[1] in devices:
                 fit = devices[parts[1]]
-                if parts[2] in ("compute_efficiency", "memory_efficiency"):
-                    devices[parts[1]] = dataclasses.replace(fit, **{parts[2]: value})
+                if parts[2] == "compute_efficiency":
+                    devices[parts[1]] = dataclasses.replace(fit, compute_efficiency=value)
+                elif parts[2] == "memory_efficiency":
+                    devices[parts[1]] = dataclasses.replace(fit, memory_efficiency=value)
                 elif parts[2] == "layer_efficiency":
                     fit.layer_efficiency[parts[3]] = value
                 elif parts[2] == "workload_scale":
                     fit.workload_scale[".".join(parts[3:])] = value
             elif parts[0] == "links":
-                # link keys may hold dots only in the device scope, never; the index is last
+                # link keys hold no dots; the last two parts are the field and the segment index
                 key, what, index = ".".join(parts[1:-2]), parts[-2], int(parts[-1])
                 if key in links:
                     link = links[key]
-                    numbers = list(getattr(link, what))
-                    numbers[index] = value
-                    links[key] = dataclasses.replace(link, **{what: tuple(numbers)})
+                    alphas, betas = list(link.alpha_s), list(link.beta_Bps)
+                    (alphas if what == "alpha_s" else betas)[index] = value
+                    links[key] = dataclasses.replace(link, alpha_s=tuple(alphas), beta_Bps=tuple(betas))
         return dataclasses.replace(self, devices=devices, links=links, overlap_interference=interference)
 
     def samples(self) -> list[Profile]:

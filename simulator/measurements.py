@@ -1,0 +1,439 @@
+"""Measurements: one tidy CSV schema for every measured number, from our harness or from a paper.
+
+The schema (``MEASUREMENT_COLUMNS``) is described in ``simulator/data/published_sources.md`` and
+the project's data README: one row per measured number, empty cell = not applicable or unknown.
+``load_measurements`` validates a file completely before returning anything: a missing column, an
+unknown token, a NaN, a negative or impossible value, or a device the catalog does not hold fails
+with a message naming the file, the row (its id and line) and the column.
+
+``from_trace`` turns a harness trace directory (``trace.rank*.jsonl`` + ``metadata.json``, the
+shared trace schema of ``simulator.records``) into measurement rows: one row per (op, bytes) of
+the timed collectives, or one training row of iteration time.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from algorithms.collective import COLLECTIVE_ALGORITHMS
+from algorithms.schedule import COLLECTIVES
+from hardware_models.catalog import PRECISIONS, device_names, link_names
+from simulator.workloads import workload_names
+
+MEASUREMENT_COLUMNS = (
+    "id",
+    "source",
+    "kind",
+    "workload",
+    "collective",
+    "algorithm",
+    "device",
+    "devices_per_node",
+    "nodes",
+    "intra_node_link",
+    "network",
+    "nics_per_node",
+    "message_bytes",
+    "per_device_batch",
+    "precision",
+    "metric",
+    "value",
+    "quote",
+    "notes",
+)
+
+KINDS = ("collective", "training")
+METRICS = {
+    "collective": ("time_s", "bus_bandwidth_Bps"),
+    "training": ("time_s", "throughput_samples_per_s", "scaling_efficiency"),
+}
+QUOTES = ("direct", "derived", "secondary")
+LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi")
+# Device tokens of the measurement schema that the catalog has no datasheet for: accepted in a
+# file, reported as cannot_model by validate (the model has no TPU systolic-array compute model).
+SCHEMA_ONLY_DEVICES = ("tpu_v3",)
+
+
+class MeasurementError(ValueError):
+    """A measurement file is malformed; the message names the file, row (id and line) and column."""
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One measured number (SI units) and where it came from."""
+
+    id: str
+    kind: str
+    metric: str
+    value: float
+    device: str
+    devices_per_node: int
+    nodes: int
+    workload: str = ""
+    collective: str = ""
+    algorithm: str = ""
+    intra_node_link: str = ""
+    network: str = ""
+    nics_per_node: int | None = None
+    message_bytes: float | None = None
+    per_device_batch: int | None = None
+    precision: str = ""
+    quote: str = ""
+    source: str = ""
+    notes: str = ""
+    file: str = ""
+    line: int = 0
+
+    @property
+    def devices(self) -> int:
+        return self.devices_per_node * self.nodes
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}: row {self.id!r} (line {self.line})"
+
+    def to_row(self) -> dict[str, Any]:
+        """The row in the CSV schema (empty cells for unknowns)."""
+        row: dict[str, Any] = {}
+        for column in MEASUREMENT_COLUMNS:
+            value = getattr(self, column)
+            if value is None:
+                value = ""
+            elif isinstance(value, float) and value.is_integer() and column != "value":
+                value = int(value)
+            row[column] = value
+        return row
+
+
+def _valid_tokens() -> dict[str, tuple[str, ...]]:
+    try:
+        from algorithms.selectors import LIBRARIES
+
+        libraries = tuple(LIBRARIES.names())
+    except ImportError:  # pragma: no cover - the selectors land with the collective-library issue
+        libraries = LIBRARY_TOKENS
+    return {
+        "kind": KINDS,
+        "workload": tuple(workload_names()),
+        "collective": COLLECTIVES,
+        "algorithm": tuple(COLLECTIVE_ALGORITHMS.names()) + libraries,
+        "intra_node_link": tuple(link_names("intra_node")),
+        "network": tuple(link_names("network")),
+        "precision": PRECISIONS,
+        "quote": QUOTES,
+    }
+
+
+def _fail(path: Path, row_id: str, line: int, column: str, message: str) -> MeasurementError:
+    return MeasurementError(f"{path}: row {row_id!r} (line {line}), column {column!r}: {message}")
+
+
+def _number(raw: str, path: Path, row_id: str, line: int, column: str, whole: bool) -> float:
+    try:
+        number = float(raw)
+    except ValueError:
+        raise _fail(path, row_id, line, column, f"not a number: {raw!r}") from None
+    if not math.isfinite(number):
+        raise _fail(path, row_id, line, column, f"must be a finite number, got {raw!r}")
+    if number <= 0:
+        raise _fail(path, row_id, line, column, f"must be > 0, got {raw!r}")
+    if whole and not number.is_integer():
+        raise _fail(path, row_id, line, column, f"must be a whole number, got {raw!r}")
+    return number
+
+
+def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tuple[str, ...]]) -> Measurement:
+    """Validate one CSV row (strings) into a Measurement."""
+    cell = {column: (raw.get(column) or "").strip() for column in MEASUREMENT_COLUMNS}
+    row_id = cell["id"]
+    if not row_id:
+        raise _fail(path, "", line, "id", "every row needs an id")
+
+    def fail(column: str, message: str) -> MeasurementError:
+        return _fail(path, row_id, line, column, message)
+
+    for column, allowed in tokens.items():
+        token = cell[column]
+        if token and token not in allowed:
+            raise fail(column, f"unknown token {token!r}; valid: {', '.join(allowed)}")
+    for column in ("kind", "metric", "device", "devices_per_node", "nodes", "value"):
+        if not cell[column]:
+            raise fail(column, "must not be empty")
+    kind = cell["kind"]
+    if cell["metric"] not in METRICS[kind]:
+        raise fail("metric", f"unknown metric {cell['metric']!r} for a {kind} row; valid: {', '.join(METRICS[kind])}")
+    device = cell["device"]
+    if device not in device_names() and device not in SCHEMA_ONLY_DEVICES:
+        raise fail(
+            "device",
+            f"device {device!r} is not in the hardware catalog (hardware_models/devices); valid: "
+            f"{', '.join(device_names())}",
+        )
+    if kind == "collective" and not cell["collective"]:
+        raise fail("collective", "a collective row must name its collective")
+    if kind == "training" and not cell["workload"]:
+        raise fail("workload", "a training row must name its workload")
+
+    def number(column: str, whole: bool) -> float | None:
+        return _number(cell[column], path, row_id, line, column, whole) if cell[column] else None
+
+    value = number("value", whole=False)
+    assert value is not None
+    devices_per_node = number("devices_per_node", whole=True)
+    nodes = number("nodes", whole=True)
+    nics = number("nics_per_node", whole=True)
+    batch = number("per_device_batch", whole=True)
+    return Measurement(
+        id=row_id,
+        kind=kind,
+        metric=cell["metric"],
+        value=value,
+        device=device,
+        devices_per_node=int(devices_per_node or 1),
+        nodes=int(nodes or 1),
+        workload=cell["workload"],
+        collective=cell["collective"],
+        algorithm=cell["algorithm"],
+        intra_node_link=cell["intra_node_link"],
+        network=cell["network"],
+        nics_per_node=int(nics) if nics is not None else None,
+        message_bytes=number("message_bytes", whole=False),
+        per_device_batch=int(batch) if batch is not None else None,
+        precision=cell["precision"],
+        quote=cell["quote"],
+        source=cell["source"],
+        notes=cell["notes"],
+        file=str(path),
+        line=line,
+    )
+
+
+def read_measurement_file(path: Path) -> list[Measurement]:
+    """Every row of one measurement CSV, validated; raises MeasurementError at the first bad cell."""
+    path = Path(path)
+    if not path.is_file():
+        raise MeasurementError(f"{path}: no such measurement file")
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        missing = [column for column in MEASUREMENT_COLUMNS if column not in header]
+        if missing:
+            raise MeasurementError(
+                f"{path}: row 'header' (line 1), column {missing[0]!r}: missing column; the schema needs "
+                f"{', '.join(MEASUREMENT_COLUMNS)}"
+            )
+        unknown = [column for column in header if column not in MEASUREMENT_COLUMNS]
+        if unknown:
+            raise MeasurementError(
+                f"{path}: row 'header' (line 1), column {unknown[0]!r}: unknown column; the schema has "
+                f"{', '.join(MEASUREMENT_COLUMNS)}"
+            )
+        tokens = _valid_tokens()
+        rows = []
+        for raw in reader:
+            rows.append(parse_row(raw, path, reader.line_num, tokens))
+    if not rows:
+        raise MeasurementError(f"{path}: no measurement rows")
+    return rows
+
+
+def check_rows(rows: Sequence[dict[str, Any]], label: Path | str) -> list[Measurement]:
+    """Validate schema dicts (e.g. converted from a trace) as if they had been read from ``label``."""
+    tokens = _valid_tokens()
+    return [
+        parse_row(
+            {key: "" if value is None else str(value) for key, value in row.items()}, Path(label), index + 2, tokens
+        )
+        for index, row in enumerate(rows)
+    ]
+
+
+def load_measurements(paths: Iterable[Path | str]) -> list[Measurement]:
+    """All rows of all files, validated; ids must be unique across files."""
+    rows: list[Measurement] = []
+    seen: dict[str, Measurement] = {}
+    for path in paths:
+        for row in read_measurement_file(Path(path)):
+            if row.id in seen:
+                first = seen[row.id]
+                raise MeasurementError(f"{row.where}, column 'id': duplicate id, first used at {first.where}")
+            seen[row.id] = row
+            rows.append(row)
+    if not rows:
+        raise MeasurementError("no measurement files given")
+    return rows
+
+
+def data_sha256(paths: Sequence[Path | str]) -> str:
+    """SHA-256 over the bytes of the measurement files, in the order given."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()
+
+
+def rows_sha256(rows: Sequence[Measurement]) -> str:
+    """SHA-256 of the rows' content in the schema (independent of the files they came from)."""
+    digest = hashlib.sha256()
+    for row in rows:
+        digest.update(json.dumps(row.to_row(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def packaged_published_dev() -> Path:
+    """The published development set shipped with the package (see its published_sources.md)."""
+    return Path(__file__).parent / "data" / "published_dev.csv"
+
+
+# --- harness traces ---------------------------------------------------------------------------
+
+COLLECTIVE_OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "reduce")
+COMPUTE_OPS = ("forward", "backward", "update")
+
+
+def _trace_rows(directory: Path) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    files = sorted(directory.glob("trace.rank*.jsonl"))
+    if not files:
+        raise MeasurementError(f"{directory}: no trace.rank*.jsonl files (is this a harness trace directory?)")
+    for path in files:
+        with path.open(encoding="utf-8") as handle:
+            for number, text in enumerate(handle, start=1):
+                if not text.strip():
+                    continue
+                try:
+                    row = json.loads(text)
+                    row["start_s"] = float(row["start_s"])
+                    row["end_s"] = float(row["end_s"])
+                    row["iteration"] = int(row["iteration"])
+                    row["bytes"] = float(row.get("bytes", 0) or 0)
+                except (ValueError, KeyError, TypeError) as error:
+                    raise MeasurementError(f"{path}: line {number}: not a trace row ({error})") from None
+                rows.append(row)
+    return rows
+
+
+def from_trace(directory: Path, overrides: dict[str, Any] | None = None, warmup: int = 1) -> list[dict[str, Any]]:
+    """Measurement rows (schema dicts) from one harness trace directory.
+
+    A collective op's time in one repetition is max(end) - min(start) over the ranks (the barrier
+    before it synchronises the starts); the row's value is the median over repetitions after the
+    first ``warmup`` ones. A training trace (forward/backward/update ops) gives one ``time_s`` row:
+    the median over iterations of the span of all ranks' ops. Row fields that the trace cannot know
+    (device, network, ...) come from ``metadata.json`` keys of the same name (top level or under
+    ``measurement``/``scenario``) and from ``overrides``.
+    """
+    directory = Path(directory)
+    metadata: dict[str, Any] = {}
+    meta_path = directory / "metadata.json"
+    if meta_path.is_file():
+        metadata = json.loads(meta_path.read_text(encoding="utf-8"))
+    fields: dict[str, Any] = {}
+    for scope in (metadata.get("scenario") or {}, metadata.get("measurement") or {}, metadata):
+        if isinstance(scope, dict):
+            fields.update({k: v for k, v in scope.items() if k in MEASUREMENT_COLUMNS and v not in (None, "")})
+    fields.update({k: v for k, v in (overrides or {}).items() if v not in (None, "")})
+    rows = _trace_rows(directory)
+    ranks = len({int(row["rank"]) for row in rows})
+    fields.setdefault("nodes", ranks // int(fields.get("devices_per_node", 1) or 1))
+    fields.setdefault("devices_per_node", 1)
+    fields.setdefault("source", f"ddlsim harness trace {directory.name}")
+    fields.setdefault("quote", "direct")
+    prefix = str(fields.pop("id", "") or directory.name)
+    spans: dict[tuple[str, float, int], list[float]] = {}
+    for row in rows:
+        op = str(row["op"])
+        key = (
+            op if op in COLLECTIVE_OPS else "iteration",
+            row["bytes"] if op in COLLECTIVE_OPS else 0.0,
+            row["iteration"],
+        )
+        span = spans.setdefault(key, [math.inf, -math.inf])
+        span[0] = min(span[0], row["start_s"])
+        span[1] = max(span[1], row["end_s"])
+    training = any(str(row["op"]) in COMPUTE_OPS for row in rows)
+    grouped: dict[tuple[str, float], list[float]] = {}
+    for (op, nbytes, iteration), (start, end) in sorted(spans.items()):
+        if iteration < warmup:
+            continue
+        if training and op != "iteration":
+            continue
+        if not training and op == "iteration":
+            continue
+        grouped.setdefault((op, nbytes), []).append(end - start)
+    out = []
+    for (op, nbytes), times in sorted(grouped.items()):
+        row = {column: "" for column in MEASUREMENT_COLUMNS}
+        row.update({k: v for k, v in fields.items() if k in MEASUREMENT_COLUMNS})
+        row["metric"] = "time_s"
+        row["value"] = statistics.median(times)
+        if training:
+            row["kind"] = "training"
+            row["id"] = prefix
+        else:
+            row["kind"] = "collective"
+            row["collective"] = op
+            row["message_bytes"] = int(nbytes) if float(nbytes).is_integer() else nbytes
+            row["id"] = f"{prefix}-{op}-{int(nbytes)}"
+        row["notes"] = (
+            f"{row.get('notes') or ''} median of {len(times)} repetitions after {warmup} warm-up; "
+            f"{ranks} ranks; converted by ddlsim measurements from-trace"
+        ).strip()
+        out.append(row)
+    if not out:
+        raise MeasurementError(f"{directory}: no timed repetitions after {warmup} warm-up")
+    return out
+
+
+# --- the small-scale / large-scale split -----------------------------------------------------------
+
+
+def is_calibration_row(row: Measurement, rows: Sequence[Measurement]) -> bool:
+    """The documented split (docs/calibration.md): small scale calibrates, larger scale is held out.
+
+    * training: single-device rows pin compute; every multi-device row is predicted.
+    * collective with a message size, one node: rows with fewer devices than the largest one-node
+      run of the same (device, intra-node link) calibrate the intra-node link.
+    * collective with a message size, several nodes: rows with fewer nodes than the largest run of
+      the same (device, devices per node, network) calibrate the network.
+    * plateau figures without a message size (bus bandwidth quotes) are always predicted.
+    """
+    if row.kind == "training":
+        return row.devices == 1
+    if row.message_bytes is None:
+        return False
+    if row.nodes == 1:
+        family = [
+            other.devices_per_node
+            for other in rows
+            if other.kind == "collective"
+            and other.nodes == 1
+            and other.device == row.device
+            and other.intra_node_link == row.intra_node_link
+        ]
+        return row.devices_per_node < max(family)
+    family = [
+        other.nodes
+        for other in rows
+        if other.kind == "collective"
+        and other.nodes > 1
+        and other.device == row.device
+        and other.devices_per_node == row.devices_per_node
+        and other.network == row.network
+    ]
+    return row.nodes < max(family)
+
+
+def split_by_scale(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[Measurement]]:
+    """(calibration rows, held-out rows) by ``is_calibration_row``."""
+    calibration = [row for row in rows if is_calibration_row(row, rows)]
+    held_out = [row for row in rows if not is_calibration_row(row, rows)]
+    return calibration, held_out

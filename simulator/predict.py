@@ -1,0 +1,205 @@
+"""Predicting a measurement row with the model, or saying why the model cannot.
+
+* Collective rows run ``simulate_collective`` on the row's fabric: ``devices_per_node`` x
+  ``nodes`` ranks, the row's intra-node link and network, ``nics_per_node`` adapters, GPUs
+  reaching the NIC over their PCIe host link. Library tokens (nccl, mlsl, ...) pick their
+  algorithm per size through ``algorithms.selectors``.
+* Training rows build a ``Scenario`` and run the analytic executor (or the DES): data-parallel
+  synchronous SGD with the row's algorithm. How framework settings map onto algorithms:
+
+  - ``parameter_server`` on one node: the variables are sharded over every device
+    (``placement="colocated"``, one shard per device). TensorFlow's PS on the host CPU moves
+    gradients and weights over each GPU's PCIe link, not NVLink, so GPU rows use the host
+    link (PCIe) as the intra-node link.
+  - ``parameter_server`` on several nodes (TensorFlow ``distributed_replicated``): reduce inside
+    each node, then one colocated server per node (``hierarchical`` with an inner
+    ``parameter_server``).
+  - a library token: the algorithm the library picks for a gradient bucket.
+
+Rows the model cannot express get a reason instead of a number (``Prediction.reason``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from algorithms.registry import UnknownNameError
+from algorithms.schedule import ScheduleError
+from hardware_models.catalog import CatalogError, device_names, load_device
+from hardware_models.profile import Profile
+from hardware_models.units import UnitError
+from simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
+from simulator.fabric import FabricError
+from simulator.measurements import Measurement
+from simulator.scenario import Scenario, ScenarioError, default_host_link
+from simulator.sweep import simulate_point
+
+# Bus-bandwidth rows quoted as a large-message plateau without a size are predicted at 1 GB
+# (nccl-tests' plateau region on every fabric in the catalog starts well below it).
+PLATEAU_BYTES = 1e9
+BUCKET_BYTES = 25e6  # gradient fusion bucket (Horovod's and PyTorch DDP's default)
+
+MODEL_ERRORS = (ScenarioError, UnknownNameError, ScheduleError, FabricError, CatalogError, UnitError)
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """The predicted value in the row's metric unit, or None and the reason."""
+
+    value: float | None
+    reason: str = ""
+    detail: str = ""  # what was modeled (resolved algorithm, executor)
+
+    @property
+    def ok(self) -> bool:
+        return self.value is not None
+
+
+def cannot(reason: str) -> Prediction:
+    return Prediction(None, reason)
+
+
+def needs_input_pipeline(row: Measurement) -> bool:
+    """Real-data training rows include disk and JPEG decoding, which the model does not simulate."""
+    text = f"{row.notes} {row.source}".lower()
+    if "synthetic" in text:
+        return False
+    return "real imagenet" in text or "input pipeline" in text or "real-data" in text
+
+
+def static_reason(row: Measurement) -> str | None:
+    """Why the model cannot express ``row`` at all, before any calibration; None if it can."""
+    if row.device not in device_names():
+        return f"device {row.device!r} has no datasheet in the hardware catalog (no compute model for it)"
+    if row.devices_per_node > 1 and not row.intra_node_link:
+        return "intra-node link not stated for a row with several devices per node"
+    if row.nodes > 1 and not row.network:
+        return "network not stated for a multi-node row"
+    if row.devices > 1 and not row.algorithm:
+        return "algorithm/library not stated: which all-reduce ran is unknown"
+    if row.kind == "collective":
+        if row.message_bytes is None and row.metric == "time_s":
+            return "message size not stated for a collective time"
+        return None
+    if row.per_device_batch is None:
+        return "per-device batch not stated"
+    if not row.precision:
+        return "precision not stated (it changes the compute/communication balance)"
+    if needs_input_pipeline(row):
+        return "real-data row: the input pipeline (disk, JPEG decode on the host) is not modeled"
+    return None
+
+
+def collective_setup(row: Measurement, profile: Profile | None) -> CollectiveSetup:
+    device = load_device(row.device)
+    return CollectiveSetup(
+        devices_per_node=row.devices_per_node,
+        intra_node=row.intra_node_link or None,
+        host_link=default_host_link(device) if row.nodes > 1 else None,
+        network=row.network or None,
+        nics_per_node=row.nics_per_node or 1,
+        profile=profile,
+        device=f"{row.device}@{row.algorithm}",  # fits may be scoped to the software that ran
+    )
+
+
+def collective_bytes(row: Measurement) -> float:
+    return row.message_bytes if row.message_bytes is not None else PLATEAU_BYTES
+
+
+def predict_collective(row: Measurement, profile: Profile | None, mode: str = "auto") -> Prediction:
+    setup = collective_setup(row, profile)
+    nbytes = collective_bytes(row)
+    result = simulate_collective(setup, row.algorithm, row.collective, row.devices, nbytes, mode=mode)
+    time_s = float(result["time_s"])
+    detail = str(result["resolved_algorithm"])
+    if row.metric == "time_s":
+        return Prediction(time_s, detail=detail)
+    if row.metric == "bus_bandwidth_Bps":
+        return Prediction(nbytes / time_s * bus_factor(row.collective, row.devices), detail=detail)
+    return cannot(f"metric {row.metric!r} is not produced for collective rows")
+
+
+def training_algorithm(row: Measurement) -> tuple[str, dict[str, Any]]:
+    """(algorithm token, options) for a training row; see the module docstring."""
+    if row.devices == 1:
+        return "ring", {}
+    if row.algorithm == "parameter_server":
+        if row.nodes == 1:
+            return "parameter_server", {"placement": "colocated", "servers": row.devices}
+        return "hierarchical", {
+            "inner": "parameter_server",
+            "inner_options": {"placement": "colocated", "servers": row.nodes},
+        }
+    token, options = resolve_algorithm(row.algorithm, "allreduce", BUCKET_BYTES, row.devices, row.devices_per_node)
+    return token, options
+
+
+def training_scenario(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Scenario:
+    device = load_device(row.device)
+    algorithm, options = training_algorithm(row)
+    intra = row.intra_node_link or None
+    host = default_host_link(device)
+    if row.algorithm == "parameter_server" and host and row.devices_per_node > 1:
+        intra = host  # the PS traffic crosses each GPU's PCIe link to the host
+    assert row.per_device_batch is not None
+    return Scenario(
+        workload=row.workload,
+        device=row.device,
+        devices_per_node=row.devices_per_node,
+        intra_node=intra if row.devices_per_node > 1 else None,
+        network=row.network or None if row.nodes > 1 else None,
+        nics_per_node=row.nics_per_node or 1,
+        algorithm=algorithm,
+        algorithm_options=options,
+        nodes=(row.nodes,),
+        per_device_batch=row.per_device_batch,
+        precision=row.precision,
+        bucket_bytes=BUCKET_BYTES,
+        executor=executor,
+        profile=profile,
+        enforce_memory=False,  # the run was measured, so it fit in memory
+    )
+
+
+def predict_training(
+    row: Measurement, profile: Profile | None, executor: str = "analytic", require_pinned: bool = True
+) -> Prediction:
+    if (
+        require_pinned
+        and row.metric != "scaling_efficiency"
+        and (profile is None or not profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0))
+    ):
+        return cannot(
+            f"compute not pinned: no single-device calibration row of {row.workload} on {row.device} "
+            f"({row.precision}, batch {row.per_device_batch})"
+        )
+    scenario = training_scenario(row, profile, executor)
+    point = simulate_point(scenario, row.nodes)
+    detail = f"{scenario.algorithm} {executor}"
+    if row.metric == "throughput_samples_per_s":
+        return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
+    if row.metric == "time_s":
+        return Prediction(float(point["iteration_s"]), detail=detail)
+    if row.metric == "scaling_efficiency":
+        return Prediction(float(point["scaling_efficiency"]), detail=detail)
+    return cannot(f"metric {row.metric!r} is not produced for training rows")
+
+
+def predict(
+    row: Measurement,
+    profile: Profile | None = None,
+    executor: str = "analytic",
+    require_pinned: bool = True,
+) -> Prediction:
+    """The model's value for ``row`` in the row's metric, or a reason it cannot give one."""
+    reason = static_reason(row)
+    if reason:
+        return cannot(reason)
+    try:
+        if row.kind == "collective":
+            return predict_collective(row, profile)
+        return predict_training(row, profile, executor, require_pinned)
+    except MODEL_ERRORS as error:
+        return cannot(f"the model cannot build this run: {error}")
