@@ -35,7 +35,7 @@ from hardware_models.catalog import load_link
 from hardware_models.profile import DeviceFit, LinkFit, Profile, workload_key
 from simulator.collective_sim import bus_factor
 from simulator.measurements import Measurement, rows_sha256
-from simulator.predict import MODEL_ERRORS, predict, predict_collective, static_reason, training_scenario
+from simulator.predict import MODEL_ERRORS, predict, static_reason, training_scenario
 from simulator.training import compute_profile
 
 MAX_SEGMENTS = 3
@@ -78,11 +78,12 @@ def measured_compute_s(row: Measurement) -> float:
 
 
 def collective_time_s(row: Measurement, value: float) -> float:
-    """A collective row's value (time or bus bandwidth) as seconds."""
+    """A collective or point-to-point row's value (time or bus bandwidth) as seconds."""
     if row.metric == "time_s":
         return value
     assert row.message_bytes is not None
-    return row.message_bytes * bus_factor(row.collective, row.devices) / value
+    factor = bus_factor(row.collective, row.devices) if row.kind == "collective" else 1.0
+    return row.message_bytes * factor / value
 
 
 def link_group(row: Measurement) -> str:
@@ -212,7 +213,7 @@ class LinearRows:
 
 
 def _model_time(row: Measurement, profile: Profile) -> float:
-    prediction = predict_collective(row, profile)
+    prediction = predict(row, profile)
     assert prediction.value is not None
     return collective_time_s(row, prediction.value)
 
@@ -398,7 +399,7 @@ def calibrate(
     profile = base or Profile()
     unused: list[tuple[str, str]] = []
     usable: list[Measurement] = []
-    for row in rows:
+    for row in (row.modeled() for row in rows):
         reason = static_reason(row)
         if reason:
             unused.append((row.id, reason))
@@ -409,9 +410,13 @@ def calibrate(
         for row in usable
         if row.kind == "training" and row.devices == 1 and row.metric in ("throughput_samples_per_s", "time_s")
     ]
-    collectives = [row for row in usable if row.kind == "collective" and row.message_bytes is not None]
+    collectives = [
+        row
+        for row in usable
+        if row.kind != "training" and row.message_bytes is not None and predict(row, profile).value is not None
+    ]
     for row in usable:
-        if row.kind == "collective" and row.message_bytes is None:
+        if row.kind != "training" and row.message_bytes is None:
             unused.append((row.id, "no message size: a plateau figure cannot fit alpha and beta"))
     if not single and not collectives:
         raise CalibrationError(

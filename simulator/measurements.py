@@ -14,6 +14,7 @@ the timed collectives, or one training row of iteration time.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import math
@@ -50,9 +51,11 @@ MEASUREMENT_COLUMNS = (
     "notes",
 )
 
-KINDS = ("collective", "training")
+KINDS = ("collective", "training", "point_to_point")
 METRICS = {
     "collective": ("time_s", "bus_bandwidth_Bps"),
+    # the harness's ping-pong (one-way time) and streaming rows; bandwidth = message / time
+    "point_to_point": ("time_s", "bus_bandwidth_Bps"),
     "training": ("time_s", "throughput_samples_per_s", "scaling_efficiency"),
 }
 QUOTES = ("direct", "derived", "secondary")
@@ -60,6 +63,8 @@ LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi")
 # Device tokens of the measurement schema that the catalog has no datasheet for: accepted in a
 # file, reported as cannot_model by validate (the model has no TPU systolic-array compute model).
 SCHEMA_ONLY_DEVICES = ("tpu_v3",)
+POINT_TO_POINT_PATTERNS = ("ping_pong", "streaming_bandwidth")
+POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 
 
 class MeasurementError(ValueError):
@@ -96,6 +101,13 @@ class Measurement:
     def devices(self) -> int:
         return self.devices_per_node * self.nodes
 
+    def modeled(self) -> Measurement:
+        """The row as the model sees it: ranks of one machine that talk only through a ``network``
+        (no intra-node link, e.g. the harness's ``local_shm``) are one-rank nodes on that network."""
+        if self.nodes == 1 and self.devices_per_node > 1 and not self.intra_node_link and self.network:
+            return dataclasses.replace(self, devices_per_node=1, nodes=self.devices)
+        return self
+
     @property
     def where(self) -> str:
         return f"{self.file}: row {self.id!r} (line {self.line})"
@@ -123,8 +135,8 @@ def _valid_tokens() -> dict[str, tuple[str, ...]]:
     return {
         "kind": KINDS,
         "workload": tuple(workload_names()),
-        "collective": COLLECTIVES,
-        "algorithm": tuple(COLLECTIVE_ALGORITHMS.names()) + libraries,
+        "collective": COLLECTIVES + POINT_TO_POINT_PATTERNS,
+        "algorithm": tuple(COLLECTIVE_ALGORITHMS.names()) + libraries + POINT_TO_POINT_ALGORITHMS,
         "intra_node_link": tuple(link_names("intra_node")),
         "network": tuple(link_names("network")),
         "precision": PRECISIONS,
@@ -177,8 +189,10 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
             f"device {device!r} is not in the hardware catalog (hardware_models/devices); valid: "
             f"{', '.join(device_names())}",
         )
-    if kind == "collective" and not cell["collective"]:
-        raise fail("collective", "a collective row must name its collective")
+    if kind != "training" and not cell["collective"]:
+        raise fail("collective", f"a {kind} row must name its collective (or point-to-point pattern)")
+    if (kind == "point_to_point") != (cell["collective"] in POINT_TO_POINT_PATTERNS):
+        raise fail("collective", f"{cell['collective']!r} does not go with kind {kind!r}")
     if kind == "training" and not cell["workload"]:
         raise fail("workload", "a training row must name its workload")
 

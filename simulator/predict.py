@@ -78,7 +78,7 @@ def static_reason(row: Measurement) -> str | None:
         return "network not stated for a multi-node row"
     if row.devices > 1 and not row.algorithm:
         return "algorithm/library not stated: which all-reduce ran is unknown"
-    if row.kind == "collective":
+    if row.kind != "training":
         if row.message_bytes is None and row.metric == "time_s":
             return "message size not stated for a collective time"
         return None
@@ -119,6 +119,18 @@ def predict_collective(row: Measurement, profile: Profile | None, mode: str = "a
     if row.metric == "bus_bandwidth_Bps":
         return Prediction(nbytes / time_s * bus_factor(row.collective, row.devices), detail=detail)
     return cannot(f"metric {row.metric!r} is not produced for collective rows")
+
+
+def predict_point_to_point(row: Measurement, profile: Profile | None) -> Prediction:
+    """Ping-pong: the one-way time of one message between ranks 0 and 1, alpha + S / beta of their path."""
+    if row.collective != "ping_pong":
+        return cannot(f"point-to-point pattern {row.collective!r} (a pipelined window of messages) is not modeled")
+    nbytes = collective_bytes(row)
+    fabric = collective_setup(row, profile).fabric(2, nbytes)
+    time_s = fabric.hop_cost(0, 1).time(nbytes)
+    if row.metric == "time_s":
+        return Prediction(time_s, detail="alpha-beta hop")
+    return Prediction(nbytes / time_s, detail="alpha-beta hop")
 
 
 def training_algorithm(row: Measurement) -> tuple[str, dict[str, Any]]:
@@ -194,10 +206,13 @@ def predict(
     require_pinned: bool = True,
 ) -> Prediction:
     """The model's value for ``row`` in the row's metric, or a reason it cannot give one."""
+    row = row.modeled()
     reason = static_reason(row)
     if reason:
         return cannot(reason)
     try:
+        if row.kind == "point_to_point":
+            return predict_point_to_point(row, profile)
         if row.kind == "collective":
             return predict_collective(row, profile)
         return predict_training(row, profile, executor, require_pinned)

@@ -1,0 +1,89 @@
+"""Fitting recovers the parameters that generated synthetic measurements (with noise)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hardware_models.profile import DeviceFit, LinkFit, Profile, load_profile, profile_to_toml
+from simulator.calibration import calibrate
+from simulator.measurements import Measurement
+from simulator.predict import predict
+
+KEY = "eth_10g@xeon_8180@ring"
+SIZES = (1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6)
+
+
+def synthetic_collectives(truth: Profile, sigma: float, seed: int = 1, ranks=(2, 4, 8)) -> list[Measurement]:
+    """Ring all-reduce times of the model under ``truth``, times lognormal noise of ``sigma``."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in ranks:
+        for size in SIZES:
+            row = Measurement(
+                id=f"SYN-{p}-{int(size)}", kind="collective", metric="time_s", value=1.0, device="xeon_8180",
+                devices_per_node=1, nodes=p, collective="allreduce", algorithm="ring", network="eth_10g",
+                message_bytes=size, precision="fp32",
+            )  # fmt: skip
+            value = predict(row, truth).value
+            assert value is not None
+            rows.append(dataclasses.replace(row, value=value * float(np.exp(rng.normal(0.0, sigma)))))
+    return rows
+
+
+def test_link_alpha_beta_recovered_within_the_bootstrap_interval():
+    truth = Profile(links={KEY: LinkFit((), (40e-6,), (0.9e9,))})
+    result = calibrate(synthetic_collectives(truth, sigma=0.03), bootstrap=40, seed=3)
+    fit = result.profile.links[KEY]
+    assert fit.alpha_s[0] == pytest.approx(40e-6, rel=0.15)
+    assert fit.beta_Bps[0] == pytest.approx(0.9e9, rel=0.05)
+    samples = result.profile.bootstrap
+    alphas = [s[f"links.{KEY}.alpha_s.{len(fit.alpha_s) - 1}"] for s in samples]
+    betas = [s[f"links.{KEY}.beta_Bps.{len(fit.beta_Bps) - 1}"] for s in samples]
+    # the stated interval: the bootstrap's 2.5-97.5 percentiles, widened by the fitted noise
+    widen = np.exp(2 * result.profile.noise_sigma)
+    assert np.percentile(betas, 2.5) / widen <= 0.9e9 <= np.percentile(betas, 97.5) * widen
+    assert np.percentile(alphas, 2.5) / widen <= 40e-6 <= np.percentile(alphas, 97.5) * widen
+    assert result.profile.noise_sigma == pytest.approx(0.03, abs=0.015)
+
+
+def test_protocol_switch_found_between_the_right_sizes():
+    truth = Profile(links={KEY: LinkFit((100e3,), (5e-6, 80e-6), (0.3e9, 1.1e9))})
+    result = calibrate(synthetic_collectives(truth, sigma=0.01), bootstrap=0)
+    fit = result.profile.links[KEY]
+    assert len(fit.breakpoints_bytes) >= 1
+    assert any(64e3 < b < 256e3 for b in fit.breakpoints_bytes)
+    assert fit.beta_Bps[-1] == pytest.approx(1.1e9, rel=0.05)
+    assert fit.beta_Bps[0] == pytest.approx(0.3e9, rel=0.15)
+
+
+def test_single_device_rows_pin_compute_and_recover_efficiency():
+    truth = Profile(devices={"p100_sxm2": DeviceFit(compute_efficiency=0.45, memory_efficiency=0.6)})
+    rows = []
+    for workload in ("resnet50", "inception_v3", "vgg16", "alexnet", "resnet152"):
+        row = Measurement(
+            id=f"C-{workload}", kind="training", metric="throughput_samples_per_s", value=1.0, device="p100_sxm2",
+            devices_per_node=1, nodes=1, workload=workload, algorithm="ring", per_device_batch=32, precision="fp32",
+        )  # fmt: skip
+        value = predict(row, truth, require_pinned=False).value
+        assert value is not None
+        rows.append(dataclasses.replace(row, value=value))
+    result = calibrate(rows, bootstrap=0)
+    fitted = result.profile.devices["p100_sxm2"]
+    assert fitted.compute_efficiency == pytest.approx(0.45, rel=0.1)
+    for row in rows:  # the pinned shape reproduces its measurement
+        assert predict(row, result.profile).value == pytest.approx(row.value, rel=1e-6)
+
+
+def test_profile_round_trips_through_toml(tmp_path):
+    truth = Profile(links={KEY: LinkFit((1e5,), (1e-6, 2e-5), (3e8, 1e9), "test")}, noise_sigma=0.04)
+    result = calibrate(synthetic_collectives(truth, sigma=0.02, ranks=(2, 4)), bootstrap=5)
+    path = tmp_path / "profile.toml"
+    path.write_text(profile_to_toml(result.profile))
+    loaded = load_profile(path)
+    assert loaded.links == {k: dataclasses.replace(v) for k, v in result.profile.links.items()}
+    assert loaded.flat() == pytest.approx(result.profile.flat())
+    assert loaded.bootstrap == result.profile.bootstrap
+    assert loaded.data_sha256 == result.profile.data_sha256 and len(loaded.data_sha256) == 64
