@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -31,17 +32,28 @@ class Dataset:
 DATASETS: Registry[Callable[..., Dataset]] = Registry("dataset")
 
 
+def _digits_table() -> np.ndarray:
+    """scikit-learn's ``digits.csv.gz`` (64 pixels in 0..16, then the label), read without importing
+    scikit-learn (importing it takes seconds per rank)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("the digits dataset needs scikit-learn; install it with pip install 'ddlsim[real]'")
+    path = Path(next(iter(spec.submodule_search_locations))) / "datasets" / "data" / "digits.csv.gz"
+    if path.exists():
+        return np.loadtxt(path, delimiter=",")
+    from sklearn.datasets import load_digits  # a layout we do not know: ask scikit-learn itself
+
+    bunch = load_digits()
+    return np.column_stack([bunch.data, bunch.target])
+
+
 @DATASETS.register("digits")
 def digits(seed: int = 0, samples: int = 0, image_size: int = 8) -> Dataset:
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError as error:
-        raise ImportError(
-            "the digits dataset needs scikit-learn; install it with pip install 'ddlsim[real]'"
-        ) from error
-    bunch = load_digits()
-    images = (bunch.images / 16.0).astype(np.float32)[:, None, :, :]
-    labels = bunch.target.astype(np.int64)
+    table = _digits_table()
+    images = (table[:, :64].reshape(-1, 8, 8) / 16.0).astype(np.float32)[:, None, :, :]
+    labels = table[:, 64].astype(np.int64)
     if samples:
         images, labels = images[:samples], labels[:samples]
     return Dataset(images, labels, 10)

@@ -65,6 +65,37 @@ class TrainSettings:
         return asdict(self)
 
 
+class MomentumSgd:
+    """SGD with momentum, torch.optim.SGD's update (dampening 0, no Nesterov): v = m v + g; p -= lr v.
+
+    Written out because ``torch.optim`` imports ``torch._dynamo`` on the first step (seconds per rank).
+    """
+
+    def __init__(self, params: list[Any], learning_rate: float, momentum: float) -> None:
+        self.params = params
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.velocity: list[Any] = [None] * len(params)
+
+    def zero_grad(self) -> None:
+        for param in self.params:
+            if param.grad is not None:
+                param.grad.zero_()
+
+    def step(self) -> None:
+        import torch
+
+        with torch.no_grad():
+            for index, param in enumerate(self.params):
+                if param.grad is None:
+                    continue
+                if self.velocity[index] is None:
+                    self.velocity[index] = param.grad.clone()
+                else:
+                    self.velocity[index].mul_(self.momentum).add_(param.grad)
+                param.add_(self.velocity[index], alpha=-self.learning_rate)
+
+
 def plan_buckets(model: Any, bucket_bytes: float, element_bytes: int) -> list[list[Any]]:
     """Parameters grouped into buckets, layer by layer in backward order, as the simulator fills them."""
     layers = [module for module in model.modules() if any(True for _ in module.parameters(recurse=False))]
@@ -205,7 +236,7 @@ def train(settings: TrainSettings, transport: Transport, tracer: Any = None) -> 
     torch.manual_seed(settings.seed)  # every worker starts from the same weights
     dataset = load_dataset(settings.dataset, settings.seed, settings.samples, settings.image_size)
     model = build_model(settings.model, dataset.in_channels, dataset.classes)
-    optimizer = torch.optim.SGD(model.parameters(), lr=settings.learning_rate, momentum=settings.momentum)
+    optimizer = MomentumSgd(list(model.parameters()), settings.learning_rate, settings.momentum)
     dtype = PRECISIONS[settings.gradient_precision]
     buckets = plan_buckets(model, settings.bucket_bytes, np.dtype(dtype).itemsize)
     schedule = build_schedule(settings.algorithm, "allreduce", transport.size, **settings.algorithm_options)
@@ -239,7 +270,7 @@ def train(settings: TrainSettings, transport: Transport, tracer: Any = None) -> 
             loss = torch.nn.functional.cross_entropy(model(torch.from_numpy(images)), torch.from_numpy(labels))
             if tracer is not None:
                 tracer.record("forward", start, time.perf_counter_ns())
-            optimizer.zero_grad(set_to_none=False)
+            optimizer.zero_grad()
             reducer.begin(iteration)
             start = time.perf_counter_ns()
             loss.backward()
