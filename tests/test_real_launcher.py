@@ -1,0 +1,91 @@
+"""The launcher: a killed rank is named with its signal and its finished iterations stay intact;
+ranks started with different scenarios stop with a clear message; a stuck run times out naming
+the ranks; missing pieces give an install hint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from real_runs import launcher
+from real_runs.launcher import LaunchError
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT_S = 180
+
+
+def ddlsim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}  # fmt: skip
+    command = [sys.executable, "-m", "simulator.cli", *args]
+    return subprocess.run(command, cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+def test_under_mpiexec_is_detected_from_the_environment():
+    assert launcher.under_mpiexec({"PMI_RANK": "0", "PMI_SIZE": "2"})
+    assert launcher.under_mpiexec({"OMPI_COMM_WORLD_SIZE": "4"})
+    assert not launcher.under_mpiexec({"PATH": "/bin"})
+
+
+def test_missing_mpi4py_gives_the_install_hint(monkeypatch):
+    real = launcher.importlib.util.find_spec
+    monkeypatch.setattr(launcher.importlib.util, "find_spec", lambda name: None if name == "mpi4py" else real(name))
+    with pytest.raises(LaunchError, match=r"mpi4py.*pip install 'ddlsim\[real\]'"):
+        launcher.check_requirements("mpi")
+
+
+def test_missing_mpiexec_override_is_named():
+    with pytest.raises(LaunchError, match="no-such-mpiexec"):
+        launcher.find_mpiexec("no-such-mpiexec")
+
+
+def test_bad_input_exits_2_with_one_line(tmp_path):
+    done = ddlsim("run", "-n", "2", "--algorithm", "nope", "--out", str(tmp_path))
+    assert done.returncode == 2
+    assert done.stderr.startswith("ddlsim: error: unknown collective algorithm 'nope'; valid:")
+    assert not list(tmp_path.iterdir())
+
+
+pytest.importorskip("mpi4py")
+pytest.importorskip("torch")
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_killed_rank_is_named_and_its_finished_iterations_survive(tmp_path):
+    from real_runs.trace import read_trace
+
+    done = ddlsim("run", "-n", "2", "--model", "resnet_small", "--iterations", "6", "--bucket-bytes", "20kB",
+                  "--fail-rank", "1", "--fail-at-iteration", "3", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "rank 1 failed" in done.stderr and "SIGKILL" in done.stderr, done.stderr
+    assert "its trace holds iterations up to 2" in done.stderr, done.stderr
+    rows = [row for row in read_trace(tmp_path) if row["rank"] == 1]
+    assert sorted({row["iteration"] for row in rows}) == [0, 1, 2]
+    for iteration in range(3):
+        ops = [row["op"] for row in rows if row["iteration"] == iteration]
+        assert {"forward", "backward", "update"} <= set(ops) and ops.count("allreduce") > 1, ops
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_ranks_with_different_scenarios_stop_with_a_clear_message(tmp_path):
+    mpiexec = launcher.find_mpiexec()
+    env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    one = [sys.executable, "-m", "simulator.cli", "run", "--out", str(tmp_path)]
+    command = [mpiexec, "-n", "1", *one, "--iterations", "2", ":", "-n", "1", *one, "--iterations", "3"]
+    done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode != 0
+    assert "ranks disagree on the scenario" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_run_past_its_timeout_is_stopped_naming_the_ranks(tmp_path):
+    done = ddlsim("run", "-n", "2", "--iterations", "1000000", "--timeout", "12", "--out", str(tmp_path))
+    assert done.returncode == 124, done.stderr
+    assert "timed out after 12 s; not finished: rank 0 at iteration" in done.stderr, done.stderr
