@@ -1,0 +1,483 @@
+"""Every training algorithm run for real: the same role programs as the simulator, on MPI ranks.
+
+``run_algorithm(settings, transport)`` (call it on every rank, e.g. under ``mpiexec -n 2..4``)
+builds the algorithm's ``Plan`` for the world size, a ``TorchTrainer`` (or ``StageTrainer`` for
+``hybrid_parallel``) for this rank, and drives the rank's role program with
+``real_runs.comm_executor.MpiComm``: compute is real torch work on real data (scikit-learn digits
+by default), messages are real MPI messages of float32 weight vectors, collectives run the
+registered schedules. With ``trace_dir`` every op is written in the shared trace schema.
+
+Weights live in one flat float32 tensor per rank; the model's parameters are views into it, so
+elastic moves, shard assignment and Hogwild updates are in-place vector operations on the very
+memory the model computes with. Hogwild threads (``TorchTrainer.hogwild``) share that memory
+without locks: each thread computes its gradient with ``torch.func.functional_call`` on detached
+views of the shared parameters and writes ``p -= lr g`` in place while the others read and write
+(Niu et al. 2011).
+
+Servers (and the EASGD master) hold their shard of the flat vector only; with one server and
+``evaluate_every`` set, the server also measures the full-data loss of its weights after every
+``evaluate_every`` updates (the real-run check of the statistical-efficiency model).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from algorithms.comm import drive
+from algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions, Plan
+from real_runs.data import Dataset, load_dataset, shard_batches
+from real_runs.models import build_model
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """One real run. ``steps``: gradient steps per worker; ``learning_rate``: the SGD step (momentum
+    algorithms use ``learning_rate x (1 - momentum)`` with heavy-ball ``momentum``)."""
+
+    algorithm: str = "async_sgd"
+    options: AlgorithmOptions = field(default_factory=AlgorithmOptions)
+    steps: int = 30
+    model: str = "digits_mlp"
+    dataset: str = "digits"
+    batch: int = 32
+    learning_rate: float = 0.5
+    momentum: float = 0.9
+    seed: int = 0
+    evaluate_every: int = 0  # servers: full-data loss every this many updates (0: never)
+    trace_dir: Path | None = None
+
+
+@dataclass
+class RunResult:
+    rank: int
+    role: str
+    returned: Any
+    initial_loss: float  # full-data loss of the initial weights (workers; nan elsewhere)
+    final_loss: float  # full-data loss of this rank's final weights (workers; nan elsewhere)
+    losses: list[float]  # minibatch losses in order (workers; the last stage for hybrid)
+    evaluations: list[tuple[int, float]]  # (updates applied, full-data loss) on a single server
+    weights_digest: float  # sum of the final weights (equal on ranks holding equal weights)
+
+
+class TorchWork:
+    """A compute item of a real run: ``run()`` does it; the real executor never reads ``duration_s``."""
+
+    duration_s = 0.0
+
+    def __init__(self, name: str, function, iteration: int) -> None:
+        self.name = name
+        self._function = function
+        self.iteration = iteration
+
+    def run(self) -> Any:
+        return self._function()
+
+
+def digits_mlp(in_channels: int = 1, classes: int = 10, image_size: int = 8, hidden: int = 64):
+    """flatten, fc(hidden) relu, fc(classes): learns the 8x8 digits in tens of steps (local helper;
+    ``real_runs.models`` holds the CNNs, slower to train in a CI-sized budget)."""
+    nn = _torch().nn
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(in_channels * image_size * image_size, hidden), nn.ReLU(), nn.Linear(hidden, classes)
+    )
+
+
+def _build(name: str, dataset: Dataset):
+    if name == "digits_mlp":
+        return digits_mlp(dataset.in_channels, dataset.classes, int(dataset.images.shape[-1]))
+    return build_model(name, dataset.in_channels, dataset.classes)
+
+
+def _flatten_into(module) -> Any:
+    """One flat float32 tensor holding every parameter of ``module``; the parameters become views of it."""
+    torch = _torch()
+    parameters = list(module.parameters())
+    if not parameters:
+        return torch.zeros(0)
+    flat = torch.cat([p.detach().reshape(-1) for p in parameters]).clone()
+    offset = 0
+    for p in parameters:
+        count = p.numel()
+        p.data = flat[offset : offset + count].view_as(p)
+        offset += count
+    return flat
+
+
+def _full_loss(model, dataset: Dataset) -> float:
+    torch = _torch()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(dataset.images))
+        return float(torch.nn.functional.cross_entropy(logits, torch.from_numpy(dataset.labels)))
+
+
+def _bounds(length: int, index: int, count: int) -> tuple[int, int]:
+    edges = np.linspace(0, length, count + 1).astype(int)
+    return int(edges[index]), int(edges[index + 1])
+
+
+class TorchTrainer:
+    """The ``Trainer`` of a worker (whole model) or a server (shard ``shard`` of ``shards``)."""
+
+    def __init__(self, settings: RunSettings, dataset: Dataset, momentum: bool, *, data_shard: int = 0,
+                 data_shards: int = 1, server_shard: tuple[int, int] | None = None) -> None:  # fmt: skip
+        torch = _torch()
+        torch.manual_seed(settings.seed)  # identical initial weights on every rank
+        self.model = _build(settings.model, dataset)
+        self.flat = _flatten_into(self.model)
+        self.length = int(self.flat.numel())
+        self.dataset = dataset
+        self.settings = settings
+        self.mu = settings.momentum if momentum else 0.0
+        # heavy-ball momentum multiplies the steady-state step by 1 / (1 - mu): scale it back so
+        # that momentum and plain algorithms take steps of the same size
+        self.lr = settings.learning_rate * (1.0 - self.mu)
+        self.iteration = 0
+        self.losses: list[float] = []
+        self.evaluations: list[tuple[int, float]] = []
+        self.updates = 0
+        if server_shard is not None:
+            low, high = _bounds(self.length, *server_shard)
+            self.flat = self.flat[low:high].clone()  # a server keeps its shard only
+            self.whole = server_shard == (0, 1)
+        else:
+            self.whole = False
+        self.buffer = torch.zeros_like(self.flat)
+        self.sum = torch.zeros_like(self.flat)
+        self.anchor = self.flat.clone()
+        self.center = self.flat.clone()
+        self.batches = shard_batches(dataset, data_shard, data_shards, settings.batch, settings.seed)
+        self._loss = torch.nn.functional.cross_entropy
+        self._replicas: list[Any] = []
+
+    def _work(self, name: str, function) -> TorchWork:
+        return TorchWork(name, function, self.iteration)
+
+    # --- worker compute ----------------------------------------------------------------------
+    def _gradient(self) -> np.ndarray:
+        torch = _torch()
+        images, labels = next(self.batches)
+        self.model.zero_grad(set_to_none=True)
+        loss = self._loss(self.model(torch.from_numpy(images)), torch.from_numpy(labels))
+        loss.backward()
+        self.losses.append(float(loss.detach()))
+        return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]).numpy()
+
+    def gradient(self) -> TorchWork:
+        self.iteration += 1
+        return self._work("gradient", self._gradient)
+
+    def hogwild(self, threads: int) -> TorchWork:
+        self.iteration += 1
+        return self._work("hogwild", lambda: self._hogwild(threads))
+
+    def _replica(self, index: int):
+        """Thread ``index``'s own module whose parameters alias the shared weights (no copy)."""
+        while len(self._replicas) <= index:
+            replica = copy.deepcopy(self.model)
+            for mine, shared in zip(replica.parameters(), self.model.parameters(), strict=True):
+                mine.data = shared.data
+            self._replicas.append(replica)
+        return self._replicas[index]
+
+    def _hogwild(self, threads: int) -> None:
+        torch = _torch()
+        replicas = [self._replica(i) for i in range(threads)]
+        batches = [next(self.batches) for _ in range(threads)]
+        losses: list[float] = [0.0] * threads
+
+        def one(index: int) -> None:
+            images, labels = batches[index]
+            replica = replicas[index]
+            replica.zero_grad(set_to_none=True)
+            loss = self._loss(replica(torch.from_numpy(images)), torch.from_numpy(labels))
+            loss.backward()
+            with torch.no_grad():
+                for p in replica.parameters():
+                    p.add_(p.grad, alpha=-self.lr)  # lock-free: the other threads read and write p meanwhile
+            losses[index] = float(loss.detach())
+
+        workers = [threading.Thread(target=one, args=(i,)) for i in range(threads)]
+        for thread in workers:
+            thread.start()
+        for thread in workers:
+            thread.join()
+        self.losses.extend(losses)
+
+    def _step(self, gradient: Any, scale: float) -> None:
+        torch = _torch()
+        g = torch.as_tensor(np.asarray(gradient)) * scale
+        if self.mu:
+            self.buffer.mul_(self.mu).add_(g)
+            g = self.buffer
+        self.flat.add_(g, alpha=-self.lr)
+        self.updates += 1
+        self._maybe_evaluate()
+
+    def step(self, gradient: Any, scale: float = 1.0) -> TorchWork:
+        return self._work("update", lambda: self._step(gradient, scale))
+
+    def weights(self) -> np.ndarray:
+        return self.flat.numpy().copy()
+
+    def _assign(self, weights: Any) -> None:
+        torch = _torch()
+        self.flat.copy_(torch.as_tensor(np.asarray(weights)))
+        self.anchor.copy_(self.flat)
+
+    def assign(self, weights: Any) -> TorchWork:
+        return self._work("assign", lambda: self._assign(weights))
+
+    def delta(self) -> TorchWork:
+        return self._work("delta", lambda: (self.flat - self.anchor).numpy())
+
+    def _add(self, delta: Any) -> None:
+        self.flat.add_(_torch().as_tensor(np.asarray(delta)))
+        self.updates += 1
+        self._maybe_evaluate()
+
+    def add(self, delta: Any) -> TorchWork:
+        return self._work("update", lambda: self._add(delta))
+
+    def accumulate(self, gradient: Any) -> TorchWork:
+        def add() -> None:
+            self.sum.add_(_torch().as_tensor(np.asarray(gradient)))
+
+        return self._work("accumulate", add)
+
+    def _apply_accumulated(self, count: int) -> None:
+        self._step(self.sum.numpy(), 1.0 / count)
+        self.sum.zero_()
+
+    def apply_accumulated(self, count: int) -> TorchWork:
+        return self._work("update", lambda: self._apply_accumulated(count))
+
+    def _elastic_center(self, worker_weights: Any, alpha: float) -> np.ndarray:
+        old = self.flat.numpy().copy()
+        self.flat.add_(_torch().as_tensor(np.asarray(worker_weights)) - self.flat, alpha=alpha)
+        self.updates += 1
+        self._maybe_evaluate()
+        return old
+
+    def elastic_center(self, worker_weights: Any, alpha: float) -> TorchWork:
+        return self._work("elastic_center", lambda: self._elastic_center(worker_weights, alpha))
+
+    def elastic_worker(self, center: Any, alpha: float) -> TorchWork:
+        def move() -> None:
+            self.flat.add_(self.flat - _torch().as_tensor(np.asarray(center)), alpha=-alpha)
+
+        return self._work("elastic", move)
+
+    def elastic_sync(self, total: Any, workers: int, alpha: float) -> TorchWork:
+        def move() -> None:
+            torch = _torch()
+            center = self.center.clone()
+            self.flat.add_(self.flat - center, alpha=-alpha)
+            self.center.add_(torch.as_tensor(np.asarray(total)) - workers * center, alpha=alpha)
+
+        return self._work("elastic", move)
+
+    def part(self, payload: Any, index: int, count: int) -> np.ndarray:
+        low, high = _bounds(len(payload), index, count)
+        return np.ascontiguousarray(payload[low:high])
+
+    def assign_part(self, payload: Any, index: int, count: int) -> TorchWork:
+        def assign() -> None:
+            low, high = _bounds(self.length, index, count)
+            self.flat[low:high] = _torch().as_tensor(np.asarray(payload))
+            self.anchor[low:high] = self.flat[low:high]
+
+        return self._work("assign", assign)
+
+    def like(self, index: int = 0, count: int = 1) -> np.ndarray:
+        low, high = _bounds(self.length, index, count)
+        return np.empty(high - low, dtype=np.float32)
+
+    # --- evaluation ------------------------------------------------------------------------------
+    def _maybe_evaluate(self) -> None:
+        every = self.settings.evaluate_every
+        if every and self.whole and self.updates % every == 0:
+            self.evaluations.append((self.updates, self.full_loss()))
+
+    def full_loss(self) -> float:
+        if self.flat.numel() != self.length:
+            return float("nan")
+        # point the model's parameters at this rank's flat weights (already so on a worker; a
+        # server's whole-model shard is a separate tensor)
+        _torch().nn.utils.vector_to_parameters(self.flat, self.model.parameters())
+        return _full_loss(self.model, self.dataset)
+
+
+class StageTrainer:
+    """The ``Trainer`` of one pipeline stage of ``hybrid_parallel``: modules [low, high) of the model."""
+
+    def __init__(self, settings: RunSettings, dataset: Dataset, stage: int, stages: int, node: int,
+                 nodes: int) -> None:  # fmt: skip
+        torch = _torch()
+        torch.manual_seed(settings.seed)
+        model = _build(settings.model, dataset)
+        modules = list(model.children())
+        split = settings.options.split or _default_split(modules, stages)
+        if sum(split) != len(modules):
+            from algorithms.training_algorithm import TrainingAlgorithmError
+
+            raise TrainingAlgorithmError(
+                f"hybrid split {','.join(map(str, split))} covers {sum(split)} layers; the model has {len(modules)}"
+            )
+        edges = np.cumsum((0, *split))
+        self.module = torch.nn.Sequential(*modules[edges[stage] : edges[stage + 1]])
+        self.flat = _flatten_into(self.module)
+        self.first, self.last = stage == 0, stage == stages - 1
+        self.lr = settings.learning_rate
+        self.batches = shard_batches(dataset, node, nodes, settings.batch, settings.seed)
+        self.iteration = 0
+        self.losses: list[float] = []
+        self.updates = 0
+        self.evaluations: list[tuple[int, float]] = []
+        self._input: Any = None
+        self._output: Any = None
+        self._labels: Any = None
+
+    def forward(self, activation: Any) -> TorchWork:
+        self.iteration += 1
+
+        def run() -> Any:
+            torch = _torch()
+            images, labels = next(self.batches)  # every stage of a pipeline draws the same batch
+            self._labels = torch.from_numpy(labels)
+            if self.first:
+                self._input = torch.from_numpy(images)
+            else:
+                self._input = torch.from_numpy(np.array(activation, dtype=np.float32)).requires_grad_()
+            self.module.zero_grad(set_to_none=True)
+            self._output = self.module(self._input)
+            if self.last:
+                self._output = torch.nn.functional.cross_entropy(self._output, self._labels)
+                self.losses.append(float(self._output.detach()))
+                return None
+            return self._output.detach().numpy()
+
+        return TorchWork("forward", run, self.iteration)
+
+    def backward(self, output_gradient: Any) -> TorchWork:
+        def run() -> Any:
+            torch = _torch()
+            if self.last:
+                self._output.backward()
+            else:
+                self._output.backward(torch.from_numpy(np.array(output_gradient, dtype=np.float32)))
+            return None if self.first else self._input.grad.numpy()
+
+        return TorchWork("backward", run, self.iteration)
+
+    def activation_like(self, incoming: bool) -> None:
+        return None
+
+    def stage_gradient(self) -> np.ndarray:
+        torch = _torch()
+        grads = [p.grad.reshape(-1) for p in self.module.parameters() if p.grad is not None]
+        return torch.cat(grads).numpy() if grads else np.zeros(0, dtype=np.float32)
+
+    def step(self, gradient: Any, scale: float = 1.0) -> TorchWork:
+        def run() -> None:
+            self.flat.add_(_torch().as_tensor(np.asarray(gradient)), alpha=-self.lr * scale)
+            self.updates += 1
+
+        return TorchWork("update", run, self.iteration)
+
+    def weights(self) -> np.ndarray:
+        return self.flat.numpy().copy()
+
+
+def _default_split(modules: list, stages: int) -> tuple[int, ...]:
+    """Parameterised modules spread evenly: each stage gets at least one module with weights."""
+    weighted = [i for i, module in enumerate(modules) if any(True for _ in module.parameters())]
+    if len(weighted) < stages:
+        from algorithms.training_algorithm import TrainingAlgorithmError
+
+        raise TrainingAlgorithmError(f"the model has {len(weighted)} layers with weights, fewer than {stages} stages")
+    cuts = [weighted[round(k * len(weighted) / stages)] for k in range(1, stages)]
+    edges = [0, *cuts, len(modules)]
+    return tuple(edges[i + 1] - edges[i] for i in range(stages))
+
+
+def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset):
+    algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
+    if algorithm.name == "hybrid_parallel":
+        stages = plan.options.stages
+        nodes = plan.ranks // stages
+        return StageTrainer(settings, dataset, rank % stages, stages, rank // stages, nodes)
+    if plan.is_server(rank):
+        shards = 1 if algorithm.family == "elastic" else len(plan.servers)
+        return TorchTrainer(settings, dataset, algorithm.momentum, server_shard=(rank, shards))
+    index = plan.workers.index(rank)
+    return TorchTrainer(settings, dataset, algorithm.momentum, data_shard=index, data_shards=len(plan.workers))
+
+
+def run_algorithm(settings: RunSettings, transport: Any = None) -> RunResult:
+    """Run ``settings.algorithm`` on every rank of ``transport`` (default MPI COMM_WORLD)."""
+    from real_runs.comm_executor import MpiComm
+    from real_runs.trace import TraceWriter
+    from real_runs.transport import make_transport
+
+    transport = transport if transport is not None else make_transport("mpi")
+    algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
+    plan = algorithm.plan(transport.size, settings.steps, settings.options)
+    dataset = load_dataset(settings.dataset, settings.seed)
+    trainer = _trainer(settings, plan, transport.rank, dataset)
+    tracer = None
+    if settings.trace_dir is not None:
+        metadata = {"algorithm": settings.algorithm, "settings": _jsonable(settings), "ranks": transport.size}
+        tracer = TraceWriter(settings.trace_dir, transport.rank, metadata)
+        tracer.start(transport.barrier)
+    comm = MpiComm(transport, tracer)
+    is_worker = isinstance(trainer, TorchTrainer) and not plan.is_server(transport.rank)
+    initial = trainer.full_loss() if is_worker else float("nan")
+
+    def perform(op: Any) -> Any:
+        if tracer is not None:
+            tracer.iteration = trainer.iteration
+        return comm.perform(op)
+
+    returned = drive(algorithm.program(comm, trainer, plan), perform)
+    if tracer is not None:
+        tracer.close()
+    final = trainer.full_loss() if is_worker else float("nan")
+    role = "worker" if not plan.is_server(transport.rank) else ("master" if algorithm.family == "elastic" else "server")
+    return RunResult(
+        transport.rank,
+        role,
+        returned,
+        initial,
+        final,
+        list(trainer.losses),
+        list(trainer.evaluations),
+        float(trainer.flat.double().sum()),
+    )
+
+
+def _jsonable(settings: RunSettings) -> dict[str, Any]:
+    data = dataclasses.asdict(settings)
+    data["trace_dir"] = str(settings.trace_dir) if settings.trace_dir else None
+    data["options"]["split"] = list(settings.options.split) if settings.options.split else None
+    return data
+
+
+def steps_to_target(evaluations: list[tuple[int, float]], target_loss: float) -> int | None:
+    """Updates until the evaluated loss first reaches ``target_loss`` (None if it never does)."""
+    for updates, loss in evaluations:
+        if loss <= target_loss:
+            return updates
+    return None
