@@ -245,6 +245,17 @@ def test_stragglers_hurt_synchronous_training_more_than_asynchronous():
     assert slowdown("sync_sgd") > slowdown("async_easgd")
 
 
+def test_round_robin_easgd_waits_for_stragglers_async_easgd_does_not():
+    """Homogeneous workers arrive in rank order anyway; under noise the fixed order makes every
+    worker wait for the slow one (You et al.'s case against original EASGD)."""
+    scenario = dataclasses.replace(KNL, workload="resnet50")
+    times = {}
+    for name in ("easgd", "async_easgd"):
+        setup = AlgorithmSetup(name, scenario, 8, 30, make_options(name, {"tau": 1}), "lognormal:0.5", seed=0)
+        times[name] = simulate_algorithm(setup).time_s
+    assert times["easgd"] > 1.2 * times["async_easgd"]
+
+
 def test_straggler_parse():
     assert Stragglers.parse("none") == Stragglers()
     assert Stragglers.parse("lognormal:0.2") == Stragglers(0.2, False)
