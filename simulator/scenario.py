@@ -43,6 +43,9 @@ class Scenario:
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
+    torus_dims: tuple[int, ...] | None = None  # torus extents in nodes; None: near-cubic per point
+    placement: str = "block"  # block or scatter (see simulator.fabric.FabricSpec)
+    loggp: bool = False  # LogGP-style per-message CPU overhead at sender and receiver
     algorithm: str = "ring"
     algorithm_options: dict[str, Any] = field(default_factory=dict)
     nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
@@ -81,9 +84,7 @@ class Scenario:
         if self.topology not in TOPOLOGIES:
             raise ScenarioError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if not self.oversubscription >= 1:
-            raise ScenarioError(
-                f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}"
-            )
+            raise ScenarioError(f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}")
         if self.nics_per_node > self.devices_per_node:
             raise ScenarioError("nics-per-node must not exceed devices-per-node")
         # names: each lookup raises UnknownNameError listing the valid tokens
@@ -152,6 +153,9 @@ class Scenario:
             topology=self.topology,
             oversubscription=self.oversubscription,
             nodes_per_leaf=self.nodes_per_leaf,
+            torus_dims=self.torus_dims,
+            placement=self.placement,
+            loggp=self.loggp,
         )
 
     def memory_needed_bytes(self) -> float:

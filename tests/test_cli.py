@@ -126,3 +126,49 @@ def test_collective_bad_input(capsys, tmp_path, argv, message):
     code, _, err = run(capsys, "collective", "--ranks", "8", *argv, "--out", str(tmp_path / "o"))
     assert code == 2 and message in err and err.count("\n") == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_list_training_algorithms(capsys):
+    code, out, _ = run(capsys, "list", "training-algorithms")
+    assert code == 0
+    names = [line.split()[0] for line in out.splitlines()]
+    assert {"sync_sgd", "easgd", "sync_easgd", "async_sgd", "hogwild_sgd", "hybrid_parallel"} <= set(names)
+
+
+def test_target_accuracy_adds_time_to_accuracy(capsys, tmp_path):
+    code, _, err = run(capsys, "simulate", *SMALL, "--target-accuracy", "0.7", "--out", str(tmp_path))
+    assert code == 0, err
+    rows = read_csv(tmp_path / "results.csv")
+    steps = [float(row["steps_to_target"]) for row in rows]
+    assert steps == sorted(steps, reverse=True)  # a bigger global batch needs fewer steps
+    for row in rows:
+        assert float(row["time_to_accuracy_s"]) == pytest.approx(
+            float(row["steps_to_target"]) * float(row["iteration_s"])
+        )
+
+
+def test_unreachable_target_accuracy_exits_2_before_simulating(capsys, tmp_path):
+    code, _, err = run(capsys, "simulate", *SMALL, "--target-accuracy", "0.999", "--out", str(tmp_path / "o"))
+    assert code == 2 and "not reachable" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_scatter_placement_on_oversubscribed_fat_tree_is_slower(capsys, tmp_path):
+    base = [
+        "simulate",
+        "--nodes",
+        "16",
+        "--devices-per-node",
+        "1",
+        "--topology",
+        "fat_tree",
+        "--nodes-per-leaf",
+        "4",
+        "--executor-pool",
+        "serial",
+    ]
+    for name, extra in (("block", []), ("scatter", ["--placement", "scatter"])):
+        assert run(capsys, *base, "--oversubscription", "4", *extra, "--out", str(tmp_path / name))[0] == 0
+    block = float(read_csv(tmp_path / "block" / "results.csv")[0]["iteration_s"])
+    scatter = float(read_csv(tmp_path / "scatter" / "results.csv")[0]["iteration_s"])
+    assert scatter > block

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from algorithms.collective import COLLECTIVE_ALGORITHMS
 from hardware_models.catalog import device_names, link_names, load_device, load_link
 from simulator.workloads import load_workload, workload_names
 
-KINDS = ("devices", "networks", "links", "workloads", "algorithms")
+KINDS = ("devices", "networks", "links", "workloads", "algorithms", "training-algorithms")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("list", help="list devices, networks, links, workloads or algorithms")
+    parser = subparsers.add_parser(
+        "list", help="list devices, networks, links, workloads, algorithms (collectives) or training-algorithms"
+    )
     parser.add_argument("kind", choices=KINDS)
     parser.set_defaults(func=run)
 
@@ -40,6 +43,14 @@ def run(args: argparse.Namespace) -> int:
                 f"{name:16s} {workload.parameter_count / 1e6:8.2f} M params  "
                 f"{workload.forward_flops / 1e9:8.2f} GFLOP fwd/sample  {len(workload.layers):4d} layers"
             )
+    elif args.kind == "training-algorithms":
+        from algorithms.training_algorithm import TRAINING_ALGORITHMS
+
+        for name in TRAINING_ALGORITHMS.names():
+            trainer = TRAINING_ALGORITHMS.get(name)
+            module = sys.modules[type(trainer).__module__]
+            doc = (type(trainer).__doc__ or module.__doc__ or "").strip().splitlines()
+            print(f"{name:16s} {trainer.family:13s} {doc[0] if doc else ''}")
     else:
         for name in COLLECTIVE_ALGORITHMS.names():
             algorithm = COLLECTIVE_ALGORITHMS.get(name)

@@ -44,34 +44,25 @@ def register(subparsers) -> None:
         default=None,
         help="devices per node (default 8 for GPUs, 1 otherwise)",
     )
-    p.add_argument(
-        "--intra-node", default=None, help="link between devices of a node (e.g. nvlink2, pcie3_x16)"
-    )
-    p.add_argument(
-        "--host-link", default="auto", help="device-to-NIC link; 'auto': PCIe for GPUs, none for CPUs"
-    )
+    p.add_argument("--intra-node", default=None, help="link between devices of a node (e.g. nvlink2, pcie3_x16)")
+    p.add_argument("--host-link", default="auto", help="device-to-NIC link; 'auto': PCIe for GPUs, none for CPUs")
     p.add_argument("--network", default=DEFAULT.network, help="network between nodes (ddlsim list networks)")
     p.add_argument("--nics-per-node", type=int, default=1)
     p.add_argument("--topology", default="switch", help="switch, fat_tree, torus_2d, torus_3d")
-    p.add_argument(
-        "--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)"
-    )
+    p.add_argument("--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)")
     p.add_argument("--nodes-per-leaf", type=int, default=16, help="fat tree nodes under one leaf switch")
-    p.add_argument(
-        "--algorithm", default=DEFAULT.algorithm, help="all-reduce algorithm (ddlsim list algorithms)"
-    )
-    p.add_argument(
-        "--algorithm-option", action="append", metavar="KEY=VALUE", help="algorithm option, repeatable"
-    )
+    p.add_argument("--torus-dims", default=None, help="torus extents in nodes, e.g. 8x8 (one node count only)")
+    p.add_argument("--placement", default="block", help="rank placement: block or scatter (ignores leaves)")
+    p.add_argument("--loggp", action="store_true", help="LogGP-style CPU overhead per message at both ends")
+    p.add_argument("--algorithm", default=DEFAULT.algorithm, help="all-reduce algorithm (ddlsim list algorithms)")
+    p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE", help="algorithm option, repeatable")
     p.add_argument("--nodes", default="1,2,4,...,32", help="node counts: 1,2,4 or 1,2,4,...,256 or 1:256:x2")
     p.add_argument("--per-device-batch", type=int, default=DEFAULT.per_device_batch)
     p.add_argument("--precision", default=DEFAULT.precision, help="fp32, fp16 (mixed) or bf16 (mixed)")
     p.add_argument("--bucket-bytes", default="25MB", help="gradient fusion bucket size (e.g. 25MB, 64MiB)")
     p.add_argument("--no-overlap", action="store_true", help="start communication only after backward")
     p.add_argument("--iterations", type=int, default=1, help="iterations simulated per point")
-    p.add_argument(
-        "--executor", default="des", choices=EXECUTORS, help="des (SimPy) or analytic (closed form)"
-    )
+    p.add_argument("--executor", default="des", choices=EXECUTORS, help="des (SimPy) or analytic (closed form)")
     p.add_argument("--executor-pool", default="auto", choices=POOLS, help="how sweep points run in parallel")
     p.add_argument("--workers", type=int, default=None, help="parallel workers for the sweep")
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and scenario.json")
@@ -81,8 +72,12 @@ def register(subparsers) -> None:
     )
     p.add_argument("--trace-nodes", type=int, default=None, help="node count to trace (default: the largest)")
     p.add_argument(
-        "--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr"
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="also report steps and time to this accuracy (statistical-efficiency model, docs/training_algorithms.md)",
     )
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr")
     p.set_defaults(func=run)
 
 
@@ -105,6 +100,9 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         topology=args.topology,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
+        torus_dims=torus_dims(args.torus_dims),
+        placement=args.placement,
+        loggp=args.loggp,
         algorithm=args.algorithm,
         algorithm_options=parse_options(args.algorithm_option),
         nodes=parse_counts(args.nodes),
@@ -117,8 +115,36 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     )
 
 
+def torus_dims(text: str | None) -> tuple[int, ...] | None:
+    """Parse "8x8" or "4x4x4" into extents."""
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
+    if any(extent < 1 for extent in dims):
+        raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
+    return dims
+
+
+def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) -> None:
+    """Synchronous SGD: one step per iteration at the global batch (statistical_efficiency)."""
+    from simulator.statistical_efficiency import profile_for, steps_to_target
+
+    convergence = profile_for(scenario.workload)
+    for row in rows:
+        steps = steps_to_target(target, row["global_batch"], profile=convergence)
+        row["steps_to_target"] = steps
+        row["time_to_accuracy_s"] = steps * row["iteration_s"]
+
+
 def run(args: argparse.Namespace) -> int:
     scenario = scenario_from_args(args)
+    if args.target_accuracy is not None:  # fail on an unreachable target before simulating anything
+        add_time_to_accuracy(
+            [{"global_batch": scenario.per_device_batch, "iteration_s": 1.0}], scenario, args.target_accuracy
+        )
     if args.plot and args.out is None:
         from simulator.cli import InputError
 
@@ -131,15 +157,19 @@ def run(args: argparse.Namespace) -> int:
     profile = compute_profile(scenario)
     for row in rows:
         row["analytic_iteration_s"] = analytic_point(scenario, row["nodes"], profile)["iteration_s"]
+    columns: tuple[str, ...] = SCALING_COLUMNS
+    if args.target_accuracy is not None:
+        add_time_to_accuracy(rows, scenario, args.target_accuracy)
+        columns = (*SCALING_COLUMNS, "steps_to_target", "time_to_accuracy_s")
     print(
         f"# {scenario.workload} on {scenario.device} x {scenario.devices_per_node}/node "
         f"({scenario.intra_node or '-'}), {scenario.network or '-'} {scenario.topology}, "
         f"{scenario.algorithm} all-reduce, batch {scenario.per_device_batch}/device, {scenario.precision}, "
         f"executor {scenario.executor}"
     )
-    print_table(rows, SCALING_COLUMNS)
+    print_table(rows, columns)
     if args.out is not None:
-        write_csv(args.out / "results.csv", rows, RESULT_COLUMNS)
+        write_csv(args.out / "results.csv", rows, RESULT_COLUMNS + tuple(c for c in columns if c not in RESULT_COLUMNS))
         resolved = scenario.resolved()
         resolved["scenario"] = dataclasses.asdict(scenario) | {"nodes": list(scenario.nodes)}
         write_json(args.out / "scenario.json", resolved)
