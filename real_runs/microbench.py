@@ -185,7 +185,7 @@ def ping_pong(context: BenchContext, sizes: Iterable[int]) -> None:
         one_way = [sample[2] / (2 * inner) for sample in samples]
         context.trace("ping_pong", samples, peer=1 - rank if rank < 2 else -1, nbytes=size)
         stats = Stats.of(one_way)
-        context.add(kind="point_to_point", collective="ping_pong", algorithm="send_recv", ranks=2,
+        context.add(kind="point_to_point", precision="", collective="ping_pong", algorithm="send_recv", ranks=2,
                     message_bytes=size, stats=stats, bus_Bps=algorithm_bandwidth_Bps(size, stats.median_s),
                     extra=f"one-way time = round trip / 2 over {inner} round trips")  # fmt: skip
 
@@ -214,7 +214,8 @@ def streaming_bandwidth(context: BenchContext, sizes: Iterable[int], window: int
             raise AssertionError(f"streaming {size} B delivered wrong bytes")
         stats = Stats.of([sample[2] for sample in samples])
         context.trace("streaming_bandwidth", samples, peer=1 - rank if rank < 2 else -1, nbytes=size * window)
-        context.add(kind="point_to_point", collective="streaming_bandwidth", algorithm="send_recv", ranks=2,
+        context.add(kind="point_to_point", precision="", collective="streaming_bandwidth", algorithm="send_recv",
+                    ranks=2,
                     message_bytes=size, stats=stats, bus_Bps=algorithm_bandwidth_Bps(size * window, stats.median_s),
                     extra=f"time of a window of {window} messages and a 1-byte acknowledgement")  # fmt: skip
 

@@ -89,3 +89,15 @@ def test_a_run_past_its_timeout_is_stopped_naming_the_ranks(tmp_path):
     done = ddlsim("run", "-n", "2", "--iterations", "1000000", "--timeout", "12", "--out", str(tmp_path))
     assert done.returncode == 124, done.stderr
     assert "timed out after 12 s; not finished: rank 0 at iteration" in done.stderr, done.stderr
+
+
+@pytest.mark.slow
+def test_training_runs_on_the_gloo_backend_too(tmp_path):
+    done = ddlsim("run", "-n", "2", "--backend", "gloo", "--model", "resnet_small", "--iterations", "3",
+                  "--bucket-bytes", "20kB", "--out", str(tmp_path))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "2 ranks, ring" in done.stdout
+    assert sorted(path.name for path in tmp_path.glob("trace.rank*.jsonl")) == [
+        "trace.rank0.jsonl",
+        "trace.rank1.jsonl",
+    ]
