@@ -46,3 +46,35 @@ def max_min_fair_rates(flow_links: Sequence[Sequence[int]], capacity_Bps: np.nda
                         del users[other]
         del users[link]
     return rates
+
+
+def max_min_fair_rates_flat(
+    owner: np.ndarray, link: np.ndarray, flows: int, capacity_Bps: np.ndarray, tolerance: float = 1e-12
+) -> np.ndarray:
+    """Vectorised max-min fair rates; the same answer as ``max_min_fair_rates``.
+
+    The routes are given flat: entry e says flow ``owner[e]`` crosses local link ``link[e]``
+    (links numbered 0..len(capacity_Bps)-1). Each pass freezes every flow on every link whose
+    equal share is the smallest left (all links at that level at once, which max-min allows), so
+    a symmetric round takes one or two passes.
+    """
+    rates = np.full(flows, np.inf)
+    frozen = np.zeros(flows, dtype=bool)
+    remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
+    links = remaining.size
+    while True:
+        open_entries = ~frozen[owner]
+        if not open_entries.any():
+            return rates
+        counts = np.bincount(link[open_entries], minlength=links)
+        used = counts > 0
+        share = np.full(links, np.inf)
+        share[used] = remaining[used] / counts[used]
+        level = share.min()
+        bottleneck = used & (share <= level * (1 + tolerance))
+        hit = open_entries & bottleneck[link]
+        newly = np.unique(owner[hit])
+        rates[newly] = level
+        frozen[newly] = True
+        entries = np.isin(owner, newly)
+        np.subtract.at(remaining, link[entries], level)

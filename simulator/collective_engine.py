@@ -26,8 +26,11 @@ import numpy as np
 import simpy
 
 from algorithms.schedule import Round, Schedule
+from hardware_models.network import max_min_fair_rates_flat
 from simulator.fabric import Fabric
 from simulator.flow_network import FlowNetwork
+
+_FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of the first end together
 
 
 class ContentionDetected(RuntimeError):
@@ -59,6 +62,12 @@ class _Structure:
     shift: int  # dst == (src + shift) % ranks with identity src; 0 when not such a structure
     checked: np.ndarray  # positions in flat_links whose link more than one sender uses
     version: int  # shared-link version ``checked`` was computed for
+    # transfers that share a link with another transfer of the same round, and their routes over
+    # the round's contended links numbered locally (for the in-round fluid simulation)
+    contended: np.ndarray
+    contended_owner: np.ndarray
+    contended_link: np.ndarray
+    contended_capacity_Bps: np.ndarray
 
 
 class VectorisedExecutor:
@@ -84,7 +93,7 @@ class VectorisedExecutor:
         self._structures: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, _Structure]] = {}
         self.transfers = 0
 
-    def _structure(self, rnd: Round, ranks: int) -> _Structure:
+    def _structure(self, rnd: Round, ranks: int, t: np.ndarray) -> _Structure:
         key = (id(rnd.src), id(rnd.dst))
         cached = self._structures.get(key)
         if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst:
@@ -96,8 +105,10 @@ class VectorisedExecutor:
             valid = routes >= 0
             flat_links = routes[valid]
             owner = np.nonzero(valid)[0]
-            if np.unique(flat_links).size != flat_links.size:
-                raise ContentionDetected("two transfers of one round share a link")
+            contended, c_owner, c_link, c_capacity = self._contention(flat_links, owner, src.size)
+            # a link that gains a second sender takes its first sender's clock as busy time: bring
+            # the clocks up to now (they are otherwise refreshed per call, not per round)
+            self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
             self._claim(flat_links, src[owner])
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
             permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
@@ -121,6 +132,10 @@ class VectorisedExecutor:
                 shift,
                 owner[:0],
                 -1,
+                contended,
+                c_owner,
+                c_link,
+                c_capacity,
             )
             if len(self._structures) > 256:
                 self._structures.clear()
@@ -131,17 +146,66 @@ class VectorisedExecutor:
             structure.version = self._shared_version
         return structure
 
+    def _contention(self, flat_links: np.ndarray, owner: np.ndarray, transfers: int):
+        """Transfers sharing a link within the round, with their contended links numbered locally."""
+        uniq, inverse, counts = np.unique(flat_links, return_inverse=True, return_counts=True)
+        if uniq.size == flat_links.size:
+            empty = owner[:0]
+            return empty, empty, empty, np.empty(0)
+        shared_entry = counts[inverse] > 1
+        contended = np.unique(owner[shared_entry])
+        # every hop of a contended transfer takes part in its rate, shared or not
+        entries = np.isin(owner, contended)
+        links, local_link = np.unique(flat_links[entries], return_inverse=True)
+        local_owner = np.searchsorted(contended, owner[entries])
+        return contended, local_owner, local_link, self.fabric.capacity_Bps[links]
+
     def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
-        """Record who sends over ``links``; links gaining a second sender become checked."""
+        """Record who sends over ``links``; links gaining a second sender become checked.
+
+        A link that had one sender before gets that sender's clock as its busy time (no earlier
+        than the end of any flow it started); two senders on one link within a round are
+        handled by the round itself (the contended path) and checked against later rounds.
+        """
+        pairs = np.unique(np.stack([links, senders]), axis=1)
+        link_ids, sender_counts = np.unique(pairs[0], return_counts=True)
+        within = link_ids[sender_counts > 1]
         previous = self.link_sender[links]
         fresh = previous == -1
         self.link_sender[links[fresh]] = senders[fresh]
-        newly_shared = (previous >= 0) & (previous != senders)
-        if newly_shared.any():
-            shared = links[newly_shared]
-            self.busy_until[shared] = self.clock[previous[newly_shared]]
+        across = links[(previous >= 0) & (previous != senders)]
+        shared = np.union1d(across, within)
+        shared = shared[self.link_sender[shared] != -2]
+        if shared.size:
+            before = self.link_sender[shared]
+            had_one = before >= 0
+            self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
             self.link_sender[shared] = -2
             self._shared_version += 1
+
+    def _fluid_round(self, st: _Structure, nbytes: np.ndarray) -> np.ndarray:
+        """Flow durations of the contended transfers when they all start at the same instant.
+
+        Max-min rates hold until the first of them ends; then the rest are re-rated, and so on:
+        exactly what the flow network does when no other flow touches these links meanwhile.
+        """
+        remaining = nbytes[st.contended].astype(np.float64)
+        duration = np.zeros(remaining.size)
+        active = remaining > 0
+        elapsed = 0.0
+        while active.any():
+            keep = active[st.contended_owner]
+            rates = max_min_fair_rates_flat(
+                st.contended_owner[keep], st.contended_link[keep], remaining.size, st.contended_capacity_Bps
+            )
+            until = np.where(active, remaining / np.where(active, rates, 1.0), np.inf)
+            step = until.min()
+            ending = active & (until <= step * (1 + _FLUID_TOLERANCE))
+            elapsed += step
+            duration[ending] = elapsed
+            remaining = np.where(active, remaining - rates * step, remaining)
+            active &= ~ending
+        return duration
 
     def run(
         self,
@@ -162,21 +226,31 @@ class VectorisedExecutor:
         for rnd in schedule.rounds():
             if len(rnd) == 0:
                 continue
-            st = self._structure(rnd, ranks)
+            st = self._structure(rnd, ranks, t)
             bytes_key = (id(st), id(rnd.chunk_count))
             if bytes_key != last_bytes_key:
                 nbytes = schedule.transfer_bytes(rnd, message_bytes)
                 flow_s = nbytes / st.bottleneck_Bps
+                if st.contended.size:
+                    flow_s = flow_s.copy()
+                    flow_s[st.contended] = self._fluid_round(st, nbytes)
                 end_offset = st.alpha_s + flow_s
                 last_bytes_key = bytes_key
             begin = t if st.identity_src else t[st.src]
+            if st.contended.size:
+                starts = begin[st.contended] + st.overhead_s[st.contended]
+                if np.any(starts != starts[0]):
+                    raise ContentionDetected("flows sharing a link within a round start at different times")
             if st.checked.size:
                 owners = st.flat_owner[st.checked]
                 links = st.flat_links[st.checked]
                 flow_begin = begin[owners] + st.overhead_s[owners]
                 if np.any(flow_begin < busy[links]):
                     raise ContentionDetected("flows of different rounds may overlap on a link")
-                busy[links] = flow_begin + flow_s[owners]
+                if st.contended.size:
+                    np.maximum.at(busy, links, flow_begin + flow_s[owners])
+                else:
+                    busy[links] = flow_begin + flow_s[owners]
             end = begin + end_offset
             if log is not None:
                 log.src.append(st.src)

@@ -84,24 +84,54 @@ def test_oversubscribed_fat_tree_slows_cross_leaf_traffic_by_its_factor():
     }.items():
         finish, path = run_collective(schedule, Fabric(spec), 100e6)
         times[name] = finish.max()
-        if name == "fat_tree":
-            assert path == "message"  # four flows on one uplink: the vectorised path must refuse
+        assert path == "vectorised"  # the four flows start together: the in-round fluid path applies
+        exact = MessageExecutor(Fabric(spec)).run(schedule, 100e6, 0.0)
+        np.testing.assert_allclose(finish, exact, rtol=1e-9)
     bulk = 100e6 / ib.port_bandwidth_Bps
     assert times["switch"] == pytest.approx(bulk, rel=1e-3)
     assert times["fat_tree"] == pytest.approx(2 * bulk, rel=1e-3)
 
 
-def test_vectorised_refuses_shared_links():
+def test_flows_sharing_a_link_in_one_round_get_equal_shares():
     ib = load_link("ib_edr")
     fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
     schedule = _one_round([(0, 2), (1, 2)], 3)  # two flows into rank 2's NIC
-    with pytest.raises(ContentionDetected):
-        VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
     finish, path = run_collective(schedule, fabric, 1e6)
-    assert path == "message"
+    assert path == "vectorised"
     # both share rank 2's downlink: 2 MB at the port rate, plus alpha
     alpha = fabric.hop_cost(0, 2).alpha_s
     assert finish[2] == pytest.approx(alpha + 2e6 / ib.port_bandwidth_Bps, rel=1e-9)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
+
+
+def test_contended_flows_starting_apart_go_to_the_message_path():
+    """Ranks 0 and 1 enter at different times and both send to rank 2: their flows overlap only in
+    part, which the in-round fluid step does not model, so the executor must refuse."""
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
+    schedule = _one_round([(0, 2), (1, 2)], 3)
+    start = np.array([0.0, 1e-5, 0.0])
+    with pytest.raises(ContentionDetected):
+        VectorisedExecutor(fabric).run(schedule, 1e6, start)
+    finish, path = run_collective(schedule, fabric, 1e6, start)
+    assert path == "message"
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, start), rtol=1e-12)
+
+
+def test_uneven_contended_round_re_rates_as_flows_end():
+    """Flows of 1 MB and 3 MB share one downlink: 2 MB cross at B/2 each, then 2 MB alone at B."""
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
+    src, dst = np.array([0, 1]), np.array([2, 2])
+    rnd = Round(src, dst, np.array([0, 1]), np.array([1, 4]), np.full(2, REDUCE))
+    schedule = Schedule("uneven", "allreduce", 3, 4, lambda: [rnd])
+    finish, path = run_collective(schedule, fabric, 4e6)
+    assert path == "vectorised"
+    b = ib.port_bandwidth_Bps
+    alpha = fabric.hop_cost(0, 2).alpha_s
+    assert finish[0] == pytest.approx(alpha + 2e6 / b, rel=1e-9)
+    assert finish[1] == pytest.approx(alpha + 4e6 / b, rel=1e-9)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 4e6, 0.0), rtol=1e-9)
 
 
 def test_torus_routes_take_the_shorter_way():
@@ -139,3 +169,30 @@ def test_loggp_ring_both_paths_agree():
     schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 6)
     fast, exact = _paths(schedule, fabric, 3e6)
     np.testing.assert_allclose(fast, exact, rtol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_setups_auto_path_equals_message_level(seed):
+    """Random algorithm, node shape, NIC count, size and entry times: whichever path ``auto`` takes
+    (vectorised, in-round fluid, or the fallback), the times equal message-by-message execution."""
+    rng = np.random.default_rng(seed)
+    names = [n for n in COLLECTIVE_ALGORITHMS.names() if "allreduce" in COLLECTIVE_ALGORITHMS.get(n).collectives]
+    for name in rng.permutation(names)[:4]:
+        devices_per_node = int(rng.choice([1, 2, 4]))
+        nodes = int(rng.integers(2, 5))
+        ranks = nodes * devices_per_node
+        schedule = COLLECTIVE_ALGORITHMS.get(str(name)).schedule("allreduce", ranks, devices_per_node=devices_per_node)
+        spec = FabricSpec(
+            nodes=-(-schedule.ranks // devices_per_node),
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+            host_link=load_link("pcie3_x16"),
+            network=load_link(str(rng.choice(["ib_edr", "eth_10g"]))),
+            nics_per_node=int(rng.choice([1, devices_per_node])),
+        )
+        fabric = Fabric(spec)
+        start = np.where(rng.random(schedule.ranks) < 0.3, rng.random(schedule.ranks) * 1e-4, 0.0)
+        size = float(rng.choice([4e3, 1e6, 3e7]))
+        auto, _ = run_collective(schedule, fabric, size, start)
+        exact = MessageExecutor(fabric).run(schedule, size, start)
+        np.testing.assert_allclose(auto, exact, rtol=1e-9, err_msg=f"{name} dpn={devices_per_node} nodes={nodes}")

@@ -1,0 +1,19 @@
+"""The vectorised max-min solver equals the reference progressive filling on random instances."""
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hardware_models.network import max_min_fair_rates, max_min_fair_rates_flat
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(1, 25))
+def test_flat_equals_reference(seed, links, flows):
+    rng = np.random.default_rng(seed)
+    capacity = rng.choice([1.0, 2.0, 5.0, 10.0], size=links)  # repeated values make ties
+    routes = [sorted(set(rng.integers(0, links, size=rng.integers(1, 4)).tolist())) for _ in range(flows)]
+    owner = np.array([f for f, route in enumerate(routes) for _ in route])
+    link = np.array([lk for route in routes for lk in route])
+    expected = max_min_fair_rates(routes, capacity)
+    np.testing.assert_allclose(max_min_fair_rates_flat(owner, link, flows, capacity), expected, rtol=1e-12)
