@@ -241,10 +241,11 @@ def scaling_png(runs: Sequence[Path]) -> bytes:
     """Scaling efficiency (left) and throughput (right) against devices, one line per run directory."""
     with _figure("scaling") as (fig, axes):
         eff_ax, thr_ax = axes[0]
-        for run, style in zip(runs, _styles(), strict=False):
+        labels = [run_label(Path(run)) for run in runs]
+        for index, (run, style) in enumerate(zip(runs, _styles(), strict=False)):
             rows = scaling_rows(run)
             devices = [int(row["devices"]) for row in rows]
-            label = run_label(Path(run))
+            label = labels[index] if labels.count(labels[index]) == 1 else f"{labels[index]} ({Path(run).name})"
             eff_ax.plot(devices, [100 * float(row["scaling_efficiency"]) for row in rows], label=label, **style)
             thr_ax.plot(devices, [float(row["throughput_samples_per_s"]) for row in rows], label=label, **style)
         for ax in (eff_ax, thr_ax):
@@ -416,8 +417,15 @@ def plot_validate(directory: Path, out_png: Path) -> None:
     save_png(validate_png(directory), out_png)
 
 
-def collective_png(runs: Sequence[Path]) -> bytes:
-    """Time (left) and bus bandwidth (right) against message size, one line per (run, algorithm, ranks)."""
+Reference = tuple[str, int, Sequence[float], Sequence[float]]  # label, ranks, message bytes, times (s)
+
+
+def collective_png(runs: Sequence[Path], references: Sequence[Reference] = ()) -> bytes:
+    """Time (left) and bus bandwidth (right) against message size, one line per (run, algorithm, ranks).
+
+    ``references``: measured points to draw beside the predictions (hollow black markers), e.g. a
+    published benchmark; their bus bandwidth uses the all-reduce factor 2(n-1)/n.
+    """
     with _figure("collective") as (fig, axes):
         time_ax, bw_ax = axes[0]
         styles = _styles()
@@ -426,17 +434,22 @@ def collective_png(runs: Sequence[Path]) -> bytes:
             context = run_label(Path(run))
             series: dict[tuple[str, int], list[dict[str, str]]] = {}
             for row in rows:
-                algorithm = row["algorithm"]
-                resolved = row.get("resolved_algorithm") or algorithm
-                name = algorithm if resolved == algorithm else f"{algorithm} ({resolved})"
-                series.setdefault((name, int(row["ranks"])), []).append(row)
-            for (name, ranks), points in series.items():
+                series.setdefault((row["algorithm"], int(row["ranks"])), []).append(row)
+            for (algorithm, ranks), points in series.items():
+                resolved = sorted({row.get("resolved_algorithm") or algorithm for row in points} - {algorithm})
+                name = f"{algorithm} (as {'/'.join(resolved)})" if resolved else algorithm
                 points.sort(key=lambda row: float(row["message_bytes"]))
                 sizes = [float(row["message_bytes"]) for row in points]
                 style = next(styles)
                 label = f"{name}, {ranks} ranks, {context}"
                 time_ax.plot(sizes, [float(row["time_s"]) * 1e3 for row in points], label=label, **style)
                 bw_ax.plot(sizes, [float(row["busbw_Bps"]) / 1e9 for row in points], label=label, **style)
+        for (label, ranks, measured_sizes, times), marker in zip(references, MARKERS, strict=False):
+            hollow = {"linestyle": "none", "marker": marker, "markerfacecolor": "none", "color": "black"}
+            time_ax.plot(measured_sizes, [1e3 * t for t in times], label=label, markersize=8, **hollow)
+            factor = 2 * (ranks - 1) / ranks
+            bw = [size / t * factor / 1e9 for size, t in zip(measured_sizes, times, strict=True)]
+            bw_ax.plot(measured_sizes, bw, markersize=8, **hollow)
         for ax in (time_ax, bw_ax):
             ax.set_xscale("log")
             ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_bytes_label))

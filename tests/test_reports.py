@@ -273,3 +273,30 @@ def test_report_renders_in_headless_chromium(tmp_path, results):
     # the plots' first series colour (#0072B2) is on screen: the inlined images rendered
     blue = np.array([0x00, 0x72, 0xB2]) / 255
     assert (np.abs(pixels - blue).max(axis=-1) < 0.04).sum() > 500
+
+
+def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
+    from reports.gallery import ENTRIES, Comparison, Entry, Run, build_gallery, efficiency_pct
+
+    tiny = Entry(
+        "tiny",
+        "A tiny scaling check",
+        "nobody, 2024",
+        (Run("ring", "simulate --nodes 1,2 --executor-pool serial"),),
+        lambda results: [Comparison("efficiency at 2 nodes", 90.0, efficiency_pct(results["ring"], 2), "%")],
+        "the default scenario",
+        "none",
+    )
+    broken = Entry("broken", "Not there yet", "-", (Run("x", "no-such-command"),), lambda _: [], "-", "-", plot="none")
+    written = build_gallery(tmp_path, [tiny, broken])
+    assert written == ["README.md", "index.html", "tiny.png"]
+    readme = (tmp_path / "README.md").read_text()
+    assert "| A tiny scaling check | efficiency at 2 nodes | 90.0% |" in readme
+    assert "ddlsim simulate --nodes 1,2 --executor-pool serial --out runs/tiny/ring" in readme
+    assert "**Pending.**" in readme and "no-such-command" in readme
+    assert_png(tmp_path / "tiny.png", "scaling")
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "ring").iterdir()) == ["results.csv", "scenario.json"]
+    parser = PageParser()
+    parser.feed((tmp_path / "index.html").read_text())
+    assert parser.links == ["tiny.png"] and parser.tables == 2
+    assert len({entry.key for entry in ENTRIES}) == len(ENTRIES)
