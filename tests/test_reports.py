@@ -17,29 +17,7 @@ import pytest
 from reports import plots
 from reports.html_report import build_report
 from simulator.cli import main
-
-VALIDATION_COLUMNS = [
-    "id",
-    "kind",
-    "metric",
-    "workload",
-    "collective",
-    "algorithm",
-    "device",
-    "devices_per_node",
-    "nodes",
-    "message_bytes",
-    "per_device_batch",
-    "precision",
-    "measured",
-    "predicted",
-    "error_pct",
-    "ci_low",
-    "ci_high",
-    "in_ci",
-    "status",
-    "reason",
-]
+from simulator.commands.validate_command import VALIDATION_COLUMNS
 
 
 def write_validation_fixture(directory: Path) -> None:

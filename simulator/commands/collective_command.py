@@ -7,7 +7,7 @@ from pathlib import Path
 
 from hardware_models.units import format_bytes
 from simulator.collective_sim import CollectiveSetup, simulate_collective
-from simulator.commands.common import Progress, parse_options, print_table
+from simulator.commands.common import Progress, parse_options, parse_torus_dims, print_table
 from simulator.fabric import TOPOLOGIES
 from simulator.records import write_csv, write_json
 from simulator.sweep import parse_counts, parse_sizes
@@ -54,20 +54,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _dims(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    from simulator.scenario import ScenarioError
-
-    try:
-        dims = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
-    if any(d < 1 for d in dims):
-        raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
-    return dims
-
-
 def run(args: argparse.Namespace) -> int:
     setup = CollectiveSetup(
         devices_per_node=args.devices_per_node,
@@ -78,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         topology=args.topology,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
-        torus_dims=_dims(args.torus_dims),
+        torus_dims=parse_torus_dims(args.torus_dims),
         loggp=args.loggp,
     )
     sizes = parse_sizes(args.message_bytes)

@@ -46,9 +46,7 @@ class Progress:
         width = 30
         filled = int(width * done / total)
         elapsed = time.monotonic() - self.started
-        sys.stderr.write(
-            f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.1f}s"
-        )
+        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.1f}s")
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
@@ -72,3 +70,16 @@ def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option")
             value = raw == "true"
         options[key.replace("-", "_")] = value
     return options
+
+
+def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
+    """Parse torus extents "8x8" or "4x4x4"; None stays None."""
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
+    if any(extent < 1 for extent in dims):
+        raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
+    return dims

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hardware_models.catalog import load_device
 from hardware_models.units import parse_bytes
-from simulator.commands.common import Progress, parse_options, print_table
+from simulator.commands.common import Progress, parse_options, parse_torus_dims, print_table
 from simulator.records import SCALING_COLUMNS, write_csv, write_json
 from simulator.scenario import EXECUTORS, Scenario, ScenarioError
 from simulator.sweep import POOLS, parse_counts, run_sweep
@@ -100,7 +100,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         topology=args.topology,
         oversubscription=args.oversubscription,
         nodes_per_leaf=args.nodes_per_leaf,
-        torus_dims=torus_dims(args.torus_dims),
+        torus_dims=parse_torus_dims(args.torus_dims),
         placement=args.placement,
         loggp=args.loggp,
         algorithm=args.algorithm,
@@ -113,19 +113,6 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         iterations=args.iterations,
         executor=args.executor,
     )
-
-
-def torus_dims(text: str | None) -> tuple[int, ...] | None:
-    """Parse "8x8" or "4x4x4" into extents."""
-    if text is None:
-        return None
-    try:
-        dims = tuple(int(part) for part in text.lower().split("x"))
-    except ValueError:
-        raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
-    if any(extent < 1 for extent in dims):
-        raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
-    return dims
 
 
 def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) -> None:
