@@ -164,39 +164,38 @@ class GlooTransport:
 
     # --- the library's own collectives ------------------------------------------------------
 
-    def reference(self, collective: str, array: np.ndarray, **options: Any) -> np.ndarray:
-        """What gloo's own collective makes of ``array`` on this rank: a new full-size array.
-
-        The same contract as ``MpiTransport.reference`` (options ``root``, default 0, and ``blocks``,
-        each rank's ``(start, stop)`` element range of the flat array, default ``np.array_split``):
+    def reference(self, collective: str, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """What gloo's own collective makes of ``array`` on this rank, with plain MPI semantics, the
+        contract of ``MpiTransport.reference`` (``real_runs.schedule_executor.reference_result``
+        relies on it):
 
         * ``allreduce``: the element-wise sum of every rank's ``array``;
-        * ``reduce``: that sum on ``root``, zeros elsewhere;
+        * ``reduce``: that sum on ``root`` (zeros elsewhere);
         * ``broadcast``: ``root``'s ``array``;
-        * ``reduce_scatter``: the sum in this rank's block, zeros elsewhere;
-        * ``allgather``: every rank's own block of its ``array``, each in its place.
+        * ``reduce_scatter``: this rank's block (``np.array_split`` of the flat array) of the sum;
+        * ``allgather``: every rank's ``array`` (any lengths), concatenated in rank order.
 
-        gloo has no reduce-scatter and its all-gather wants equal blocks, so both are all-reduces
-        (of the full array; of the array with only this rank's block kept): the same numbers,
-        more traffic, which is fine for a correctness reference.
+        gloo has no reduce-scatter and its all-gather wants equal sizes, so both are all-reduces
+        (of the full array; of a zero buffer holding this rank's piece in its place): the same
+        numbers, more traffic, which is fine for a correctness reference.
         """
         import torch.distributed as dist
 
-        root = int(options.get("root", 0))
+        if collective == "allgather":
+            flat = np.ascontiguousarray(array).reshape(-1)
+            sizes = self.allgather_object(int(flat.size))
+            offset = sum(sizes[: self.rank])
+            out = np.zeros(sum(sizes), dtype=flat.dtype)
+            out[offset : offset + flat.size] = flat
+            dist.all_reduce(_as_tensor(out), group=self.group)
+            return out
         out = np.array(array, copy=True, order="C")
         tensor = _as_tensor(out)
-        flat = out.reshape(-1)
-        if collective in ("reduce_scatter", "allgather"):
-            blocks = options.get("blocks") or _default_blocks(flat.size, self.size)
-            lo, hi = blocks[self.rank]
-            if collective == "allgather":
-                flat[:lo] = 0
-                flat[hi:] = 0
+        if collective == "reduce_scatter":
             dist.all_reduce(tensor, group=self.group)
-            if collective == "reduce_scatter":
-                flat[:lo] = 0
-                flat[hi:] = 0
-        elif collective == "allreduce":
+            lo, hi = _default_blocks(out.size, self.size)[self.rank]
+            return out.reshape(-1)[lo:hi].copy()
+        if collective == "allreduce":
             dist.all_reduce(tensor, group=self.group)
         elif collective == "reduce":
             dist.reduce(tensor, dst=root, group=self.group)

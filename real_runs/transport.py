@@ -45,7 +45,12 @@ class Transport(Protocol):
 
     def barrier(self) -> None: ...
 
-    def reference(self, collective: str, array: np.ndarray, root: int = 0) -> np.ndarray: ...
+    def reference(self, collective: str, array: np.ndarray, root: int = 0) -> np.ndarray:
+        """The library's own collective on ``array``, with plain MPI semantics: allreduce, reduce
+        (result on ``root``), broadcast (from ``root``) return full arrays; reduce_scatter returns
+        this rank's ``np.array_split`` block of the sum; allgather concatenates every rank's
+        ``array`` in rank order. Every transport must keep exactly this contract."""
+        ...
 
     def bcast_object(self, obj: Any, root: int = 0) -> Any: ...
 

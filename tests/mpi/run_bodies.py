@@ -1,11 +1,14 @@
 """Run the MPI test bodies on every rank: ``mpiexec -n N python -m tests.mpi.run_bodies [NAME ...]``.
 
-Exits 0 when every body passed on every rank. A failing rank prints the failure and aborts the
-whole job (the other ranks would otherwise wait for it forever).
+The same bodies run over torch.distributed's gloo backend with ``--backend gloo`` in N processes
+that carry RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (issue 4: the same collectives and
+programs on both backends). Exits 0 when every body passed on every rank. A failing rank prints
+the failure and aborts the whole job (the other ranks would otherwise wait for it forever).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import traceback
@@ -13,10 +16,28 @@ import traceback
 from tests.mpi.bodies import BODIES
 
 
-def main(argv: list[str]) -> int:
+def _transport(backend: str):
+    if backend == "gloo":
+        from real_runs.gloo_transport import GlooTransport
+
+        return GlooTransport.from_env()
     from real_runs.transport import MpiTransport
 
-    transport = MpiTransport()
+    return MpiTransport()
+
+
+def _abort(transport) -> None:
+    comm = getattr(transport, "comm", None)
+    if comm is not None:
+        comm.Abort(1)
+    os._exit(1)
+
+
+def main(argv: list[str]) -> int:
+    backend = "mpi"
+    if argv[:1] == ["--backend"]:
+        backend, argv = argv[1], argv[2:]
+    transport = _transport(backend)
     names = argv or list(BODIES)
     for name in names:
         start = time.perf_counter()
@@ -24,7 +45,7 @@ def main(argv: list[str]) -> int:
             BODIES[name](transport)
         except BaseException:
             print(f"rank {transport.rank}: body {name} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-            transport.comm.Abort(1)
+            _abort(transport)
         transport.barrier()
         if transport.rank == 0:
             print(f"{name}: ok on {transport.size} ranks ({time.perf_counter() - start:.1f} s)", flush=True)
