@@ -3,7 +3,10 @@
 Both paths implement the round semantics of ``algorithms.schedule``: a rank enters round k+1 once
 every transfer it sends or receives in round k has arrived; a transfer costs the sender's
 per-message overhead, then its bytes stream over the route as a flow (sharing links max-min
-fairly with every other flow in flight), then the route's latency.
+fairly with every other flow in flight), then the route's latency. With a finite
+``FabricSpec.reduce_Bps`` the receiver of a REDUCE transfer also spends bytes / reduce_Bps adding
+it in (the gamma term of the alpha-beta-gamma model): its round ends at arrival + that time (the
+latest such end over its received transfers), the sender's still at the arrival.
 
 * ``MessageExecutor``: one SimPy process per transfer over a ``FlowNetwork``. Exact under any
   contention; the reference.
@@ -221,15 +224,17 @@ class VectorisedExecutor:
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
         busy = self.busy_until
-        last_bytes_key: tuple[int, int] | None = None
+        last_bytes_key: tuple[int, int, int] | None = None
         flow_s = end_offset = np.empty(0)
+        reduce_s: np.ndarray | None = None
         for rnd in schedule.rounds():
             if len(rnd) == 0:
                 continue
             st = self._structure(rnd, ranks, t)
-            bytes_key = (id(st), id(rnd.chunk_count))
+            bytes_key = (id(st), id(rnd.chunk_count), id(rnd.op))
             if bytes_key != last_bytes_key:
                 nbytes = schedule.transfer_bytes(rnd, message_bytes)
+                reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
                 flow_s = nbytes / st.bottleneck_Bps
                 if st.contended.size:
                     flow_s = flow_s.copy()
@@ -252,6 +257,8 @@ class VectorisedExecutor:
                 else:
                     busy[links] = flow_begin + flow_s[owners]
             end = begin + end_offset
+            # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
+            received = end if reduce_s is None else end + reduce_s
             if log is not None:
                 log.src.append(st.src)
                 log.dst.append(st.dst)
@@ -259,18 +266,18 @@ class VectorisedExecutor:
                 log.start_s.append(begin.copy())
                 log.end_s.append(end.copy())
             if st.shift:
-                new = np.maximum(end, np.roll(end, st.shift))  # rank r receives from r - shift
+                new = np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
             elif st.identity_src and st.permutation:
                 new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
-                new[st.dst] = np.maximum(end[st.dst], end)
+                new[st.dst] = np.maximum(end[st.dst], received)
             elif st.permutation:
                 new = t.copy()
                 new[st.src] = end
-                new[st.dst] = np.maximum(new[st.dst], end)
+                new[st.dst] = np.maximum(new[st.dst], received)
             else:
                 new = t.copy()
                 np.maximum.at(new, st.src, end)
-                np.maximum.at(new, st.dst, end)
+                np.maximum.at(new, st.dst, received)
             t = new
             self.transfers += len(rnd)
         self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
@@ -312,17 +319,18 @@ class MessageExecutor:
             latency = self.fabric.latencies(routes)
             overhead = self.fabric.overheads(rnd.src, rnd.dst)
             nbytes = schedule.transfer_bytes(rnd, message_bytes)
+            reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
             arrivals = [env.event() for _ in range(len(rnd))]
             sends: dict[int, list[int]] = {}
             receives: dict[int, list[int]] = {}
             for index, (s, d) in enumerate(zip(rnd.src.tolist(), rnd.dst.tolist(), strict=True)):
                 sends.setdefault(s, []).append(index)
                 receives.setdefault(d, []).append(index)
-            plans.append((rnd, routes, latency, overhead, nbytes, arrivals, sends, receives))
+            plans.append((rnd, routes, latency, overhead, nbytes, arrivals, sends, receives, reduce_s))
         loggp = self.fabric.spec.loggp
 
         def transfer(plan, index):
-            rnd, routes, latency, overhead, nbytes, arrivals, _, _ = plan
+            rnd, routes, latency, overhead, nbytes, arrivals, _, _, _ = plan
             begin = env.now
             o = float(overhead[index])
             if loggp:
@@ -346,13 +354,22 @@ class MessageExecutor:
                 log.end_s.append(np.array([env.now]))
             arrivals[index].succeed()
 
+        def reduce_in(arrival: simpy.Event, seconds: float):
+            """The receiver adds a REDUCE transfer into its buffer once it has arrived."""
+            yield arrival
+            if seconds:
+                yield env.timeout(seconds)
+
         def rank(r: int):
             if ready is not None:
                 yield ready[r]
             for plan in plans:
-                _, _, _, _, _, arrivals, sends, receives = plan
+                _, _, _, _, _, arrivals, sends, receives, reduce_s = plan
                 mine: list[simpy.Event] = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
-                mine += [arrivals[i] for i in receives.get(r, ())]
+                if reduce_s is None:
+                    mine += [arrivals[i] for i in receives.get(r, ())]
+                else:
+                    mine += [env.process(reduce_in(arrivals[i], float(reduce_s[i]))) for i in receives.get(r, ())]
                 if mine:
                     yield env.all_of(mine)
 

@@ -20,6 +20,10 @@
 
 Every transfer's uncontended cost is ``overhead + sum(latencies) + bytes / min(capacities)``;
 the same arithmetic gives the closed forms' hop costs, so DES and closed form agree exactly.
+Two effects only the executors apply (the closed forms assume they are absent): the receiver's
+reduction time ``bytes / reduce_Bps`` of REDUCE transfers (``FabricSpec.reduce_Bps``, default
+inf), and, built into the links by ``simulator.collective_sim.CollectiveSetup``, the stretch of a
+CPU-driven transport when a host runs more ranks than it has cores.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from algorithms.schedule import FabricCosts, HopCost
+from algorithms.schedule import REDUCE, FabricCosts, HopCost
 from hardware_models.catalog import Link
 
 TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
@@ -63,6 +67,11 @@ class FabricSpec:
     # launchers do by default). scatter: consecutive ranks on different nodes, and on a fat tree
     # under different leaves, as a scheduler that ignores topology may place them.
     placement: str = "block"
+    # Reduction cost (the gamma of Thakur, Rabenseifner and Gropp 2005, "Optimization of collective
+    # communication operations in MPICH", gamma = 1 / reduce_Bps): the receiver of a REDUCE transfer
+    # spends bytes / reduce_Bps adding it into its buffer after it arrives. inf = free (the closed
+    # forms' assumption, and the default).
+    reduce_Bps: float = math.inf
 
     def __post_init__(self) -> None:
         if self.topology not in TOPOLOGIES:
@@ -73,6 +82,8 @@ class FabricSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise FabricError(f"{name} must be a positive integer, got {value!r}")
+        if not self.reduce_Bps > 0:
+            raise FabricError(f"reduce_Bps must be > 0 bytes/s (inf = free reduction), got {self.reduce_Bps!r}")
         if not self.oversubscription >= 1.0:
             raise FabricError(f"oversubscription must be >= 1 (1 = full bisection), got {self.oversubscription!r}")
         if self.nics_per_node > self.devices_per_node:
@@ -265,6 +276,14 @@ class Fabric:
         """Receiver CPU overhead per message: the send overhead again under LogGP, else none."""
         overhead = self.overheads(src, dst)
         return overhead if self.spec.loggp else np.zeros_like(overhead)
+
+    def reduce_times(self, nbytes: np.ndarray, op) -> np.ndarray | None:
+        """Seconds the receiver of each transfer spends reducing it in (bytes / reduce_Bps for
+        REDUCE transfers, 0 for COPY); None when reduction is free."""
+        if math.isinf(self.spec.reduce_Bps):
+            return None
+        reduces = np.broadcast_to(np.asarray(op), np.shape(nbytes)) == REDUCE
+        return np.where(reduces, nbytes / self.spec.reduce_Bps, 0.0)
 
     def latencies(self, routes: np.ndarray) -> np.ndarray:
         valid = routes >= 0
