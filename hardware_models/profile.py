@@ -20,6 +20,8 @@ units) written by ``ddlsim calibrate``::
     breakpoints_bytes = { value = [1e6], source = "protocol switch between 0.4 and 12 MB" }
     alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
     beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
+    reduce_Bps = { value = 3e9, source = "fitted ..." }  # optional: receiver's reduction rate (gamma)
+    cores = { value = 2.0, source = "fitted ..." }       # optional: cores driving a CPU transport
 
     [[bootstrap]]                              # parameter samples for confidence intervals
     "devices.k80.compute_efficiency" = 0.40
@@ -48,7 +50,8 @@ from hardware_models.catalog import CatalogError, Device, Link
 SCHEMA_VERSION = 1
 
 DEVICE_KEYS = ("compute_efficiency", "memory_efficiency", "layer_efficiency", "workload_scale")
-LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps")
+LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps", "reduce_Bps", "cores")
+LINK_REQUIRED = ("breakpoints_bytes", "alpha_s", "beta_Bps")
 TOP_KEYS = (
     "schema_version",
     "data_sha256",
@@ -73,21 +76,31 @@ class LinkFit:
     alpha_s: tuple[float, ...] = (0.0,)
     beta_Bps: tuple[float, ...] = (1e9,)
     source: str = "fitted"
+    # gamma = 1 / reduce_Bps: seconds per byte the receiver of a REDUCE transfer spends adding it in
+    reduce_Bps: float = math.inf
+    # cores of the host that drive this transport (CPU-driven: shared memory, TCP); a host running
+    # more ranks than this stretches alpha, 1/beta and gamma by ranks / cores. inf = never stretched.
+    cores: float = math.inf
 
     def segment(self, message_bytes: float | None) -> int:
         if message_bytes is None:
             return len(self.alpha_s) - 1
         return bisect.bisect_right(self.breakpoints_bytes, message_bytes)
 
-    def apply(self, link: Link, message_bytes: float | None) -> Link:
+    def stretch(self, host_ranks: int) -> float:
+        """Factor by which ``host_ranks`` ranks sharing ``cores`` cores slow each rank: max(1, ranks / cores)."""
+        return max(1.0, host_ranks / self.cores)
+
+    def apply(self, link: Link, message_bytes: float | None, host_ranks: int = 1) -> Link:
         index = self.segment(message_bytes)
+        stretch = self.stretch(host_ranks)
         return dataclasses.replace(
             link,
-            bandwidth_Bps=self.beta_Bps[index],
+            bandwidth_Bps=self.beta_Bps[index] / stretch,
             efficiency=1.0,
             links_per_device=1,
             latency_s=0.0,
-            per_message_overhead_s=self.alpha_s[index],
+            per_message_overhead_s=self.alpha_s[index] * stretch,
             sources={**link.sources, "profile": self.source},
         )
 
@@ -148,9 +161,12 @@ class Profile:
             scope = scope.rpartition("@")[0]
         return self.links.get(token)
 
-    def link(self, link: Link, device: str | None = None, message_bytes: float | None = None) -> Link:
+    def link(
+        self, link: Link, device: str | None = None, message_bytes: float | None = None, host_ranks: int = 1
+    ) -> Link:
+        """``link`` with its fit applied (alpha/beta of the size's segment, stretched for ``host_ranks``)."""
         fit = self.link_fit(link.token, device)
-        return fit.apply(link, message_bytes) if fit else link
+        return fit.apply(link, message_bytes, host_ranks) if fit else link
 
     def compute_scale(self, device: str, workload: str, precision: str, per_device_batch: int) -> float:
         fit = self.devices.get(device)
@@ -286,6 +302,10 @@ def profile_to_toml(profile: Profile) -> str:
         lines.append(f"breakpoints_bytes = {_entry(list(link.breakpoints_bytes), link.source)}")
         lines.append(f"alpha_s = {_entry(list(link.alpha_s), link.source)}")
         lines.append(f"beta_Bps = {_entry(list(link.beta_Bps), link.source)}")
+        for name in ("reduce_Bps", "cores"):
+            value = getattr(link, name)
+            if math.isfinite(value):  # absent = inf: free reduction, never stretched
+                lines.append(f"{name} = {_entry(value, link.source)}")
     for sample in profile.bootstrap:
         lines += ["", "[[bootstrap]]"]
         lines += [f"{_toml_string(name)} = {_toml_value(float(sample[name]))}" for name in sorted(sample)]
@@ -348,7 +368,7 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
     for key, table in (data.get("links") or {}).items():
         at = f"{where} [links.{key}]"
         _unknown(table, LINK_KEYS, at)
-        for name in LINK_KEYS:
+        for name in LINK_REQUIRED:
             if name not in table:
                 raise ProfileError(f"{at}: missing key {name!r}")
         breakpoints, source = _number_entry(table, "breakpoints_bytes", at, 0.0, 1e18)
@@ -358,11 +378,16 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
             raise ProfileError(f"{at}: alpha_s and beta_Bps need one value per segment (breakpoints + 1)")
         if list(breakpoints) != sorted(breakpoints):
             raise ProfileError(f"{at}: key 'breakpoints_bytes' must be increasing")
+        optional: dict[str, float] = {}
+        for name, low, high in (("reduce_Bps", 1.0, 1e15), ("cores", 1.0, 1e6)):
+            if name in table:
+                optional[name] = float(_number_entry(table, name, at, low, high)[0])
         links[key] = LinkFit(
             tuple(float(b) for b in breakpoints),
             tuple(float(a) for a in alpha),
             tuple(float(b) for b in beta),
             source,
+            **optional,
         )
     samples = data.get("bootstrap") or []
     if not isinstance(samples, list) or not all(isinstance(sample, dict) for sample in samples):

@@ -7,6 +7,7 @@ nccl-tests (doc/PERFORMANCE.md): algbw = S / t, busbw = algbw x factor with fact
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -47,11 +48,29 @@ class CollectiveSetup:
     # a calibration profile (fitted link alpha/beta per message size) and the device it is scoped to
     profile: Profile | None = None
     device: str | None = None
+    # ranks sharing one host's cores (None: devices_per_node, one host per node). Ranks of one machine
+    # modeled as one-rank nodes on a star (``Measurement.modeled``) still share that machine's CPU.
+    host_ranks: int | None = None
 
-    def link(self, token: str, message_bytes: float | None = None) -> Link:
-        """The datasheet link, or the profile's alpha/beta for a collective of ``message_bytes``."""
+    def link(self, token: str, message_bytes: float | None = None, ranks: int = 1) -> Link:
+        """The datasheet link, or the profile's alpha/beta for a collective of ``message_bytes``
+        (stretched when the host runs more of the ``ranks`` than the fit's cores)."""
         link = load_link(token)
-        return self.profile.link(link, self.device, message_bytes) if self.profile else link
+        if not self.profile:
+            return link
+        return self.profile.link(link, self.device, message_bytes, self._host_ranks(ranks))
+
+    def _host_ranks(self, ranks: int) -> int:
+        return min(self.host_ranks, ranks) if self.host_ranks else min(self.devices_per_node, ranks)
+
+    def reduce_Bps(self, tokens: list[str], ranks: int) -> float:
+        """The receivers' reduction rate: the slowest fitted one among the links in use (inf if none)."""
+        rate = math.inf
+        for token in tokens:
+            fit = self.profile.link_fit(token, self.device) if self.profile else None
+            if fit is not None:
+                rate = min(rate, fit.reduce_Bps / fit.stretch(self._host_ranks(ranks)))
+        return rate
 
     def fabric(self, ranks: int, message_bytes: float | None = None) -> Fabric:
         nodes = -(-ranks // self.devices_per_node)
@@ -59,23 +78,33 @@ class CollectiveSetup:
             raise ScenarioError("more than one node needs --network")
         if self.devices_per_node > 1 and not self.intra_node:
             raise ScenarioError("devices-per-node > 1 needs --intra-node")
+        tokens = [
+            token
+            for token, used in (
+                (self.intra_node, self.devices_per_node > 1),
+                (self.host_link, nodes > 1),
+                (self.network, nodes > 1),
+            )
+            if token and used
+        ]
         return Fabric(
             FabricSpec(
                 nodes=nodes,
                 devices_per_node=self.devices_per_node,
                 peer_link=(
-                    self.link(self.intra_node, message_bytes)
+                    self.link(self.intra_node, message_bytes, ranks)
                     if self.intra_node and self.devices_per_node > 1
                     else None
                 ),
-                host_link=self.link(self.host_link, message_bytes) if self.host_link else None,
-                network=self.link(self.network, message_bytes) if self.network and nodes > 1 else None,
+                host_link=self.link(self.host_link, message_bytes, ranks) if self.host_link else None,
+                network=self.link(self.network, message_bytes, ranks) if self.network and nodes > 1 else None,
                 nics_per_node=self.nics_per_node,
                 topology=self.topology,
                 oversubscription=self.oversubscription,
                 nodes_per_leaf=self.nodes_per_leaf,
                 torus_dims=self.torus_dims,
                 loggp=self.loggp,
+                reduce_Bps=self.reduce_Bps(tokens, ranks),
             )
         )
 

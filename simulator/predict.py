@@ -91,7 +91,8 @@ def static_reason(row: Measurement) -> str | None:
     return None
 
 
-def collective_setup(row: Measurement, profile: Profile | None) -> CollectiveSetup:
+def collective_setup(row: Measurement, profile: Profile | None, host_ranks: int | None = None) -> CollectiveSetup:
+    """The row's fabric; ``host_ranks``: ranks sharing one host's cores (default the row's devices per node)."""
     device = load_device(row.device)
     return CollectiveSetup(
         devices_per_node=row.devices_per_node,
@@ -100,7 +101,9 @@ def collective_setup(row: Measurement, profile: Profile | None) -> CollectiveSet
         network=row.network or None,
         nics_per_node=row.nics_per_node or 1,
         profile=profile,
-        device=f"{row.device}@{row.algorithm}",  # fits may be scoped to the software that ran
+        # fits may be scoped to the software that ran and its code path (a library's collectives differ)
+        device=f"{row.device}@{row.algorithm}@{row.collective}",
+        host_ranks=host_ranks,
     )
 
 
@@ -108,8 +111,10 @@ def collective_bytes(row: Measurement) -> float:
     return row.message_bytes if row.message_bytes is not None else PLATEAU_BYTES
 
 
-def predict_collective(row: Measurement, profile: Profile | None, mode: str = "auto") -> Prediction:
-    setup = collective_setup(row, profile)
+def predict_collective(
+    row: Measurement, profile: Profile | None, mode: str = "auto", host_ranks: int | None = None
+) -> Prediction:
+    setup = collective_setup(row, profile, host_ranks)
     nbytes = collective_bytes(row)
     result = simulate_collective(setup, row.algorithm, row.collective, row.devices, nbytes, mode=mode)
     time_s = float(result["time_s"])
@@ -121,12 +126,12 @@ def predict_collective(row: Measurement, profile: Profile | None, mode: str = "a
     return cannot(f"metric {row.metric!r} is not produced for collective rows")
 
 
-def predict_point_to_point(row: Measurement, profile: Profile | None) -> Prediction:
+def predict_point_to_point(row: Measurement, profile: Profile | None, host_ranks: int | None = None) -> Prediction:
     """Ping-pong: the one-way time of one message between ranks 0 and 1, alpha + S / beta of their path."""
     if row.collective != "ping_pong":
         return cannot(f"point-to-point pattern {row.collective!r} (a pipelined window of messages) is not modeled")
     nbytes = collective_bytes(row)
-    fabric = collective_setup(row, profile).fabric(2, nbytes)
+    fabric = collective_setup(row, profile, host_ranks).fabric(2, nbytes)
     time_s = fabric.hop_cost(0, 1).time(nbytes)
     if row.metric == "time_s":
         return Prediction(time_s, detail="alpha-beta hop")
@@ -205,16 +210,21 @@ def predict(
     executor: str = "analytic",
     require_pinned: bool = True,
 ) -> Prediction:
-    """The model's value for ``row`` in the row's metric, or a reason it cannot give one."""
+    """The model's value for ``row`` in the row's metric, or a reason it cannot give one.
+
+    Ranks of one machine modeled as one-rank nodes (``Measurement.modeled``) still share its cores:
+    the host's rank count is the unmodeled row's devices per node.
+    """
+    host_ranks = row.devices_per_node
     row = row.modeled()
     reason = static_reason(row)
     if reason:
         return cannot(reason)
     try:
         if row.kind == "point_to_point":
-            return predict_point_to_point(row, profile)
+            return predict_point_to_point(row, profile, host_ranks)
         if row.kind == "collective":
-            return predict_collective(row, profile)
+            return predict_collective(row, profile, host_ranks=host_ranks)
         return predict_training(row, profile, executor, require_pinned)
     except MODEL_ERRORS as error:
         return cannot(f"the model cannot build this run: {error}")
