@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hardware_models.catalog import load_link
+from hardware_models.catalog import load_device, load_link
 from hardware_models.profile import DeviceFit, LinkFit, Profile, workload_key
 from simulator.collective_sim import bus_factor
 from simulator.measurements import Measurement, rows_sha256
@@ -43,6 +43,9 @@ NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not reso
 DEFAULT_NOISE = 0.05  # used when no residual has degrees of freedom left
 LINK_PROBE_ALPHA = 0.5  # relative alpha step of the coefficient probes
 LINK_PROBE_BETA = 0.25  # relative 1/beta step
+# candidate receiver reduction rates (inf = free) and host core counts for ranks sharing a CPU
+REDUCE_GRID_BPS = (math.inf, 32e9, 16e9, 8e9, 4e9, 2e9, 1e9, 0.5e9)
+CORES_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
 
 
 class CalibrationError(ValueError):
@@ -86,9 +89,37 @@ def collective_time_s(row: Measurement, value: float) -> float:
     return row.message_bytes * factor / value
 
 
+def distinct_measurements(rows: list[Measurement]) -> list[Measurement]:
+    """One row per measured run: a bus bandwidth row that restates a time row of the same run
+    (nccl-tests prints both; the harness writes both) is the same number and would count twice."""
+    timed = {_run_key(row) for row in rows if row.metric == "time_s"}
+    return [row for row in rows if row.metric == "time_s" or _run_key(row) not in timed]
+
+
+def _run_key(row: Measurement) -> tuple:
+    return (
+        row.kind,
+        row.collective,
+        row.algorithm,
+        row.device,
+        row.devices_per_node,
+        row.nodes,
+        row.intra_node_link,
+        row.network,
+        row.nics_per_node,
+        row.message_bytes,
+        row.source,
+    )
+
+
 def link_group(row: Measurement) -> str:
     """The (link, device, software) key a collective row calibrates: its network if multi-node, else intra-node."""
-    token = row.network if row.nodes > 1 else row.intra_node_link
+    modeled = row.modeled()
+    token = modeled.network if modeled.nodes > 1 else modeled.intra_node_link
+    if shares_host_cpu([row]):
+        # ranks sharing a CPU run software whose per-byte costs differ per collective (a library's
+        # code paths, our executor's receive-then-reduce or copy): one fit per collective
+        return f"{token}@{row.device}@{row.algorithm}@{row.collective}"
     return f"{token}@{row.device}@{row.algorithm}"
 
 
@@ -218,13 +249,22 @@ def _model_time(row: Measurement, profile: Profile) -> float:
     return collective_time_s(row, prediction.value)
 
 
-def _probe(rows: list[Measurement], profile: Profile, key: str, alpha: np.ndarray, beta: np.ndarray) -> LinearRows:
-    """Linear coefficients of each row at its own (alpha_i, beta_i)."""
+def _probe(
+    rows: list[Measurement],
+    profile: Profile,
+    key: str,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    host: tuple[float, float] = (math.inf, math.inf),
+) -> LinearRows:
+    """Linear coefficients of each row at its own (alpha_i, beta_i), with ``host`` = (reduce_Bps, cores) held."""
     a, b, c = [], [], []
+    reduce_Bps, cores = host
     for row, alpha_i, beta_i in zip(rows, alpha, beta, strict=True):
 
         def time(al: float, be: float, row=row) -> float:
-            return _model_time(row, _with_link(profile, key, LinkFit((), (al,), (be,), "probe")))
+            fit = LinkFit((), (al,), (be,), "probe", reduce_Bps=reduce_Bps, cores=cores)
+            return _model_time(row, _with_link(profile, key, fit))
 
         base = time(alpha_i, beta_i)
         d_alpha = LINK_PROBE_ALPHA * alpha_i + 1e-7
@@ -340,6 +380,62 @@ def choose_segments(lin: LinearRows, scales: np.ndarray, prior: tuple[float, flo
     return best[1] if best else ()
 
 
+def _fit_alpha_beta(
+    profile: Profile,
+    key: str,
+    rows: list[Measurement],
+    prior: tuple[float, float],
+    host: tuple[float, float],
+    rereads: int,
+):
+    """Segmented alpha/beta of one group with (reduce_Bps, cores) held: (breakpoints, alphas, betas, RSS, lin)."""
+    n = len(rows)
+    everything = np.arange(n)
+    lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), host)
+    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior)
+    fitted = _fit_segments(lin, breakpoints, prior, everything, 1)
+    assert fitted is not None
+    alphas, betas, rss = fitted
+    for _ in range(rereads):  # re-read the coefficients at the fitted point
+        segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
+        lin = _probe(rows, profile, key, np.array(alphas)[segment], np.array(betas)[segment], host)
+        refit = _fit_segments(lin, breakpoints, prior, everything, 1)
+        if refit is not None:
+            alphas, betas, rss = refit
+    return breakpoints, alphas, betas, rss, lin
+
+
+def shares_host_cpu(rows: list[Measurement]) -> bool:
+    """Rows of several ranks on one host's CPU (the harness): reduction and core sharing show in them."""
+    return any(row.devices_per_node > 1 for row in rows) and all(load_device(row.device).kind == "cpu" for row in rows)
+
+
+def fit_host(profile: Profile, key: str, rows: list[Measurement], prior: tuple[float, float]) -> tuple[float, float]:
+    """(reduce_Bps, cores) of a group whose ranks share a host CPU: coordinate search by BIC.
+
+    Each candidate refits alpha/beta (one coefficient re-read); the reduction rate and the core count
+    enter the model nonlinearly through the schedule (only REDUCE receivers pay gamma; only hosts with
+    more ranks than cores stretch), so they are searched on grids rather than solved for.
+    """
+    n = len(rows)
+    host_ranks = max(row.devices_per_node for row in rows)
+    cores_grid = [math.inf] + [c for c in CORES_GRID if c < host_ranks]
+
+    def score(host: tuple[float, float]) -> float:
+        _, alphas, _, rss, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
+        extra = sum(math.isfinite(value) for value in host)
+        return n * math.log(rss / n + 1e-12) + (2 * len(alphas) + extra) * math.log(n)
+
+    best = (math.inf, math.inf)
+    for _ in range(2):
+        reduce_Bps = min(REDUCE_GRID_BPS, key=lambda r: score((r, best[1])))
+        cores = min(cores_grid, key=lambda c: score((reduce_Bps, c)))
+        if (reduce_Bps, cores) == best:
+            break
+        best = (reduce_Bps, cores)
+    return best
+
+
 def fit_link_group(
     profile: Profile, key: str, rows: list[Measurement], rng: np.random.Generator, samples: int
 ) -> tuple[LinkFit, list[dict[str, float]]]:
@@ -351,23 +447,17 @@ def fit_link_group(
     if broader is not None:
         prior = (broader.alpha_s[-1], broader.beta_Bps[-1])
     n = len(rows)
-    everything = np.arange(n)
-    lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]))
-    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior)
-    fitted = _fit_segments(lin, breakpoints, prior, everything, 1)
-    assert fitted is not None
-    alphas, betas, _ = fitted
-    for _ in range(2):  # re-read the coefficients at the fitted point
-        segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
-        lin = _probe(rows, profile, key, np.array(alphas)[segment], np.array(betas)[segment])
-        refit = _fit_segments(lin, breakpoints, prior, everything, 1)
-        if refit is not None:
-            alphas, betas, _ = refit
+    host = fit_host(profile, key, rows, prior) if shares_host_cpu(rows) else (math.inf, math.inf)
+    breakpoints, alphas, betas, _, lin = _fit_alpha_beta(profile, key, rows, prior, host, 2)
     source = (
         f"fitted by ddlsim calibrate to {n} collective rows ({rows[0].id} ... {rows[-1].id}); "
         f"{len(alphas)} message-size segment(s)"
     )
-    fit = LinkFit(tuple(float(b) for b in breakpoints), tuple(alphas), tuple(betas), source)
+    if shares_host_cpu(rows):
+        source += "; reduce_Bps and cores by grid search (BIC), inf = not supported by the data"
+    fit = LinkFit(
+        tuple(float(b) for b in breakpoints), tuple(alphas), tuple(betas), source, reduce_Bps=host[0], cores=host[1]
+    )
     boot: list[dict[str, float]] = []
     segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
     for _ in range(samples):
@@ -399,8 +489,10 @@ def calibrate(
     profile = base or Profile()
     unused: list[tuple[str, str]] = []
     usable: list[Measurement] = []
-    for row in (row.modeled() for row in rows):
-        reason = static_reason(row)
+    # rows stay as measured (predict models them itself): a one-host row's devices per node is the
+    # number of ranks sharing that host's cores
+    for row in rows:
+        reason = static_reason(row.modeled())
         if reason:
             unused.append((row.id, reason))
         else:
@@ -428,13 +520,14 @@ def calibrate(
     for row in collectives:
         groups.setdefault(link_group(row), []).append(row)
     # intra-node groups before networks: multi-node rows run over the fitted intra-node links
-    order = sorted(groups, key=lambda key: (any(row.nodes > 1 for row in groups[key]), key))
+    order = sorted(groups, key=lambda key: (any(row.modeled().nodes > 1 for row in groups[key]), key))
     informative: list[float] = []
     parameters = 0
     for key in order:
         members = sorted(groups[key], key=lambda row: (row.message_bytes or 0, row.devices))
+        distinct = distinct_measurements(members)
         try:
-            fit, samples = fit_link_group(profile, key, members, rng, bootstrap)
+            fit, samples = fit_link_group(profile, key, distinct, rng, bootstrap)
         except MODEL_ERRORS as error:
             unused.extend((row.id, f"link fit failed: {error}") for row in members)
             continue
@@ -446,6 +539,9 @@ def calibrate(
             fitted = predict(row, profile).value
             assert fitted is not None
             residuals.append(Residual(row.id, f"link {key}", row.value, fitted))
+        for row in distinct:  # a time and its bus bandwidth are one measurement, one residual
+            fitted = predict(row, profile).value
+            assert fitted is not None
             informative.append(math.log(fitted / row.value))
     profile, interference_rows = fit_interference(profile, usable, single)
     for row, fitted in interference_rows:
@@ -484,7 +580,10 @@ def fit_interference(profile: Profile, usable: list[Measurement], single: list[M
         and profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0)
         and all(
             profile.link_fit(token, row.device) is not None
-            for token in (row.intra_node_link if row.devices_per_node > 1 else "", row.network if row.nodes > 1 else "")
+            for token in (
+                row.modeled().intra_node_link if row.modeled().devices_per_node > 1 else "",
+                row.modeled().network if row.modeled().nodes > 1 else "",
+            )
             if token
         )
     ]
