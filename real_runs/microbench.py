@@ -37,7 +37,10 @@ MEASUREMENT_COLUMNS = (
     "intra_node_link", "network", "nics_per_node", "message_bytes", "per_device_batch", "precision", "metric",
     "value", "quote", "notes",
 )  # fmt: skip
-LAYER_COLUMNS = ("workload", "layer", "phase", "per_device_batch", "device", "median_s", "min_s", "max_s", "repeats")
+LAYER_COLUMNS = (
+    "workload", "layer", "phase", "per_device_batch", "device", "median_s", "min_s", "max_s", "repeats",
+    "parameter_bytes",
+)  # fmt: skip
 P2P_TAG = 9100
 BUS_FACTORS: dict[str, Callable[[int], float]] = {
     "allreduce": lambda p: 2 * (p - 1) / p,
@@ -328,41 +331,101 @@ def _library_collectives(context: BenchContext, transport: Transport, sizes: Ite
 
 def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Sequence[int], image_size: int = 32,
                 channels: int = 3, classes: int = 10) -> None:  # fmt: skip
-    """Forward and backward time of each top-level layer of the real_runs models, on rank 0.
+    """Forward and backward time of each top-level layer of the real_runs models, and of the whole model.
 
-    The model runs layer by layer with detached inputs, so each layer's backward is timed alone.
-    Other ranks wait (the layers of one rank are measured without contention for the cores).
+    Every rank runs the same passes at the same time (a barrier starts each repeat), so the times
+    are those of a layer while this many ranks share the host, as in a run of that many ranks; run
+    the bench with one rank for a device alone. Rank 0's times are recorded. Layer by layer, with
+    detached inputs, each layer's backward is timed alone; layer ``total`` is the harness's own
+    training step without communication (``_training_step_times``), whose forward and backward
+    carry what a real step costs beyond its layers.
     """
     transport = context.transport
-    if transport.rank == 0:
-        import torch
+    import torch
 
-        from real_runs.models import build_model
+    from real_runs.models import build_model
 
-        for model_name in models:
-            model = build_model(model_name, channels, classes)
-            for batch in batch_sizes:
-                images = torch.randn(batch, channels, image_size, image_size)
-                labels = torch.randint(0, classes, (batch,))
-                forward: dict[str, list[float]] = {}
-                backward: dict[str, list[float]] = {}
-                for repeat in range(context.warmup + context.repeats):
-                    keep = repeat >= context.warmup
-                    spans = _one_pass(model, images, labels, forward if keep else {}, backward if keep else {})
-                    if keep and context.tracer is not None:
-                        for op, start, end in spans:
-                            context.tracer.record(op, start, end, iteration=repeat - context.warmup)
-                for phase, table in (("forward", forward), ("backward", backward)):
-                    for layer, times in table.items():
-                        stats = Stats.of(times)
-                        context.layer_rows.append({
-                            "workload": model_name, "layer": layer, "phase": phase, "per_device_batch": batch,
-                            "device": context.device, "median_s": stats.median_s, "min_s": stats.min_s,
-                            "max_s": stats.max_s, "repeats": stats.repeats,
-                        })  # fmt: skip
-        if context.tracer is not None:
-            context.tracer.flush()
+    for model_name in models:
+        model = build_model(model_name, channels, classes)
+        # fp32 gradient bytes of each top-level layer: what its backward hands to the all-reduce
+        gradient_bytes = {
+            f"{index}_{type(layer).__name__.lower()}": 4 * sum(p.numel() for p in layer.parameters())
+            for index, layer in enumerate(model.children())
+        }
+        gradient_bytes["total"] = sum(gradient_bytes.values())
+        for batch in batch_sizes:
+            images = torch.randn(batch, channels, image_size, image_size)
+            labels = torch.randint(0, classes, (batch,))
+            forward: dict[str, list[float]] = {}
+            backward: dict[str, list[float]] = {}
+            for repeat in range(context.warmup + context.repeats):
+                keep = repeat >= context.warmup
+                transport.barrier()
+                spans = _one_pass(model, images, labels, forward if keep else {}, backward if keep else {})
+                transport.barrier()
+                if keep and context.tracer is not None and transport.rank == 0:
+                    for op, start, end in spans:
+                        context.tracer.record(op, start, end, iteration=repeat - context.warmup)
+            step = _training_step_times(transport, model_name, batch, context.warmup + context.repeats)
+            if step is not None:
+                forward["total"], backward["total"] = step[0][context.warmup :], step[1][context.warmup :]
+            if transport.rank != 0:
+                continue
+            for phase, table in (("forward", forward), ("backward", backward)):
+                for layer, times in table.items():
+                    stats = Stats.of(times)
+                    context.layer_rows.append({
+                        "workload": model_name, "layer": layer, "phase": phase, "per_device_batch": batch,
+                        "device": context.device, "median_s": stats.median_s, "min_s": stats.min_s,
+                        "max_s": stats.max_s, "repeats": stats.repeats,
+                        "parameter_bytes": gradient_bytes[layer],
+                    })  # fmt: skip
+    if context.tracer is not None and transport.rank == 0:
+        context.tracer.flush()
     transport.barrier()
+
+
+class _StepTimes:
+    """The part of a TraceWriter that ``train`` uses, keeping forward and backward seconds."""
+
+    def __init__(self) -> None:
+        self.iteration = 0
+        self.seconds: dict[str, list[float]] = {"forward": [], "backward": []}
+
+    def start(self, barrier: Any = None) -> None:
+        if barrier is not None:
+            barrier()
+
+    def record(self, op: str, start_ns: int, end_ns: int, **_: Any) -> None:
+        if op in self.seconds:
+            self.seconds[op].append((end_ns - start_ns) * 1e-9)
+
+    def flush(self) -> None:
+        pass
+
+
+def _training_step_times(
+    transport: Any, model: str, batch: int, steps: int
+) -> tuple[list[float], list[float]] | None:
+    """Forward and backward seconds of the harness's own training step, without communication.
+
+    Every rank runs ``real_runs.sync_training.train`` at once, each over a one-rank communicator,
+    so the step runs as in a real run (fresh batches, gradient hooks, the update) and shares the
+    host as a run of this many ranks does. None where the transport is not MPI.
+    """
+    comm = getattr(transport, "comm", None)
+    if comm is None:
+        return None
+    from real_runs.sync_training import TrainSettings, train
+    from real_runs.transport import MpiTransport
+
+    alone = MpiTransport(comm.Split(transport.rank, 0))
+    times = _StepTimes()
+    transport.barrier()
+    settings = TrainSettings(model=model, dataset="synthetic", per_device_batch=batch, iterations=steps)
+    train(settings, alone, times)
+    transport.barrier()
+    return times.seconds["forward"], times.seconds["backward"]
 
 
 def _one_pass(model: Any, images: Any, labels: Any, forward: dict[str, list[float]],

@@ -16,6 +16,7 @@ Closed form (the analytic executor), buckets b = 0..B-1 in readiness order:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from algorithms.collective import COLLECTIVE_ALGORITHMS
@@ -83,8 +84,15 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
     return tuple(out)
 
 
-def compute_profile(scenario: Scenario) -> ComputeProfile:
-    layers = layer_times(scenario)
+def bucket_segments(
+    layers: Sequence[LayerTime], bucket_bytes: float, overlap: bool = True
+) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(backward time before each bucket is ready, bucket bytes), filling buckets in backward order.
+
+    A bucket closes at the first layer that takes it to ``bucket_bytes``; trailing layers without
+    parameters add their time as a last, empty bucket. Without overlap every bucket waits for
+    the end of backward.
+    """
     segments: list[float] = []
     buckets: list[float] = []
     pending_s = 0.0
@@ -92,7 +100,7 @@ def compute_profile(scenario: Scenario) -> ComputeProfile:
     for layer in reversed(layers):
         pending_s += layer.backward_s
         pending_bytes += layer.gradient_bytes
-        if pending_bytes >= scenario.bucket_bytes:
+        if pending_bytes >= bucket_bytes:
             segments.append(pending_s)
             buckets.append(pending_bytes)
             pending_s = pending_bytes = 0.0
@@ -102,11 +110,17 @@ def compute_profile(scenario: Scenario) -> ComputeProfile:
     elif pending_s > 0:  # layers without parameters at the front of the network
         segments.append(pending_s)
         buckets.append(0.0)
-    if not scenario.overlap:
+    if not overlap:
         total = sum(segments)
         segments = [total] + [0.0] * (len(segments) - 1)
+    return tuple(segments), tuple(buckets)
+
+
+def compute_profile(scenario: Scenario) -> ComputeProfile:
+    layers = layer_times(scenario)
+    segments, buckets = bucket_segments(layers, scenario.bucket_bytes, scenario.overlap)
     update = optimizer_update_time_s(scenario.workload_spec.parameter_count, scenario.device_spec, scenario.precision)
-    return ComputeProfile(layers, sum(layer.forward_s for layer in layers), tuple(segments), tuple(buckets), update)
+    return ComputeProfile(layers, sum(layer.forward_s for layer in layers), segments, buckets, update)
 
 
 def analytic_iteration(profile: ComputeProfile, collective_s) -> tuple[float, float]:

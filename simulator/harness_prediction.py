@@ -1,0 +1,103 @@
+"""Predict a harness training run's iteration time from microbenchmarks only (issue 6).
+
+Inputs, all measured by ``ddlsim bench`` on the same machine, none by the run being predicted:
+
+* per-layer forward and backward medians and gradient bytes of the model at the run's batch
+  (``layers.csv``: one torch thread per rank, every rank of the bench computing at once), with
+  the whole-model pass that rescales the layers' sum to what a training step costs;
+* a calibration profile fitted to the collective microbenchmarks (``ddlsim calibrate``), which
+  the model uses to time each gradient bucket's all-reduce on the run's rank count.
+
+The iteration is the simulator's own synchronous-SGD recurrence (``simulator.training``):
+buckets filled in backward order, each all-reduced when ready and after the previous one, the
+update after the last. Layers timed with as many ranks computing as the run has already carry the
+host's sharing; otherwise compute stretches by the change in max(1, ranks / cores), the same
+oversubscription rule the profile applies to message costs.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from pathlib import Path
+
+from hardware_models.catalog import load_device
+from hardware_models.compute import optimizer_update_time_s
+from hardware_models.profile import Profile
+from simulator.measurements import Measurement
+from simulator.predict import predict
+from simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
+
+
+class HarnessPredictionError(ValueError):
+    """The microbenchmarks lack what the prediction needs (the message says what)."""
+
+
+def read_layer_times(path: Path, workload: str, batch: int) -> tuple[LayerTime, ...]:
+    """Layers of ``workload`` at ``batch`` from a bench ``layers.csv``, in forward order."""
+    forward: dict[str, float] = {}
+    backward: dict[str, float] = {}
+    gradient: dict[str, float] = {}
+    with Path(path).open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            if row["workload"] != workload or int(row["per_device_batch"]) != batch:
+                continue
+            table = forward if row["phase"] == "forward" else backward
+            table[row["layer"]] = float(row["median_s"])
+            gradient[row["layer"]] = float(row.get("parameter_bytes") or 0.0)
+    if not forward:
+        raise HarnessPredictionError(f"{path}: no layer times for {workload} at batch {batch}")
+    order = sorted((name for name in forward if name != "total"), key=lambda name: int(name.split("_", 1)[0]))
+    # Timing layer by layer costs overhead per layer; the whole-model pass ("total") is what a
+    # training step runs, so the layers keep their shares of it.
+    forward_scale = forward["total"] / sum(forward[n] for n in order) if "total" in forward else 1.0
+    backward_sum = sum(backward.get(n, 0.0) for n in order)
+    backward_scale = backward["total"] / backward_sum if "total" in backward and backward_sum > 0 else 1.0
+    return tuple(
+        LayerTime(name, forward[name] * forward_scale, backward.get(name, 0.0) * backward_scale, gradient[name])
+        for name in order
+    )
+
+
+def allreduce_time(profile: Profile, algorithm: str, ranks: int) -> Callable[[float], float]:
+    """Seconds of one all-reduce of n bytes on ``ranks`` ranks of this host, from the profile."""
+
+    def time_s(nbytes: float) -> float:
+        row = Measurement(
+            id="harness-bucket", kind="collective", metric="time_s", value=1.0, device="local_cpu",
+            devices_per_node=ranks, nodes=1, collective="allreduce", algorithm=algorithm, network="local_shm",
+            message_bytes=nbytes,
+        )  # fmt: skip
+        prediction = predict(row, profile)
+        if prediction.value is None:
+            raise HarnessPredictionError(f"cannot time a {nbytes:.0f} B {algorithm} all-reduce: {prediction.reason}")
+        return prediction.value
+
+    return time_s
+
+
+def predict_iteration_s(
+    layers: tuple[LayerTime, ...],
+    ranks: int,
+    cores: int,
+    bucket_bytes: float,
+    collective_s: Callable[[float], float],
+    overlap: bool = True,
+    measured_ranks: int = 1,
+) -> float:
+    """Iteration seconds of synchronous SGD over ``layers`` on ``ranks`` ranks of one ``cores``-core host.
+
+    ``layers`` were timed with ``measured_ranks`` ranks computing at once on the host; compute
+    stretches by the change in oversubscription, max(1, ranks / cores) / max(1, measured / cores).
+    """
+    stretch = max(1.0, ranks / cores) / max(1.0, measured_ranks / cores)
+    scaled = tuple(
+        LayerTime(layer.name, layer.forward_s * stretch, layer.backward_s * stretch, layer.gradient_bytes)
+        for layer in layers
+    )
+    segments, buckets = bucket_segments(scaled, bucket_bytes, overlap)
+    parameters = sum(layer.gradient_bytes for layer in layers) / 4.0
+    update = optimizer_update_time_s(parameters, load_device("local_cpu"), "fp32") * stretch
+    profile = ComputeProfile(scaled, sum(layer.forward_s for layer in scaled), segments, buckets, update)
+    iteration, _ = analytic_iteration(profile, collective_s if ranks > 1 else (lambda _nbytes: 0.0))
+    return iteration
