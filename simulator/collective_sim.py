@@ -45,6 +45,7 @@ class CollectiveSetup:
     nodes_per_leaf: int = 16
     torus_dims: tuple[int, ...] | None = None
     loggp: bool = False
+    placement: str = "block"
     # a calibration profile (fitted link alpha/beta per message size) and the device it is scoped to
     profile: Profile | None = None
     device: str | None = None
@@ -104,6 +105,7 @@ class CollectiveSetup:
                 nodes_per_leaf=self.nodes_per_leaf,
                 torus_dims=self.torus_dims,
                 loggp=self.loggp,
+                placement=self.placement,
                 reduce_Bps=self.reduce_Bps(tokens, ranks),
             )
         )

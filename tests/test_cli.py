@@ -172,3 +172,15 @@ def test_scatter_placement_on_oversubscribed_fat_tree_is_slower(capsys, tmp_path
     block = float(read_csv(tmp_path / "block" / "results.csv")[0]["iteration_s"])
     scatter = float(read_csv(tmp_path / "scatter" / "results.csv")[0]["iteration_s"])
     assert scatter > block
+
+
+def test_collective_scatter_placement_pays_the_oversubscription(capsys, tmp_path):
+    """A ring whose every hop crosses 4:1-oversubscribed leaf uplinks gets about a quarter of the
+    bus bandwidth it gets with neighbours under one leaf (bandwidth-bound size)."""
+    argv = ["collective", "--ranks", "32", "--topology", "fat_tree", "--nodes-per-leaf", "8", "--oversubscription", "4",
+            "--message-bytes", "320MB"]  # fmt: skip
+    busbw = {}
+    for placement in ("block", "scatter"):
+        assert run(capsys, *argv, "--placement", placement, "--out", str(tmp_path / placement))[0] == 0
+        busbw[placement] = float(read_csv(tmp_path / placement / "results.csv")[0]["busbw_Bps"])
+    assert 3.9 < busbw["block"] / busbw["scatter"] < 4.05

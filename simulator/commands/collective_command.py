@@ -48,6 +48,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--loggp", action="store_true", help="LogGP-style CPU overhead at sender and receiver, one message at a time"
     )
+    p.add_argument("--placement", default="block", help="rank placement: block or scatter (ignores leaves)")
     p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
@@ -66,6 +67,7 @@ def run(args: argparse.Namespace) -> int:
         nodes_per_leaf=args.nodes_per_leaf,
         torus_dims=parse_torus_dims(args.torus_dims),
         loggp=args.loggp,
+        placement=args.placement,
     )
     sizes = parse_sizes(args.message_bytes)
     rank_counts = parse_counts(args.ranks, "ranks")
