@@ -7,8 +7,7 @@ from pathlib import Path
 
 from hardware_models.units import format_bytes
 from simulator.collective_sim import CollectiveSetup, simulate_collective
-from simulator.commands.common import Progress, parse_options, parse_torus_dims, print_table
-from simulator.fabric import TOPOLOGIES
+from simulator.commands.common import Progress, add_topology_arguments, parse_options, print_table, topology_options
 from simulator.records import write_csv, write_json
 from simulator.sweep import parse_counts, parse_sizes
 
@@ -39,16 +38,8 @@ def register(subparsers) -> None:
     p.add_argument("--intra-node", default=None, help="intra-node link when devices-per-node > 1")
     p.add_argument("--host-link", default=None, help="device-to-NIC link (e.g. pcie3_x16); none by default")
     p.add_argument("--network", default="ib_edr")
-    p.add_argument("--nics-per-node", type=int, default=1)
-    p.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))
-    p.add_argument("--oversubscription", type=float, default=1.0)
-    p.add_argument("--nodes-per-leaf", type=int, default=16)
-    p.add_argument("--torus-dims", default=None, help="torus extents, e.g. 8x8 or 4x4x4")
+    add_topology_arguments(p)
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
-    p.add_argument(
-        "--loggp", action="store_true", help="LogGP-style CPU overhead at sender and receiver, one message at a time"
-    )
-    p.add_argument("--placement", default="block", help="rank placement: block or scatter (ignores leaves)")
     p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
@@ -61,13 +52,7 @@ def run(args: argparse.Namespace) -> int:
         intra_node=args.intra_node,
         host_link=args.host_link,
         network=args.network,
-        nics_per_node=args.nics_per_node,
-        topology=args.topology,
-        oversubscription=args.oversubscription,
-        nodes_per_leaf=args.nodes_per_leaf,
-        torus_dims=parse_torus_dims(args.torus_dims),
-        loggp=args.loggp,
-        placement=args.placement,
+        **topology_options(args),
     )
     sizes = parse_sizes(args.message_bytes)
     rank_counts = parse_counts(args.ranks, "ranks")

@@ -83,3 +83,33 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
     if any(extent < 1 for extent in dims):
         raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
     return dims
+
+
+def add_topology_arguments(parser) -> None:
+    """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
+    from simulator.fabric import PLACEMENTS, TOPOLOGIES
+
+    parser.add_argument("--nics-per-node", type=int, default=1, help="network adapters per node")
+    parser.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))
+    parser.add_argument(
+        "--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)"
+    )
+    parser.add_argument("--nodes-per-leaf", type=int, default=16, help="fat tree nodes under one leaf switch")
+    parser.add_argument("--torus-dims", default=None, help="torus extents in nodes, e.g. 8x8 or 4x4x4")
+    parser.add_argument(
+        "--placement", default="block", help=f"rank placement: {', '.join(PLACEMENTS)} (scatter ignores leaves)"
+    )
+    parser.add_argument("--loggp", action="store_true", help="LogGP-style CPU overhead per message at both ends")
+
+
+def topology_options(args) -> dict[str, Any]:
+    """The ``add_topology_arguments`` options as Scenario / CollectiveSetup fields."""
+    return {
+        "nics_per_node": args.nics_per_node,
+        "topology": args.topology,
+        "oversubscription": args.oversubscription,
+        "nodes_per_leaf": args.nodes_per_leaf,
+        "torus_dims": parse_torus_dims(args.torus_dims),
+        "placement": args.placement,
+        "loggp": args.loggp,
+    }

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hardware_models.catalog import load_device
 from hardware_models.units import parse_bytes
-from simulator.commands.common import Progress, parse_options, parse_torus_dims, print_table
+from simulator.commands.common import Progress, add_topology_arguments, parse_options, print_table, topology_options
 from simulator.records import SCALING_COLUMNS, write_csv, write_json
 from simulator.scenario import EXECUTORS, Scenario, ScenarioError
 from simulator.sweep import POOLS, parse_counts, run_sweep
@@ -47,13 +47,7 @@ def register(subparsers) -> None:
     p.add_argument("--intra-node", default=None, help="link between devices of a node (e.g. nvlink2, pcie3_x16)")
     p.add_argument("--host-link", default="auto", help="device-to-NIC link; 'auto': PCIe for GPUs, none for CPUs")
     p.add_argument("--network", default=DEFAULT.network, help="network between nodes (ddlsim list networks)")
-    p.add_argument("--nics-per-node", type=int, default=1)
-    p.add_argument("--topology", default="switch", help="switch, fat_tree, torus_2d, torus_3d")
-    p.add_argument("--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)")
-    p.add_argument("--nodes-per-leaf", type=int, default=16, help="fat tree nodes under one leaf switch")
-    p.add_argument("--torus-dims", default=None, help="torus extents in nodes, e.g. 8x8 (one node count only)")
-    p.add_argument("--placement", default="block", help="rank placement: block or scatter (ignores leaves)")
-    p.add_argument("--loggp", action="store_true", help="LogGP-style CPU overhead per message at both ends")
+    add_topology_arguments(p)
     p.add_argument("--algorithm", default=DEFAULT.algorithm, help="all-reduce algorithm (ddlsim list algorithms)")
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE", help="algorithm option, repeatable")
     p.add_argument("--nodes", default="1,2,4,...,32", help="node counts: 1,2,4 or 1,2,4,...,256 or 1:256:x2")
@@ -96,13 +90,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         intra_node=intra if devices_per_node > 1 else None,
         host_link=args.host_link if args.host_link != "none" else None,
         network=args.network,
-        nics_per_node=args.nics_per_node,
-        topology=args.topology,
-        oversubscription=args.oversubscription,
-        nodes_per_leaf=args.nodes_per_leaf,
-        torus_dims=parse_torus_dims(args.torus_dims),
-        placement=args.placement,
-        loggp=args.loggp,
+        **topology_options(args),
         algorithm=args.algorithm,
         algorithm_options=parse_options(args.algorithm_option),
         nodes=parse_counts(args.nodes),
