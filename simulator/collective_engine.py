@@ -225,7 +225,7 @@ class VectorisedExecutor:
         self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
         busy = self.busy_until
         last_bytes_key: tuple[int, int, int] | None = None
-        flow_s = end_offset = np.empty(0)
+        nbytes = flow_s = end_offset = np.empty(0)
         reduce_s: np.ndarray | None = None
         for rnd in schedule.rounds():
             if len(rnd) == 0:
@@ -262,7 +262,7 @@ class VectorisedExecutor:
             if log is not None:
                 log.src.append(st.src)
                 log.dst.append(st.dst)
-                log.nbytes.append(schedule.transfer_bytes(rnd, message_bytes))
+                log.nbytes.append(nbytes)
                 log.start_s.append(begin.copy())
                 log.end_s.append(end.copy())
             if st.shift:
