@@ -104,7 +104,7 @@ class TrainingSimulation:
             # helper ranks (dedicated parameter servers) get devices of their own, on extra nodes
             collective_ranks = self._schedule.ranks
         self.collective_ranks = collective_ranks
-        self.fabric = Fabric(scenario.fabric_spec(fabric_nodes(scenario, collective_ranks)))
+        self.fabric = Fabric(scenario.fabric_spec(scenario.nodes_for(collective_ranks)))
         self.vectorised = VectorisedExecutor(self.fabric, self.collective_ranks)
         self.message = MessageExecutor(self.fabric, self.env)
         # per (iteration, bucket): each rank's "ready" event and "done" event
@@ -131,14 +131,11 @@ class TrainingSimulation:
             self._record(rank, iteration, "backward", backward_start, env.now)
             if self.ranks > 1:
                 for bucket in range(len(profile.bucket_bytes)):
-                    yield self._done_event(iteration, bucket, rank)
+                    yield self.done[iteration][bucket][rank]
             update_start = env.now
             yield env.timeout(profile.update_s * scale)
             self._record(rank, iteration, "update", update_start, env.now)
         self.finish_time[rank] = env.now
-
-    def _done_event(self, iteration: int, bucket: int, rank: int) -> simpy.Event:
-        return self.done[iteration][bucket][rank]
 
     def _previous_done(self, iteration: int, bucket: int) -> list[simpy.Event] | None:
         if bucket > 0:
@@ -225,11 +222,6 @@ class TrainingSimulation:
             transfers=transfers,
             trace=self.trace,
         )
-
-
-def fabric_nodes(scenario: Scenario, collective_ranks: int) -> int:
-    """Nodes the fabric needs for ``collective_ranks`` ranks placed in blocks."""
-    return -(-collective_ranks // scenario.devices_per_node)
 
 
 def simulate_training(

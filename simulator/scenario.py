@@ -142,6 +142,11 @@ class Scenario:
         link = load_link(token)
         return self.profile.link(link, self.device, self.bucket_bytes) if self.profile else link
 
+    def nodes_for(self, ranks: int) -> int:
+        """Nodes the fabric needs for ``ranks`` collective ranks placed in blocks (helper ranks such
+        as dedicated parameter servers get nodes of their own)."""
+        return -(-ranks // self.devices_per_node)
+
     def fabric_spec(self, nodes: int) -> FabricSpec:
         return FabricSpec(
             nodes=nodes,

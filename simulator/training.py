@@ -159,7 +159,7 @@ def analytic_point(scenario: Scenario, nodes: int, profile: ComputeProfile | Non
         return {"iteration_s": profile.compute_s, "comm_s": 0.0}
     options = dict(scenario.algorithm_options)
     schedule_ranks = algorithm.schedule("allreduce", ranks, devices_per_node=scenario.devices_per_node, **options).ranks
-    costs = Fabric(scenario.fabric_spec(-(-schedule_ranks // scenario.devices_per_node))).fabric_costs()
+    costs = Fabric(scenario.fabric_spec(scenario.nodes_for(schedule_ranks))).fabric_costs()
 
     def collective_s(nbytes: float) -> float:
         return algorithm.closed_form_s("allreduce", ranks, nbytes, costs, **options)
