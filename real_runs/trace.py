@@ -29,6 +29,16 @@ def trace_path(directory: Path, rank: int) -> Path:
     return Path(directory) / f"trace.rank{rank}.jsonl"
 
 
+def timing_environment() -> dict[str, str]:
+    """The variables of this process's environment that change its timings (``launcher.TIMING_ENV``)
+    and are set; a run whose ranks were started outside ``ddlsim run`` shows here what it lacked."""
+    import os
+
+    from real_runs.launcher import TIMING_ENV
+
+    return {key: os.environ[key] for key in TIMING_ENV if key in os.environ}
+
+
 def library_versions() -> dict[str, str]:
     """Versions of the libraries a measurement depends on (absent ones are left out)."""
     versions = {"python": platform.python_version()}
@@ -70,6 +80,7 @@ class TraceWriter:
             "libraries": library_versions(),
             "trace_columns": list(TRACE_COLUMNS),
             "clock": "time.perf_counter_ns relative to a barrier-synchronised start, seconds",
+            "environment": timing_environment(),
             **extra,
         }
 

@@ -4,6 +4,7 @@ the ranks; missing pieces give an install hint."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,6 +30,15 @@ def test_under_mpiexec_is_detected_from_the_environment():
     assert launcher.under_mpiexec({"PMI_RANK": "0", "PMI_SIZE": "2"})
     assert launcher.under_mpiexec({"OMPI_COMM_WORLD_SIZE": "4"})
     assert not launcher.under_mpiexec({"PATH": "/bin"})
+
+
+def test_rank_environment_fixes_the_allocator_thresholds_unless_the_caller_set_them(monkeypatch):
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
+    env = launcher.rank_env(2)
+    assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**30  # above any one activation buffer of our models
+    assert env["MALLOC_TRIM_THRESHOLD_"] == "65536"
+    assert env["OMP_NUM_THREADS"] == "1"
 
 
 def test_missing_mpi4py_gives_the_install_hint(monkeypatch):
@@ -97,6 +107,10 @@ def test_training_runs_on_the_gloo_backend_too(tmp_path):
                   "--bucket-bytes", "20kB", "--out", str(tmp_path))  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "2 ranks, ring" in done.stdout
+    # the ranks ran with the environment the launcher gave them, and the run says so
+    environment = json.loads((tmp_path / "metadata.json").read_text())["environment"]
+    assert environment["OMP_NUM_THREADS"] == "1"
+    assert {key: environment.get(key) for key in launcher.ALLOCATOR_ENV} == launcher.ALLOCATOR_ENV
     assert sorted(path.name for path in tmp_path.glob("trace.rank*.jsonl")) == [
         "trace.rank0.jsonl",
         "trace.rank1.jsonl",
