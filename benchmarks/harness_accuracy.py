@@ -4,12 +4,14 @@ For each rank count:
 
 1. ``ddlsim bench`` measures the collective microbenchmarks (every algorithm below, sizes around
    the models' gradient buckets) and the per-layer compute of the real_runs models;
-2. ``ddlsim calibrate``'s fitting turns the collective rows into a profile;
-3. ``ddlsim run`` trains each model with each algorithm and bucket size for real;
-4. ``simulator.harness_prediction`` predicts each run's iteration time from (1) and (2) only.
+2. ``ddlsim run`` trains each model with each algorithm and bucket size for real; the median
+   iteration of each run (after 5 warm-up iterations) goes to ``WORK/runs.csv``;
+3. ``simulator.harness_prediction`` predicts each run's iteration time from (1) only: a profile
+   fitted to the collective rows (``ddlsim calibrate``'s fitting) and the measured layers.
 
-It prints measured and predicted median iteration times, the error of each run, and the median
-and 90th-percentile absolute errors; exit status 1 when the median is over 10 %.
+It prints measured and predicted median iteration times, the error of each run, and the median,
+90th-percentile and largest absolute errors; exit status 1 when the median is over 10 %.
+``--predict-only`` skips the measuring and predicts the runs already in ``WORK``.
 
     python benchmarks/harness_accuracy.py [--ranks 2,4] [--iterations 30] [--work runs/harness_accuracy]
 """
@@ -17,6 +19,7 @@ and 90th-percentile absolute errors; exit status 1 when the median is over 10 %.
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import statistics
 import subprocess
@@ -28,18 +31,37 @@ MODELS = ("small_cnn", "resnet_small")
 BUCKETS = ("25MB", "64KB")  # one bucket per iteration, and several overlapping backward
 BATCH = 32
 SIZES = "16KiB,64KiB,128KiB,256KiB,512KiB,1MiB"
+WARMUP_ITERATIONS = 5
 
 
 def ddlsim(*argv: str) -> None:
     subprocess.run([sys.executable, "-m", "simulator.cli", *argv], check=True, stdout=subprocess.DEVNULL)
 
 
-def measured_iteration_s(run: Path, skip: int) -> float:
-    import csv
-
+def median_iteration_s(run: Path) -> float:
     with (run / "results.csv").open() as handle:
-        times = [float(row["iteration_s"]) for row in csv.DictReader(handle)][skip:]
+        times = [float(row["iteration_s"]) for row in csv.DictReader(handle)][WARMUP_ITERATIONS:]
     return statistics.median(times)
+
+
+def measure(work: Path, ranks: int, iterations: int) -> list:
+    from hardware_models.units import parse_bytes
+    from simulator.harness_prediction import HarnessRun
+
+    ddlsim("bench", "-n", str(ranks), "--benchmarks", "collectives,layers", "--algorithms", ",".join(ALGORITHMS),
+           "--collective-sizes", SIZES, "--rank-counts", str(ranks), "--models", ",".join(MODELS),
+           "--batch-sizes", str(BATCH), "--repeats", "15", "--out", str(work / f"bench_{ranks}"))  # fmt: skip
+    runs = []
+    for model in MODELS:
+        for algorithm in ALGORITHMS:
+            for bucket in BUCKETS:
+                out = work / f"run_{ranks}_{model}_{algorithm}_{bucket}"
+                ddlsim("run", "-n", str(ranks), "--model", model, "--dataset", "synthetic", "--algorithm", algorithm,
+                       "--bucket-bytes", bucket, "--per-device-batch", str(BATCH), "--iterations", str(iterations),
+                       "--out", str(out))  # fmt: skip
+                runs.append(HarnessRun(ranks, model, algorithm, parse_bytes(bucket), BATCH, median_iteration_s(out)))
+                print(f"measured {out.name}: {runs[-1].measured_s * 1e3:.2f} ms", file=sys.stderr, flush=True)
+    return runs
 
 
 def main() -> int:
@@ -47,45 +69,28 @@ def main() -> int:
     parser.add_argument("--ranks", default="2,4")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--work", type=Path, default=Path("runs/harness_accuracy"))
+    parser.add_argument("--predict-only", action="store_true", help="predict the runs already measured in WORK")
     args = parser.parse_args()
 
-    from hardware_models.units import parse_bytes
-    from simulator.calibration import calibrate
-    from simulator.harness_prediction import allreduce_time, predict_iteration_s, read_layer_times
-    from simulator.measurements import load_measurements
+    from simulator.harness_prediction import error_summary, predict_runs, read_runs, write_runs
 
+    rank_counts = [int(r) for r in args.ranks.split(",")]
+    runs_csv = args.work / "runs.csv"
+    if args.predict_only:
+        runs = [run for run in read_runs(runs_csv) if run.ranks in rank_counts]
+    else:
+        runs = [run for ranks in rank_counts for run in measure(args.work, ranks, args.iterations)]
+        write_runs(runs_csv, runs)
     cores = os.cpu_count() or 1
-    rows = []
-    for ranks in (int(r) for r in args.ranks.split(",")):
-        bench = args.work / f"bench_{ranks}"
-        ddlsim("bench", "-n", str(ranks), "--benchmarks", "collectives,layers", "--algorithms", ",".join(ALGORITHMS),
-               "--collective-sizes", SIZES, "--rank-counts", str(ranks), "--models", ",".join(MODELS),
-               "--batch-sizes", str(BATCH), "--repeats", "15", "--out", str(bench))  # fmt: skip
-        profile = calibrate(load_measurements([bench / "measurements.csv"])).profile
-        for model in MODELS:
-            layers = read_layer_times(bench / "layers.csv", model, BATCH)
-            for algorithm in ALGORITHMS:
-                for bucket in BUCKETS:
-                    run = args.work / f"run_{ranks}_{model}_{algorithm}_{bucket}"
-                    ddlsim("run", "-n", str(ranks), "--model", model, "--dataset", "synthetic", "--algorithm",
-                           algorithm, "--bucket-bytes", bucket, "--per-device-batch", str(BATCH), "--iterations",
-                           str(args.iterations), "--out", str(run))  # fmt: skip
-                    measured = measured_iteration_s(run, skip=5)
-                    predicted = predict_iteration_s(
-                        layers, ranks, cores, parse_bytes(bucket), allreduce_time(profile, algorithm, ranks),
-                        measured_ranks=ranks,
-                    )
-                    error = 100 * (predicted - measured) / measured
-                    rows.append((ranks, model, algorithm, bucket, measured, predicted, error))
-                    print(f"{ranks} ranks  {model:13s} {algorithm:19s} bucket {bucket:5s}  measured "
-                          f"{measured * 1e3:8.2f} ms  predicted {predicted * 1e3:8.2f} ms  error {error:+6.1f} %",
-                          flush=True)  # fmt: skip
-    errors = sorted(abs(row[-1]) for row in rows)
-    median = statistics.median(errors)
-    p90 = errors[min(len(errors) - 1, int(0.9 * len(errors)))]
-    print(f"# {len(rows)} runs on {cores} cores: median |error| {median:.1f} %, p90 {p90:.1f} %, max {errors[-1]:.1f} %"
-          f" (target: median <= 10 %)")  # fmt: skip
-    return 0 if median <= 10.0 else 1
+    predictions = predict_runs(runs, {ranks: args.work / f"bench_{ranks}" for ranks in rank_counts}, cores)
+    for run, predicted in predictions:
+        shape = f"{run.ranks} ranks  {run.model:13s} {run.algorithm:19s} bucket {run.bucket_bytes:>10.0f} B"
+        times = f"measured {run.measured_s * 1e3:8.2f} ms  predicted {predicted * 1e3:8.2f} ms"
+        print(f"{shape}  {times}  error {100 * run.error(predicted):+6.1f} %")
+    median, p90, largest = error_summary(predictions)
+    print(f"# {len(predictions)} runs on {cores} cores: median |error| {100 * median:.1f} %, p90 {100 * p90:.1f} %, "
+          f"max {100 * largest:.1f} % (target: median <= 10 %)")  # fmt: skip
+    return 0 if median <= 0.10 else 1
 
 
 if __name__ == "__main__":

@@ -18,13 +18,17 @@ oversubscription rule the profile applies to message costs.
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable
+import statistics
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hardware_models.catalog import load_device
 from hardware_models.compute import optimizer_update_time_s
 from hardware_models.profile import Profile
-from simulator.measurements import Measurement
+from simulator.calibration import calibrate
+from simulator.measurements import Measurement, load_measurements
 from simulator.predict import predict
 from simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
 
@@ -101,3 +105,67 @@ def predict_iteration_s(
     profile = ComputeProfile(scaled, sum(layer.forward_s for layer in scaled), segments, buckets, update)
     iteration, _ = analytic_iteration(profile, collective_s if ranks > 1 else (lambda _nbytes: 0.0))
     return iteration
+
+
+@dataclass(frozen=True)
+class HarnessRun:
+    """One measured ``ddlsim run`` of sync SGD: its shape and median iteration seconds."""
+
+    ranks: int
+    model: str
+    algorithm: str
+    bucket_bytes: float
+    per_device_batch: int
+    measured_s: float
+
+    def error(self, predicted_s: float) -> float:
+        """Signed relative error of a prediction of this run."""
+        return (predicted_s - self.measured_s) / self.measured_s
+
+
+RUN_COLUMNS: dict[str, Callable[[str], Any]] = {
+    "ranks": int, "model": str, "algorithm": str, "bucket_bytes": float, "per_device_batch": int, "measured_s": float,
+}  # fmt: skip
+
+
+def write_runs(path: Path, runs: Iterable[HarnessRun]) -> None:
+    from simulator.records import write_csv
+
+    write_csv(path, [{column: getattr(run, column) for column in RUN_COLUMNS} for run in runs], list(RUN_COLUMNS))
+
+
+def read_runs(path: Path) -> list[HarnessRun]:
+    with Path(path).open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    return [HarnessRun(**{column: kind(row[column]) for column, kind in RUN_COLUMNS.items()}) for row in rows]
+
+
+def predict_runs(runs: Iterable[HarnessRun], benches: Mapping[int, Path], cores: int) -> list[tuple[HarnessRun, float]]:
+    """Each run with its predicted iteration seconds, from the bench of its rank count only.
+
+    ``benches[ranks]`` is a ``ddlsim bench`` output of that many ranks (``measurements.csv`` with the
+    collective microbenchmarks, ``layers.csv`` with the models' compute); the profile is fitted to
+    its collective rows (``simulator.calibration.calibrate``), the compute read from its layers.
+    """
+    profiles: dict[int, Profile] = {}
+    predictions = []
+    for run in runs:
+        if run.ranks not in benches:
+            raise HarnessPredictionError(f"no bench of {run.ranks} ranks for the run of {run.model} on {run.ranks}")
+        bench = Path(benches[run.ranks])
+        if run.ranks not in profiles:
+            profiles[run.ranks] = calibrate(load_measurements([bench / "measurements.csv"])).profile
+        layers = read_layer_times(bench / "layers.csv", run.model, run.per_device_batch)
+        collective = allreduce_time(profiles[run.ranks], run.algorithm, run.ranks)
+        predictions.append(
+            (run, predict_iteration_s(layers, run.ranks, cores, run.bucket_bytes, collective, measured_ranks=run.ranks))
+        )
+    return predictions
+
+
+def error_summary(predictions: Iterable[tuple[HarnessRun, float]]) -> tuple[float, float, float]:
+    """Median, 90th-percentile (nearest rank) and largest absolute relative error."""
+    errors = sorted(abs(run.error(predicted)) for run, predicted in predictions)
+    if not errors:
+        raise HarnessPredictionError("no runs to summarise")
+    return statistics.median(errors), errors[min(len(errors) - 1, int(0.9 * len(errors)))], errors[-1]
