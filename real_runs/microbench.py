@@ -335,10 +335,10 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
 
     Every rank runs the same passes at the same time (a barrier starts each repeat), so the times
     are those of a layer while this many ranks share the host, as in a run of that many ranks; run
-    the bench with one rank for a device alone. Rank 0's times are recorded. Layer by layer, with
-    detached inputs, each layer's backward is timed alone; layer ``total`` is the harness's own
-    training step without communication (``_training_step_times``), whose forward and backward
-    carry what a real step costs beyond its layers.
+    the bench with one rank for a device alone. Layer by layer, with detached inputs, each layer's
+    backward is timed alone (rank 0's times: what a layer's share of the step is); layer ``total``
+    is the harness's own training step without communication (``_training_step_times``, the
+    slowest rank's), whose forward and backward carry what a real step costs beyond its layers.
     """
     transport = context.transport
     import torch
@@ -386,22 +386,26 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
 
 
 class _StepTimes:
-    """The part of a TraceWriter that ``train`` uses, keeping forward and backward seconds."""
+    """The part of a TraceWriter that ``train`` uses, keeping forward and backward seconds.
 
-    def __init__(self) -> None:
+    ``flush`` (``train`` calls it after every iteration) waits at a barrier of ``world``, so ranks
+    training over one-rank communicators still start each step together, as in a synchronous run.
+    """
+
+    def __init__(self, world: Any) -> None:
         self.iteration = 0
+        self.world = world
         self.seconds: dict[str, list[float]] = {"forward": [], "backward": []}
 
     def start(self, barrier: Any = None) -> None:
-        if barrier is not None:
-            barrier()
+        self.world.barrier()
 
     def record(self, op: str, start_ns: int, end_ns: int, **_: Any) -> None:
         if op in self.seconds:
             self.seconds[op].append((end_ns - start_ns) * 1e-9)
 
     def flush(self) -> None:
-        pass
+        self.world.barrier()
 
 
 def _training_step_times(
@@ -411,7 +415,10 @@ def _training_step_times(
 
     Every rank runs ``real_runs.sync_training.train`` at once, each over a one-rank communicator,
     so the step runs as in a real run (fresh batches, gradient hooks, the update) and shares the
-    host as a run of this many ranks does. None where the transport is not MPI.
+    host as a run of this many ranks does. Steps start together (a barrier after each), and each
+    step's times are those of its slowest rank (largest forward + backward), which is what a
+    synchronous iteration waits for: with more ranks than cores the ranks sharing a core are slower
+    than one alone, and rank 0 need not be among them. None where the transport is not MPI.
     """
     comm = getattr(transport, "comm", None)
     if comm is None:
@@ -420,12 +427,21 @@ def _training_step_times(
     from real_runs.transport import MpiTransport
 
     alone = MpiTransport(comm.Split(transport.rank, 0))
-    times = _StepTimes()
-    transport.barrier()
+    times = _StepTimes(transport)
     settings = TrainSettings(model=model, dataset="synthetic", per_device_batch=batch, iterations=steps)
     train(settings, alone, times)
     transport.barrier()
-    return times.seconds["forward"], times.seconds["backward"]
+    return slowest_steps(transport.allgather_object((times.seconds["forward"], times.seconds["backward"])))
+
+
+def slowest_steps(ranks: Sequence[tuple[Sequence[float], Sequence[float]]]) -> tuple[list[float], list[float]]:
+    """Per step, the forward and backward seconds of the rank whose forward + backward was longest.
+
+    ``ranks[r]`` is rank r's ``(forward seconds, backward seconds)``, one entry per step.
+    """
+    steps = zip(*(zip(forward, backward, strict=True) for forward, backward in ranks), strict=True)
+    slowest = [max(step, key=sum) for step in steps]
+    return [forward for forward, _ in slowest], [backward for _, backward in slowest]
 
 
 def _one_pass(model: Any, images: Any, labels: Any, forward: dict[str, list[float]],

@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from real_runs.microbench import LAYER_COLUMNS, MEASUREMENT_COLUMNS, Stats, bus_bandwidth_Bps, power_sizes
+from real_runs.microbench import (
+    LAYER_COLUMNS,
+    MEASUREMENT_COLUMNS,
+    Stats,
+    bus_bandwidth_Bps,
+    power_sizes,
+    slowest_steps,
+)
 from simulator.records import read_csv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -29,6 +36,12 @@ def test_sizes_and_spread():
     stats = Stats.of([1.0, 2.0, 3.0, 4.0, 100.0])
     assert (stats.median_s, stats.min_s, stats.max_s, stats.repeats) == (3.0, 1.0, 100.0, 5)
     assert "q1=2 q3=4" in stats.notes()
+
+
+def test_a_step_is_timed_as_its_slowest_rank():
+    """Step 0: rank 1 is slowest (1 + 5); step 1: rank 0 (4 + 4), though rank 1's backward is longer."""
+    forward, backward = slowest_steps([([1.0, 4.0], [2.0, 4.0]), ([1.0, 1.0], [5.0, 5.0])])
+    assert (forward, backward) == ([1.0, 4.0], [5.0, 4.0])
 
 
 @pytest.mark.slow
@@ -55,3 +68,8 @@ def test_bench_writes_measurement_rows(tmp_path):
     layers = read_csv(tmp_path / "layers.csv")
     assert tuple(layers[0]) == LAYER_COLUMNS
     assert {r["phase"] for r in layers} == {"forward", "backward"}
+    # the whole training step, timed as well: repeats after warm-up, all of the model's gradient bytes
+    total = {r["phase"]: r for r in layers if r["layer"] == "total"}
+    assert set(total) == {"forward", "backward"} and {r["repeats"] for r in total.values()} == {"2"}
+    per_layer = sum(int(r["parameter_bytes"]) for r in layers if r["layer"] != "total" and r["phase"] == "forward")
+    assert int(total["forward"]["parameter_bytes"]) == per_layer > 0
