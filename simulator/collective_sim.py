@@ -17,7 +17,7 @@ from algorithms.schedule import COLLECTIVES
 from hardware_models.catalog import Link, load_link
 from hardware_models.profile import Profile
 from simulator.collective_engine import run_collective
-from simulator.fabric import Fabric, FabricSpec
+from simulator.fabric import Fabric, FabricSpec, topology_of
 from simulator.scenario import ScenarioError
 
 LIBRARIES = ("nccl", "mpich", "mlsl", "openmpi")
@@ -99,14 +99,8 @@ class CollectiveSetup:
                 ),
                 host_link=self.link(self.host_link, message_bytes, ranks) if self.host_link else None,
                 network=self.link(self.network, message_bytes, ranks) if self.network and nodes > 1 else None,
-                nics_per_node=self.nics_per_node,
-                topology=self.topology,
-                oversubscription=self.oversubscription,
-                nodes_per_leaf=self.nodes_per_leaf,
-                torus_dims=self.torus_dims,
-                loggp=self.loggp,
-                placement=self.placement,
                 reduce_Bps=self.reduce_Bps(tokens, ranks),
+                **topology_of(self),
             )
         )
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +44,18 @@ SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch p
 
 class FabricError(ValueError):
     """The fabric cannot be built as asked (message says what is allowed)."""
+
+
+# The FabricSpec fields that describe the topology, as Scenario and CollectiveSetup (and the CLI's
+# topology flags) carry them under the same names; the links and node count come from elsewhere.
+TOPOLOGY_FIELDS = (
+    "nics_per_node", "topology", "oversubscription", "nodes_per_leaf", "torus_dims", "placement", "loggp",
+)  # fmt: skip
+
+
+def topology_of(config: Any) -> dict[str, Any]:
+    """``config``'s topology fields (``TOPOLOGY_FIELDS``), as FabricSpec keyword arguments."""
+    return {field: getattr(config, field) for field in TOPOLOGY_FIELDS}
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from algorithms.collective import COLLECTIVE_ALGORITHMS
 from hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
 from hardware_models.compute import BYTES_PER_ELEMENT
 from hardware_models.profile import Profile
-from simulator.fabric import TOPOLOGIES, FabricSpec
+from simulator.fabric import TOPOLOGIES, FabricSpec, topology_of
 from simulator.workloads import Workload, load_workload
 
 EXECUTORS = ("des", "analytic")
@@ -154,13 +154,7 @@ class Scenario:
             peer_link=self.link(self.intra_node) if self.devices_per_node > 1 else None,
             host_link=self.link(self.resolved_host_link()),
             network=self.link(self.network) if nodes > 1 else None,
-            nics_per_node=self.nics_per_node,
-            topology=self.topology,
-            oversubscription=self.oversubscription,
-            nodes_per_leaf=self.nodes_per_leaf,
-            torus_dims=self.torus_dims,
-            placement=self.placement,
-            loggp=self.loggp,
+            **topology_of(self),
         )
 
     def memory_needed_bytes(self) -> float:

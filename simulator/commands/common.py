@@ -7,6 +7,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from simulator.fabric import topology_of
 from simulator.scenario import ScenarioError
 
 
@@ -104,12 +105,4 @@ def add_topology_arguments(parser) -> None:
 
 def topology_options(args) -> dict[str, Any]:
     """The ``add_topology_arguments`` options as Scenario / CollectiveSetup fields."""
-    return {
-        "nics_per_node": args.nics_per_node,
-        "topology": args.topology,
-        "oversubscription": args.oversubscription,
-        "nodes_per_leaf": args.nodes_per_leaf,
-        "torus_dims": parse_torus_dims(args.torus_dims),
-        "placement": args.placement,
-        "loggp": args.loggp,
-    }
+    return {**topology_of(args), "torus_dims": parse_torus_dims(args.torus_dims)}
