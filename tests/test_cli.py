@@ -184,3 +184,24 @@ def test_collective_scatter_placement_pays_the_oversubscription(capsys, tmp_path
         assert run(capsys, *argv, "--placement", placement, "--out", str(tmp_path / placement))[0] == 0
         busbw[placement] = float(read_csv(tmp_path / placement / "results.csv")[0]["busbw_Bps"])
     assert 3.9 < busbw["block"] / busbw["scatter"] < 4.05
+
+
+def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabric():
+    """Scenario, CollectiveSetup and the topology flags of simulate and collective carry every
+    FabricSpec topology field under its name, with FabricSpec's default."""
+    import dataclasses
+
+    from simulator.cli import build_parser
+    from simulator.collective_sim import CollectiveSetup
+    from simulator.commands.common import topology_options
+    from simulator.fabric import TOPOLOGY_FIELDS, FabricSpec
+    from simulator.scenario import Scenario
+
+    def defaults(cls):
+        return {f.name: f.default for f in dataclasses.fields(cls) if f.name in TOPOLOGY_FIELDS}
+
+    fabric = defaults(FabricSpec)
+    assert set(fabric) == set(TOPOLOGY_FIELDS)
+    assert defaults(Scenario) == fabric and defaults(CollectiveSetup) == fabric
+    for command in ("simulate", "collective"):
+        assert topology_options(build_parser().parse_args([command])) == fabric, command
