@@ -21,15 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
-
-
-def _chunks(options: dict[str, Any]) -> int:
-    chunks = options.get("chunks", 1)
-    if isinstance(chunks, bool) or not isinstance(chunks, int | np.integer) or chunks < 1:
-        raise ScheduleError(f"chain: chunks must be a positive integer, got {chunks!r}")
-    return int(chunks)
+from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
+from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
 class ChainCollective:
@@ -41,7 +34,7 @@ class ChainCollective:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        chunks = _chunks(options)
+        chunks = positive_int_option(self.name, options, "chunks")
 
         def rounds() -> Iterator[Round]:
             near = np.arange(ranks - 1, dtype=np.int64)  # link near -> near + 1
@@ -68,7 +61,7 @@ class ChainCollective:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        chunks = _chunks(options)
+        chunks = positive_int_option(self.name, options, "chunks")
         if ranks == 1:
             return 0.0
         piece = message_bytes / chunks

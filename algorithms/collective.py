@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
+
 from algorithms.registry import Registry
 from algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
 
@@ -50,3 +52,12 @@ def reject_options(algorithm: str, options: dict[str, Any], allowed: tuple[str, 
         raise ScheduleError(
             f"algorithm {algorithm!r}: unknown option(s) {', '.join(unknown)}; valid: {valid}"
         )
+
+
+def positive_int_option(algorithm: str, options: dict[str, Any], key: str, default: int = 1) -> int:
+    """``options[key]`` (``default`` when absent) as an int; anything but a positive integer (a bool
+    included) is refused, naming the algorithm and the option."""
+    value = options.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+        raise ScheduleError(f"{algorithm}: {key} must be a positive integer, got {value!r}")
+    return int(value)

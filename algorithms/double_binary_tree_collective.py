@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
 from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 
@@ -133,13 +133,6 @@ def _local_size(ranks: int, devices_per_node: int) -> int:
     return local
 
 
-def _chunks(options: dict[str, Any]) -> int:
-    chunks = options.get("chunks", 1)
-    if not isinstance(chunks, int | np.integer) or isinstance(chunks, bool) or chunks < 1:
-        raise ScheduleError(f"double_binary_tree: chunks must be a positive integer, got {chunks!r}")
-    return int(chunks)
-
-
 class DoubleBinaryTreeCollective:
     name = "double_binary_tree"
     collectives: tuple[str, ...] = ("allreduce",)
@@ -149,7 +142,7 @@ class DoubleBinaryTreeCollective:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        chunks = _chunks(options)
+        chunks = positive_int_option(self.name, options, "chunks")
         local = _local_size(ranks, devices_per_node)
         nodes = ranks // local
 
@@ -187,7 +180,7 @@ class DoubleBinaryTreeCollective:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        chunks = _chunks(options)
+        chunks = positive_int_option(self.name, options, "chunks")
         local = _local_size(ranks, costs.devices_per_node)
         nodes = ranks // local
         piece = message_bytes / (2 * chunks)

@@ -22,17 +22,15 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
 from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 PLACEMENTS = ("dedicated", "colocated")
 
 
 def _settings(ranks: int, options: dict[str, Any]) -> tuple[int, str]:
-    servers = options.get("servers", 1)
+    servers = positive_int_option("parameter_server", options, "servers")
     placement = options.get("placement", "dedicated")
-    if not isinstance(servers, int | np.integer) or isinstance(servers, bool) or servers < 1:
-        raise ScheduleError(f"parameter_server: servers must be a positive integer, got {servers!r}")
     if placement not in PLACEMENTS:
         raise ScheduleError(f"parameter_server: unknown placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
     if placement == "colocated" and servers > ranks:
@@ -40,7 +38,7 @@ def _settings(ranks: int, options: dict[str, Any]) -> tuple[int, str]:
             f"parameter_server: {servers} colocated servers need at least as many workers, got {ranks} "
             "ranks; use placement='dedicated' or servers <= ranks"
         )
-    return int(servers), placement
+    return servers, placement
 
 
 def _pairs(ranks: int, servers: int, placement: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
