@@ -18,7 +18,6 @@ oversubscription rule the profile applies to message costs.
 from __future__ import annotations
 
 import csv
-import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,7 @@ from hardware_models.compute import optimizer_update_time_s
 from hardware_models.profile import Profile
 from simulator.calibration import calibrate
 from simulator.measurements import Measurement, load_measurements
-from simulator.predict import predict
+from simulator.predict import ape_summary, predict
 from simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
 
 
@@ -164,8 +163,8 @@ def predict_runs(runs: Iterable[HarnessRun], benches: Mapping[int, Path], cores:
 
 
 def error_summary(predictions: Iterable[tuple[HarnessRun, float]]) -> tuple[float, float, float]:
-    """Median, 90th-percentile (nearest rank) and largest absolute relative error."""
-    errors = sorted(abs(run.error(predicted)) for run, predicted in predictions)
+    """Median, 90th-percentile and largest absolute relative error, as ``ddlsim validate`` reports them."""
+    errors = [abs(run.error(predicted)) for run, predicted in predictions]
     if not errors:
         raise HarnessPredictionError("no runs to summarise")
-    return statistics.median(errors), errors[min(len(errors) - 1, int(0.9 * len(errors)))], errors[-1]
+    return ape_summary(errors)

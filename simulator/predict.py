@@ -21,8 +21,13 @@ Rows the model cannot express get a reason instead of a number (``Prediction.rea
 
 from __future__ import annotations
 
+import math
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from algorithms.registry import UnknownNameError
 from algorithms.schedule import ScheduleError
@@ -228,3 +233,11 @@ def predict(
         return predict_training(row, profile, executor, require_pinned)
     except MODEL_ERRORS as error:
         return cannot(f"the model cannot build this run: {error}")
+
+
+def ape_summary(apes: Sequence[float]) -> tuple[float, float, float]:
+    """Median, 90th percentile (linear interpolation) and largest of absolute percentage errors
+    (as fractions); NaN for each when there are none."""
+    if not apes:
+        return math.nan, math.nan, math.nan
+    return statistics.median(apes), float(np.percentile(np.asarray(apes), 90)), max(apes)

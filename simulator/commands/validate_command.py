@@ -23,7 +23,7 @@ from hardware_models.profile import Profile, load_profile
 from simulator.calibration import CalibrationError, calibrate
 from simulator.commands.common import print_table
 from simulator.measurements import Measurement, MeasurementError, load_measurements
-from simulator.predict import predict
+from simulator.predict import ape_summary, predict
 from simulator.records import write_csv, write_json
 
 VALIDATION_COLUMNS = (
@@ -81,10 +81,6 @@ def register(subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.array(values), q)) if values else math.nan
-
-
 def validate_rows(
     rows: list[Measurement],
     calibration_ids: set[str],
@@ -132,13 +128,13 @@ def validate_rows(
             covered += inside
         table.append(out)
     n = len(apes)
-    median = statistics.median(apes) if apes else math.nan
+    median, p90, largest = ape_summary(apes)
     summary = {
         "n_predicted": n,
         "n_cannot_model": sum(1 for out in table if out["status"] == "cannot_model"),
         "median_ape": median,
-        "p90_ape": percentile(apes, 90),
-        "max_ape": max(apes) if apes else math.nan,
+        "p90_ape": p90,
+        "max_ape": largest,
         "ci_level": ci,
         "ci_coverage": covered / n if n else math.nan,
         "tolerance": tolerance,
