@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import socket
 import threading
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from real_runs.launcher import TIMING_ENV
 from simulator.records import TRACE_COLUMNS, write_json
 
 TRACE_GLOB = "trace.rank*.jsonl"
@@ -32,10 +34,6 @@ def trace_path(directory: Path, rank: int) -> Path:
 def timing_environment() -> dict[str, str]:
     """The variables of this process's environment that change its timings (``launcher.TIMING_ENV``)
     and are set; a run whose ranks were started outside ``ddlsim run`` shows here what it lacked."""
-    import os
-
-    from real_runs.launcher import TIMING_ENV
-
     return {key: os.environ[key] for key in TIMING_ENV if key in os.environ}
 
 

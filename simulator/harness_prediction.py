@@ -150,7 +150,7 @@ def predict_runs(runs: Iterable[HarnessRun], benches: Mapping[int, Path], cores:
     predictions = []
     for run in runs:
         if run.ranks not in benches:
-            raise HarnessPredictionError(f"no bench of {run.ranks} ranks for the run of {run.model} on {run.ranks}")
+            raise HarnessPredictionError(f"no bench of {run.ranks} ranks for the {run.ranks}-rank run of {run.model}")
         bench = Path(benches[run.ranks])
         if run.ranks not in profiles:
             profiles[run.ranks] = calibrate(load_measurements([bench / "measurements.csv"])).profile
