@@ -12,6 +12,8 @@ import os
 import sys
 import time
 import traceback
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from tests.mpi.bodies import BODIES
 
@@ -33,16 +35,12 @@ def _abort(transport) -> None:
     os._exit(1)
 
 
-def main(argv: list[str]) -> int:
-    backend = "mpi"
-    if argv[:1] == ["--backend"]:
-        backend, argv = argv[1], argv[2:]
-    transport = _transport(backend)
-    names = argv or list(BODIES)
-    for name in names:
+def run_named(transport, bodies: Mapping[str, Callable[[Any], None]], names: list[str]) -> int:
+    """Run ``bodies[name]`` for each name (all when none) on this rank, in step with the others."""
+    for name in names or list(bodies):
         start = time.perf_counter()
         try:
-            BODIES[name](transport)
+            bodies[name](transport)
         except BaseException:
             print(f"rank {transport.rank}: body {name} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
             _abort(transport)
@@ -50,6 +48,13 @@ def main(argv: list[str]) -> int:
         if transport.rank == 0:
             print(f"{name}: ok on {transport.size} ranks ({time.perf_counter() - start:.1f} s)", flush=True)
     return 0
+
+
+def main(argv: list[str]) -> int:
+    backend = "mpi"
+    if argv[:1] == ["--backend"]:
+        backend, argv = argv[1], argv[2:]
+    return run_named(_transport(backend), BODIES, argv)
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import sys
 import tempfile
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -121,19 +119,9 @@ def test_synchronous_algorithms_on_one_rank():
 
 def main(argv: list[str]) -> int:
     from real_runs.transport import MpiTransport
+    from tests.mpi.run_bodies import run_named
 
-    transport = MpiTransport()
-    for name in argv or list(BODIES):
-        start = time.perf_counter()
-        try:
-            BODIES[name](transport)
-        except BaseException:
-            print(f"rank {transport.rank}: body {name} FAILED\n{traceback.format_exc()}", file=sys.stderr, flush=True)
-            transport.comm.Abort(1)
-        transport.barrier()
-        if transport.rank == 0:
-            print(f"{name}: ok on {transport.size} ranks ({time.perf_counter() - start:.1f} s)", flush=True)
-    return 0
+    return run_named(MpiTransport(), BODIES, argv)
 
 
 if __name__ == "__main__":
