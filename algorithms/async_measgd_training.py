@@ -6,8 +6,8 @@ Messages as ``async_easgd``; the workers' trainers carry a momentum buffer (``mo
 
 from __future__ import annotations
 
-from algorithms.async_easgd_training import AsyncEasgdTraining
-from algorithms.training_algorithm import TRAINING_ALGORITHMS
+from ddlsim.algorithms.async_easgd_training import AsyncEasgdTraining
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
 
 class AsyncMeasgdTraining(AsyncEasgdTraining):

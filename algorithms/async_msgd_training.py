@@ -8,8 +8,8 @@ reads and writes the momentum too. Which update a server applies is the trainer'
 
 from __future__ import annotations
 
-from algorithms.async_sgd_training import AsyncSgdTraining
-from algorithms.training_algorithm import TRAINING_ALGORITHMS
+from ddlsim.algorithms.async_sgd_training import AsyncSgdTraining
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
 
 class AsyncMsgdTraining(AsyncSgdTraining):

@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
 def reduce_pairs(ranks: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:

@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from algorithms.registry import Registry
-from algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
+from ddlsim.algorithms.registry import Registry
+from ddlsim.algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
 
 
 class CollectiveAlgorithm(Protocol):
@@ -31,7 +31,7 @@ class CollectiveAlgorithm(Protocol):
 
 
 COLLECTIVE_ALGORITHMS: Registry[CollectiveAlgorithm] = Registry(
-    "collective algorithm", package="algorithms", suffix="_collective"
+    "collective algorithm", package="ddlsim.algorithms", suffix="_collective"
 )
 
 

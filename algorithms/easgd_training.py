@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.comm import RoleProgram
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
-from algorithms.training_roles import elastic_worker, round_robin_master
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
+from ddlsim.algorithms.training_roles import elastic_worker, round_robin_master
 
 
 class EasgdTraining(TrainingAlgorithm):

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from algorithms.recursive_doubling_collective import (
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.recursive_doubling_collective import (
     allgather_rounds,
     allgather_time_s,
     exchange_partners,
@@ -43,7 +43,7 @@ from algorithms.recursive_doubling_collective import (
     rank_of,
     slowest_hop,
 )
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
 def _allreduce_rounds(ranks: int) -> Iterator[Round]:

@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.binomial_tree_collective import broadcast_pairs, reduce_pairs
-from algorithms.collective import COLLECTIVE_ALGORITHMS, CollectiveAlgorithm, check_collective, reject_options
-from algorithms.registry import UnknownNameError
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.binomial_tree_collective import broadcast_pairs, reduce_pairs
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, CollectiveAlgorithm, check_collective, reject_options
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 INTRA = ("reduce", "reduce_scatter")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.comm import RoleProgram
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
-from algorithms.training_roles import push_pull_exchanges, push_pull_worker, server_loop
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
+from ddlsim.algorithms.training_roles import push_pull_exchanges, push_pull_worker, server_loop
 
 
 class HogwildSgdTraining(TrainingAlgorithm):

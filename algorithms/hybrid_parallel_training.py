@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.comm import RoleProgram
-from algorithms.training_algorithm import (
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.training_algorithm import (
     TAG_ACTIVATION,
     TAG_ACTIVATION_GRADIENT,
     TRAINING_ALGORITHMS,

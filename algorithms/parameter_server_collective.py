@@ -22,8 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 PLACEMENTS = ("dedicated", "colocated")
 

@@ -44,8 +44,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from algorithms.registry import Registry
-from algorithms.schedule import COLLECTIVES, ScheduleError
+from ddlsim.algorithms.registry import Registry
+from ddlsim.algorithms.schedule import COLLECTIVES, ScheduleError
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from algorithms.schedule import COPY, REDUCE, Schedule
+from ddlsim.algorithms.schedule import COPY, REDUCE, Schedule
 
 
 class SymbolicError(AssertionError):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.comm import RoleProgram
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, Plan, Trainer, TrainingAlgorithm
 
 
 class SyncEasgdTraining(TrainingAlgorithm):

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from algorithms.comm import ANY_SOURCE, RoleProgram
-from algorithms.training_algorithm import (
+from ddlsim.algorithms.comm import ANY_SOURCE, RoleProgram
+from ddlsim.algorithms.training_algorithm import (
     TAG_PULL,
     TAG_PUSH,
     TRAINING_ALGORITHMS,
@@ -19,7 +19,7 @@ from algorithms.training_algorithm import (
     Trainer,
     TrainingAlgorithm,
 )
-from algorithms.training_roles import push_pull_worker
+from ddlsim.algorithms.training_roles import push_pull_worker
 
 
 class SyncSgdPsTraining(TrainingAlgorithm):

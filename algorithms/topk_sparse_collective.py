@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from algorithms.schedule import COPY, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.schedule import COPY, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 INDEX_BYTES = 4
 

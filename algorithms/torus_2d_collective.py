@@ -20,9 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from algorithms.recursive_doubling_collective import slowest_hop
-from algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.recursive_doubling_collective import slowest_hop
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 
 def default_rows(ranks: int, devices_per_node: int) -> int:

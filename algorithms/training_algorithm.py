@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from algorithms.comm import RoleProgram
-from algorithms.registry import Registry
-from algorithms.schedule import ScheduleError
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.registry import Registry
+from ddlsim.algorithms.schedule import ScheduleError
 
 # Message tags, one per kind of message, shared by every algorithm.
 TAG_PUSH = 11  # worker -> server: gradient, weight delta or worker weights (EASGD)
@@ -238,7 +238,7 @@ class TrainingAlgorithm:
 
 
 TRAINING_ALGORITHMS: Registry[TrainingAlgorithm] = Registry(
-    "training algorithm", package="algorithms", suffix="_training"
+    "training algorithm", package="ddlsim.algorithms", suffix="_training"
 )
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from algorithms.comm import ANY_SOURCE, RoleProgram
-from algorithms.training_algorithm import TAG_PULL, TAG_PUSH, Plan, Trainer
+from ddlsim.algorithms.comm import ANY_SOURCE, RoleProgram
+from ddlsim.algorithms.training_algorithm import TAG_PULL, TAG_PUSH, Plan, Trainer
 
 
 def hogwild_batches(steps: int, threads: int) -> list[int]:

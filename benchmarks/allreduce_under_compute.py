@@ -24,9 +24,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hardware_models.units import parse_bytes
-from real_runs.schedule_executor import Workspace, build_schedule, run_schedule
-from real_runs.transport import MpiTransport
+from ddlsim.hardware_models.units import parse_bytes
+from ddlsim.real_runs.schedule_executor import Workspace, build_schedule, run_schedule
+from ddlsim.real_runs.transport import MpiTransport
 
 
 def main() -> int:
@@ -38,7 +38,7 @@ def main() -> int:
 
     import torch
 
-    from real_runs.models import build_model
+    from ddlsim.real_runs.models import build_model
 
     torch.set_num_threads(1)
     world = MpiTransport()

@@ -22,10 +22,10 @@ CASES = [("ring 100 MB x 4096 ranks", 4096, 100e6, 1.0), ("ring 1 GB x 512 ranks
 
 CHILD = """
 import json, resource, sys, time
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.catalog import load_link
-from simulator.collective_engine import VectorisedExecutor
-from simulator.fabric import Fabric, FabricSpec
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.collective_engine import VectorisedExecutor
+from ddlsim.simulator.fabric import Fabric, FabricSpec
 ranks, size = int(sys.argv[1]), float(sys.argv[2])
 fabric = Fabric(FabricSpec(nodes=ranks, devices_per_node=1, network=load_link("ib_edr")))
 schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", ranks)

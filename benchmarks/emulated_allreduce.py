@@ -42,8 +42,8 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(REPO))
 
-from hardware_models.units import parse_bytes  # noqa: E402
-from real_runs.emulated_network import (  # noqa: E402
+from ddlsim.hardware_models.units import parse_bytes  # noqa: E402
+from ddlsim.real_runs.emulated_network import (  # noqa: E402
     TCP_EFFICIENCY_MTU9000,
     StarNetwork,
     check_permitted,
@@ -70,7 +70,7 @@ def _library_allreduce(library: str, transport: Any, buffer: np.ndarray) -> None
 
 def _ring_available() -> bool:
     try:
-        import real_runs.schedule_executor  # noqa: F401
+        import ddlsim.real_runs.schedule_executor  # noqa: F401
     except ImportError:
         return False
     return True
@@ -80,11 +80,11 @@ def worker(library: str, message_bytes: int, iterations: int, implementations: l
     """One rank: time each implementation; rank 0 prints one JSON record per implementation."""
     transport: Any
     if library == "gloo":
-        from real_runs.gloo_transport import GlooTransport
+        from ddlsim.real_runs.gloo_transport import GlooTransport
 
         transport = GlooTransport.from_env()
     else:
-        from real_runs.transport import MpiTransport
+        from ddlsim.real_runs.transport import MpiTransport
 
         transport = MpiTransport()
     rank, size = transport.rank, transport.size
@@ -93,8 +93,8 @@ def worker(library: str, message_bytes: int, iterations: int, implementations: l
     for implementation in implementations:
         run: Callable[[], Any]
         if implementation == "ring":
-            from algorithms.collective import COLLECTIVE_ALGORITHMS
-            from real_runs.schedule_executor import run_schedule
+            from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+            from ddlsim.real_runs.schedule_executor import run_schedule
 
             schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", size)
             run = functools.partial(run_schedule, schedule, buffer, transport)

@@ -20,9 +20,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from real_runs.microbench import bus_bandwidth_Bps
-from real_runs.schedule_executor import Workspace, build_schedule, run_schedule
-from real_runs.transport import MpiTransport
+from ddlsim.real_runs.microbench import bus_bandwidth_Bps
+from ddlsim.real_runs.schedule_executor import Workspace, build_schedule, run_schedule
+from ddlsim.real_runs.transport import MpiTransport
 
 
 def timed(transport: MpiTransport, call, repeats: int, warmup: int) -> list[float]:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from algorithms.training_algorithm import make_options
-from simulator.algorithm_sim import AlgorithmResult, AlgorithmSetup, simulate_algorithm
-from simulator.scenario import Scenario
+from ddlsim.algorithms.training_algorithm import make_options
+from ddlsim.simulator.algorithm_sim import AlgorithmResult, AlgorithmSetup, simulate_algorithm
+from ddlsim.simulator.scenario import Scenario
 
 CLUSTER = Scenario(
     workload="alexnet",

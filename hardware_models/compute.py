@@ -7,7 +7,7 @@ The efficiencies are the device datasheet's defaults until a calibration profile
 
 from __future__ import annotations
 
-from hardware_models.catalog import Device
+from ddlsim.hardware_models.catalog import Device
 
 BYTES_PER_ELEMENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hardware_models.catalog import CatalogError, Device, Link
+from ddlsim.hardware_models.catalog import CatalogError, Device, Link
 
 SCHEMA_VERSION = 1
 

@@ -30,10 +30,10 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.comm import drive
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions, Plan
-from real_runs.data import Dataset, load_dataset, shard_batches
-from real_runs.models import build_model
+from ddlsim.algorithms.comm import drive
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions, Plan
+from ddlsim.real_runs.data import Dataset, load_dataset, shard_batches
+from ddlsim.real_runs.models import build_model
 
 
 def _torch():
@@ -331,7 +331,7 @@ class StageTrainer:
         modules = list(model.children())
         split = settings.options.split or _default_split(modules, stages)
         if sum(split) != len(modules):
-            from algorithms.training_algorithm import TrainingAlgorithmError
+            from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError
 
             raise TrainingAlgorithmError(
                 f"hybrid split {','.join(map(str, split))} covers {sum(split)} layers; the model has {len(modules)}"
@@ -405,7 +405,7 @@ def _default_split(modules: list, stages: int) -> tuple[int, ...]:
     """Parameterised modules spread evenly: each stage gets at least one module with weights."""
     weighted = [i for i, module in enumerate(modules) if any(True for _ in module.parameters())]
     if len(weighted) < stages:
-        from algorithms.training_algorithm import TrainingAlgorithmError
+        from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError
 
         raise TrainingAlgorithmError(f"the model has {len(weighted)} layers with weights, fewer than {stages} stages")
     cuts = [weighted[round(k * len(weighted) / stages)] for k in range(1, stages)]
@@ -428,9 +428,9 @@ def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset):
 
 def run_algorithm(settings: RunSettings, transport: Any = None) -> RunResult:
     """Run ``settings.algorithm`` on every rank of ``transport`` (default MPI COMM_WORLD)."""
-    from real_runs.comm_executor import MpiComm
-    from real_runs.trace import TraceWriter
-    from real_runs.transport import make_transport
+    from ddlsim.real_runs.comm_executor import MpiComm
+    from ddlsim.real_runs.trace import TraceWriter
+    from ddlsim.real_runs.transport import make_transport
 
     transport = transport if transport is not None else make_transport("mpi")
     algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)

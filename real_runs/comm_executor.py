@@ -23,10 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send, drive
-from real_runs.schedule_executor import SCHEDULE_TAG, Workspace, build_schedule, run_schedule
-from real_runs.transport import Transport, make_transport
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send, drive
+from ddlsim.real_runs.schedule_executor import SCHEDULE_TAG, Workspace, build_schedule, run_schedule
+from ddlsim.real_runs.transport import Transport, make_transport
 
 HEADER_SLOTS = 12  # kind, dtype, ndim, up to 9 dimensions
 MAX_DIMS = HEADER_SLOTS - 3

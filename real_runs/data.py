@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from algorithms.registry import Registry
+from ddlsim.algorithms.registry import Registry
 
 
 @dataclass(frozen=True)

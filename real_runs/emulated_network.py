@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hardware_models.units import UnitError, parse_bandwidth
+from ddlsim.hardware_models.units import UnitError, parse_bandwidth
 
 MTU_BYTES = 9000
 ETHERNET_HEADER_BYTES = 14
@@ -377,7 +377,7 @@ def star_network(ranks: int, rate_Bps: float, prefix: str = "ddlsim") -> Iterato
     if clash:
         raise EmulatedNetworkError(
             f"namespaces {clash} already exist (a crashed run?); remove them with "
-            f"`python -m real_runs.emulated_network cleanup {prefix}`"
+            f"`python -m ddlsim.real_runs.emulated_network cleanup {prefix}`"
         )
     network = None
     with tempfile.TemporaryDirectory(prefix=f"{prefix}-") as workdir:
@@ -397,7 +397,7 @@ def star_network(ranks: int, rate_Bps: float, prefix: str = "ddlsim") -> Iterato
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m real_runs.emulated_network cleanup PREFIX`` | ``check``."""
+    """``python -m ddlsim.real_runs.emulated_network cleanup PREFIX`` | ``check``."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] == ["check"]:
         reason = check_permitted()
@@ -407,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         deleted = cleanup(args[1])
         print("deleted: " + (", ".join(deleted) if deleted else "nothing"))
         return 0
-    print("usage: python -m real_runs.emulated_network check | cleanup PREFIX", file=sys.stderr)
+    print("usage: python -m ddlsim.real_runs.emulated_network check | cleanup PREFIX", file=sys.stderr)
     return 2
 
 

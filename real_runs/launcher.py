@@ -1,6 +1,6 @@
 """Start the ranks of a real run and say clearly how they ended.
 
-``launch(...)`` runs ``python -m real_runs.worker MODE`` on N ranks:
+``launch(...)`` runs ``python -m ddlsim.real_runs.worker MODE`` on N ranks:
 
 * already under ``mpiexec`` (``PMI_RANK``/``PMI_SIZE``, ``OMPI_COMM_WORLD_SIZE`` or ``PMIX_RANK``
   in the environment): in this process, as one rank;
@@ -11,7 +11,7 @@
 * ``--emulate-network RATE``: the ranks run in network namespaces joined through rate-limited
   links (``real_runs.emulated_network``, imported only then).
 
-Each rank runs under a small wrapper (``python -m real_runs.launcher wrap``) that starts the worker
+Each rank runs under a small wrapper (``python -m ddlsim.real_runs.launcher wrap``) that starts the worker
 as its child, passes its stderr through while keeping the last lines, and writes
 ``status.rank{r}.json`` (exit status, signal, last stderr lines) before exiting with the child's
 status. So when a rank crashes, even by SIGKILL, the launcher names it and says why. A run past
@@ -128,7 +128,7 @@ def wrap(status_dir: Path, command: Sequence[str]) -> int:
         "started_unix_s": started,
         "ended_unix_s": time.time(),
     }
-    from simulator.records import write_json
+    from ddlsim.simulator.records import write_json
 
     write_json(status_path(status_dir, rank), status)
     return 128 - code if code < 0 else code
@@ -138,12 +138,12 @@ def wrap(status_dir: Path, command: Sequence[str]) -> int:
 
 
 def worker_command(mode: str, scenario: Mapping[str, Any], out: Path) -> list[str]:
-    return [sys.executable, "-m", "real_runs.worker", mode, "--scenario", json.dumps(scenario, sort_keys=True),
+    return [sys.executable, "-m", "ddlsim.real_runs.worker", mode, "--scenario", json.dumps(scenario, sort_keys=True),
             "--out", str(out)]  # fmt: skip
 
 
 def wrapped(command: Sequence[str], out: Path) -> list[str]:
-    return [sys.executable, "-m", "real_runs.launcher", "wrap", "--status-dir", str(out), "--", *command]
+    return [sys.executable, "-m", "ddlsim.real_runs.launcher", "wrap", "--status-dir", str(out), "--", *command]
 
 
 # glibc malloc hands blocks above its mmap threshold (dynamic, 128 KiB at start) to fresh mmap()s and
@@ -228,7 +228,7 @@ def launch(
     """Run the worker on ``ranks`` ranks; print what went wrong and return non-zero if anything did."""
     out = Path(out)
     if under_mpiexec():
-        from real_runs.worker import run
+        from ddlsim.real_runs.worker import run
 
         return run(mode, dict(scenario), out)
     check_requirements(backend)
@@ -257,7 +257,7 @@ def launch(
 def _launch_emulated(command: list[str], out: Path, ranks: int, backend: str, mpiexec: str | None,
                      timeout_s: float | None, rate: str, env: dict[str, str]) -> int:  # fmt: skip
     try:
-        emulated = importlib.import_module("real_runs.emulated_network")
+        emulated = importlib.import_module("ddlsim.real_runs.emulated_network")
     except ModuleNotFoundError as error:
         raise LaunchError(f"--emulate-network needs real_runs.emulated_network, which is missing ({error})") from None
     problem = emulated.check_permitted() if hasattr(emulated, "check_permitted") else None
@@ -305,7 +305,7 @@ def read_statuses(out: Path) -> dict[int, dict[str, Any]]:
 
 def _last_iterations(out: Path) -> dict[int, int]:
     """The last iteration each rank's trace holds (-1: none)."""
-    from real_runs.trace import read_trace
+    from ddlsim.real_runs.trace import read_trace
 
     last: dict[int, int] = {}
     with contextlib.suppress(ValueError, OSError):
@@ -347,10 +347,10 @@ def timeout_report(out: Path, ranks: int, timeout_s: float | None) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m real_runs.launcher wrap --status-dir DIR -- COMMAND...`` (the per-rank wrapper)."""
+    """``python -m ddlsim.real_runs.launcher wrap --status-dir DIR -- COMMAND...`` (the per-rank wrapper)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 4 or args[0] != "wrap" or args[1] != "--status-dir" or args[3] != "--":
-        print("usage: python -m real_runs.launcher wrap --status-dir DIR -- COMMAND...", file=sys.stderr)
+        print("usage: python -m ddlsim.real_runs.launcher wrap --status-dir DIR -- COMMAND...", file=sys.stderr)
         return 2
     return wrap(Path(args[2]), args[4:])
 

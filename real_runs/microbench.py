@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.schedule import ScheduleError
-from real_runs.schedule_executor import Workspace, build_schedule, promised, reference_result, run_schedule
-from real_runs.transport import Transport
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.real_runs.schedule_executor import Workspace, build_schedule, promised, reference_result, run_schedule
+from ddlsim.real_runs.transport import Transport
 
 MEASUREMENT_COLUMNS = (
     "id", "source", "kind", "workload", "collective", "algorithm", "device", "devices_per_node", "nodes",
@@ -343,7 +343,7 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
     transport = context.transport
     import torch
 
-    from real_runs.models import build_model
+    from ddlsim.real_runs.models import build_model
 
     for model_name in models:
         model = build_model(model_name, channels, classes)
@@ -423,8 +423,8 @@ def _training_step_times(
     comm = getattr(transport, "comm", None)
     if comm is None:
         return None
-    from real_runs.sync_training import TrainSettings, train
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.sync_training import TrainSettings, train
+    from ddlsim.real_runs.transport import MpiTransport
 
     alone = MpiTransport(comm.Split(transport.rank, 0))
     times = _StepTimes(transport)

@@ -12,8 +12,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hardware_models.units import parse_bytes
-from simulator.commands.common import parse_options
+from ddlsim.hardware_models.units import parse_bytes
+from ddlsim.simulator.commands.common import parse_options
 
 DEFAULT_OUT = Path("runs/real")
 
@@ -35,8 +35,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def launch_from_args(args: argparse.Namespace, mode: str, scenario: dict[str, Any]) -> int:
-    from real_runs.launcher import LaunchError, launch
-    from simulator.cli import InputError
+    from ddlsim.real_runs.launcher import LaunchError, launch
+    from ddlsim.simulator.cli import InputError
 
     if args.ranks < 1:
         raise InputError(f"--ranks must be at least 1, got {args.ranks}")
@@ -78,11 +78,11 @@ def register(subparsers: Any) -> None:
 
 def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
     """The training settings from the arguments, validated here (unknown names fail before launching)."""
-    from algorithms.collective import COLLECTIVE_ALGORITHMS
-    from real_runs.data import DATASETS
-    from real_runs.models import MODELS
-    from real_runs.schedule_executor import build_schedule
-    from simulator.cli import InputError
+    from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+    from ddlsim.real_runs.data import DATASETS
+    from ddlsim.real_runs.models import MODELS
+    from ddlsim.real_runs.schedule_executor import build_schedule
+    from ddlsim.simulator.cli import InputError
 
     MODELS.get(args.model)
     DATASETS.get(args.dataset)

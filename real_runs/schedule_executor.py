@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.schedule import COPY, REDUCE, Schedule
-from real_runs.transport import Transport
+from ddlsim.algorithms.schedule import COPY, REDUCE, Schedule
+from ddlsim.real_runs.transport import Transport
 
 SCHEDULE_TAG = 7000
 SPARSE_INDEX_BYTES = 4  # int32 indices, as algorithms/topk_sparse_collective.py counts them
@@ -250,8 +250,8 @@ def build_schedule(algorithm: str, collective: str, ranks: int, **options: Any) 
     have workers; they are rebuilt with ``ranks - helpers`` workers so workers and helpers fill the
     ranks at hand.
     """
-    from algorithms.collective import COLLECTIVE_ALGORITHMS
-    from algorithms.schedule import ScheduleError
+    from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+    from ddlsim.algorithms.schedule import ScheduleError
 
     implementation = COLLECTIVE_ALGORITHMS.get(algorithm)
     schedule = implementation.schedule(collective, ranks, **options)

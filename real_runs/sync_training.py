@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.schedule import Schedule
-from real_runs.data import load_dataset, shard_batches
-from real_runs.models import build_model
-from real_runs.schedule_executor import SCHEDULE_TAG, Workspace, build_schedule, run_schedule
-from real_runs.transport import Transport
+from ddlsim.algorithms.schedule import Schedule
+from ddlsim.real_runs.data import load_dataset, shard_batches
+from ddlsim.real_runs.models import build_model
+from ddlsim.real_runs.schedule_executor import SCHEDULE_TAG, Workspace, build_schedule, run_schedule
+from ddlsim.real_runs.transport import Transport
 
 GRADIENT_TAG = SCHEDULE_TAG + 2
 PRECISIONS = {"fp32": np.float32, "fp16": np.float16}

@@ -21,8 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from real_runs.launcher import TIMING_ENV
-from simulator.records import TRACE_COLUMNS, write_json
+from ddlsim.real_runs.launcher import TIMING_ENV
+from ddlsim.simulator.records import TRACE_COLUMNS, write_json
 
 TRACE_GLOB = "trace.rank*.jsonl"
 

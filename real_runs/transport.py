@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from algorithms.schedule import COLLECTIVES
+from ddlsim.algorithms.schedule import COLLECTIVES
 
 INSTALL_HINT = "pip install 'ddlsim[real]'"
 ANY_SOURCE = -1
@@ -180,9 +180,9 @@ def make_transport(backend: str) -> Transport:
         return MpiTransport()
     if backend == "gloo":
         try:
-            module = importlib.import_module("real_runs.gloo_transport")
+            module = importlib.import_module("ddlsim.real_runs.gloo_transport")
         except ModuleNotFoundError as error:
-            if error.name in ("real_runs.gloo_transport", "torch"):
+            if error.name in ("ddlsim.real_runs.gloo_transport", "torch"):
                 raise TransportError(
                     f"the gloo backend needs torch and real_runs.gloo_transport ({error.name} is missing); "
                     f"install with {INSTALL_HINT}"

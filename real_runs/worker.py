@@ -1,4 +1,4 @@
-"""One rank of a real run: ``python -m real_runs.worker train|bench --scenario JSON --out DIR``.
+"""One rank of a real run: ``python -m ddlsim.real_runs.worker train|bench --scenario JSON --out DIR``.
 
 The launcher starts one per rank (under ``mpiexec``, or as gloo processes). Each rank parses the
 same scenario, and the ranks first compare digests of it (an allgather): a rank started with a
@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from real_runs.transport import Transport, make_transport, object_digest
+from ddlsim.real_runs.transport import Transport, make_transport, object_digest
 
 SCENARIO_MISMATCH_EXIT = 3
 
@@ -39,9 +39,9 @@ def check_scenario(transport: Transport, scenario: dict[str, Any]) -> None:
 
 
 def run_train(transport: Transport, scenario: dict[str, Any], out: Path) -> None:
-    from real_runs.sync_training import TrainSettings, train
-    from real_runs.trace import TraceWriter
-    from simulator.records import write_csv
+    from ddlsim.real_runs.sync_training import TrainSettings, train
+    from ddlsim.real_runs.trace import TraceWriter
+    from ddlsim.simulator.records import write_csv
 
     settings = TrainSettings(**scenario["train"])
     metadata = {"mode": "train", "ranks": transport.size, "scenario": scenario}
@@ -60,9 +60,9 @@ def run_train(transport: Transport, scenario: dict[str, Any], out: Path) -> None
 
 
 def run_bench(transport: Transport, scenario: dict[str, Any], out: Path) -> None:
-    from real_runs import microbench
-    from real_runs.trace import TraceWriter
-    from simulator.records import write_csv
+    from ddlsim.real_runs import microbench
+    from ddlsim.real_runs.trace import TraceWriter
+    from ddlsim.simulator.records import write_csv
 
     bench = scenario["bench"]
     metadata = {"mode": "bench", "ranks": transport.size, "scenario": scenario}
@@ -108,7 +108,7 @@ def run(mode: str, scenario: dict[str, Any], out: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m real_runs.worker")
+    parser = argparse.ArgumentParser(prog="python -m ddlsim.real_runs.worker")
     parser.add_argument("mode", choices=sorted(MODES))
     parser.add_argument("--scenario", required=True, help="the scenario as JSON")
     parser.add_argument("--out", required=True, type=Path)

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from simulator.records import atomic_open
+from ddlsim.simulator.records import atomic_open
 
 COMPUTE_OPS = ("forward", "backward", "update")
 WAIT = "wait_allreduce"
@@ -241,9 +241,9 @@ def simulate_timeline(scenario: Any, nodes: int, mode: str = "auto") -> dict[str
     back to message-by-message execution when flows may contend. ``otherData`` records the
     simulated ``iteration_s`` and each rank's end time ``rank_end_s`` (seconds).
     """
-    from simulator.collective_engine import ContentionDetected, TransferLog
-    from simulator.engine import TrainingSimulation
-    from simulator.training import compute_profile
+    from ddlsim.simulator.collective_engine import ContentionDetected, TransferLog
+    from ddlsim.simulator.engine import TrainingSimulation
+    from ddlsim.simulator.training import compute_profile
 
     profile = compute_profile(scenario)
     paths = ("vectorised", "message") if mode == "auto" else (mode,)

@@ -1,6 +1,6 @@
 """The gallery: ddlsim's predictions beside the headline numbers of the seed publications.
 
-``ddlsim report gallery`` (or ``python -m reports.gallery``) runs every entry's ddlsim commands
+``ddlsim report gallery`` (or ``python -m ddlsim.reports.gallery``) runs every entry's ddlsim commands
 into ``reports/gallery/runs/<entry>/<run>/``, reads the result files back, and writes
 ``reports/gallery/README.md``, ``reports/gallery/index.html`` and one PNG per entry. Each entry
 states the exact commands, the prediction, the published figure and the gap, and the assumptions
@@ -22,9 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from reports import plots
-from reports.html_report import esc, page, table
-from simulator.records import atomic_open, read_csv
+from ddlsim.reports import plots
+from ddlsim.reports.html_report import esc, page, table
+from ddlsim.simulator.records import atomic_open, read_csv
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "gallery"
 IMAGENET_IMAGES = 1_281_167
@@ -515,7 +515,7 @@ ENTRIES: tuple[Entry, ...] = (
 
 def run_entry(entry: Entry, runs_dir: Path) -> tuple[Results, str]:
     """Run the entry's commands (output captured); results per run name, or a reason it is pending."""
-    from simulator.cli import main
+    from ddlsim.simulator.cli import main
 
     if entry.pending:
         return {}, entry.pending

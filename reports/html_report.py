@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from reports import plots
-from simulator.records import atomic_open
+from ddlsim.reports import plots
+from ddlsim.simulator.records import atomic_open
 
 CSS = """
 body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px;

@@ -34,7 +34,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
-from simulator.records import atomic_open, read_csv
+from ddlsim.simulator.records import atomic_open, read_csv
 
 DPI = 150
 LINE_STYLES = ("-", "--", "-.", ":")

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.comm import Sized
-from algorithms.training_algorithm import (
+from ddlsim.algorithms.comm import Sized
+from ddlsim.algorithms.training_algorithm import (
     TRAINING_ALGORITHMS,
     AlgorithmOptions,
     Plan,
@@ -40,11 +40,11 @@ from algorithms.training_algorithm import (
     TrainingAlgorithmError,
     check_server_placement,
 )
-from hardware_models.compute import optimizer_update_time_s
-from simulator.fabric import Fabric
-from simulator.role_executor import OpRecord, RoleExecutor
-from simulator.scenario import Scenario, ScenarioError
-from simulator.training import LayerTime, layer_times
+from ddlsim.hardware_models.compute import optimizer_update_time_s
+from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.role_executor import OpRecord, RoleExecutor
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training import LayerTime, layer_times
 
 STRAGGLER_FORMS = "none, lognormal:SIGMA (per step) or lognormal:SIGMA:device (per device, fixed)"
 

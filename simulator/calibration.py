@@ -31,12 +31,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hardware_models.catalog import load_device, load_link
-from hardware_models.profile import DeviceFit, LinkFit, Profile, workload_key
-from simulator.collective_sim import bus_factor
-from simulator.measurements import Measurement, rows_sha256
-from simulator.predict import MODEL_ERRORS, predict, static_reason, training_scenario
-from simulator.training import compute_profile
+from ddlsim.hardware_models.catalog import load_device, load_link
+from ddlsim.hardware_models.profile import DeviceFit, LinkFit, Profile, workload_key
+from ddlsim.simulator.collective_sim import bus_factor
+from ddlsim.simulator.measurements import Measurement, rows_sha256
+from ddlsim.simulator.predict import MODEL_ERRORS, predict, static_reason, training_scenario
+from ddlsim.simulator.training import compute_profile
 
 MAX_SEGMENTS = 3
 NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not resolved (DeepBench ~1%)

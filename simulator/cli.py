@@ -11,26 +11,26 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from algorithms.registry import UnknownNameError
-from algorithms.schedule import ScheduleError
-from hardware_models.catalog import CatalogError
-from hardware_models.units import UnitError
-from simulator.fabric import FabricError
-from simulator.scenario import ScenarioError
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.hardware_models.catalog import CatalogError
+from ddlsim.hardware_models.units import UnitError
+from ddlsim.simulator.fabric import FabricError
+from ddlsim.simulator.scenario import ScenarioError
 
 # one line per command module; each defines register(subparsers)
 COMMAND_MODULES = (
-    "simulator.commands.simulate_command",
-    "simulator.commands.list_command",
-    "simulator.commands.collective_command",
-    "simulator.commands.measurements_command",
-    "simulator.commands.calibrate_command",
-    "simulator.commands.validate_command",
-    "simulator.commands.algorithm_command",
+    "ddlsim.simulator.commands.simulate_command",
+    "ddlsim.simulator.commands.list_command",
+    "ddlsim.simulator.commands.collective_command",
+    "ddlsim.simulator.commands.measurements_command",
+    "ddlsim.simulator.commands.calibrate_command",
+    "ddlsim.simulator.commands.validate_command",
+    "ddlsim.simulator.commands.algorithm_command",
     "real_runs.run_command",
     "real_runs.bench_command",
-    "simulator.commands.plot_command",
-    "simulator.commands.report_command",
+    "ddlsim.simulator.commands.plot_command",
+    "ddlsim.simulator.commands.report_command",
 )
 
 USER_ERRORS = (ScenarioError, UnknownNameError, UnitError, ScheduleError, FabricError, CatalogError)

@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.schedule import COLLECTIVES
-from hardware_models.catalog import Link, load_link
-from hardware_models.profile import Profile
-from simulator.collective_engine import run_collective
-from simulator.fabric import Fabric, FabricSpec, topology_of
-from simulator.scenario import ScenarioError
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import COLLECTIVES
+from ddlsim.hardware_models.catalog import Link, load_link
+from ddlsim.hardware_models.profile import Profile
+from ddlsim.simulator.collective_engine import run_collective
+from ddlsim.simulator.fabric import Fabric, FabricSpec, topology_of
+from ddlsim.simulator.scenario import ScenarioError
 
 LIBRARIES = ("nccl", "mpich", "mlsl", "openmpi")
 
@@ -110,7 +110,7 @@ def resolve_algorithm(
 ) -> tuple[str, dict[str, Any]]:
     """An algorithm token stays itself; a library token (nccl, mpich, ...) picks as that library does."""
     if algorithm in LIBRARIES:
-        from algorithms.selectors import select
+        from ddlsim.algorithms.selectors import select
 
         return select(algorithm, collective, message_bytes, ranks, devices_per_node)
     COLLECTIVE_ALGORITHMS.get(algorithm)

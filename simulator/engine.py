@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 import numpy as np
 import simpy
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from simulator.collective_engine import ContentionDetected, MessageExecutor, TransferLog, VectorisedExecutor
-from simulator.fabric import Fabric
-from simulator.scenario import Scenario
-from simulator.training import ComputeProfile, compute_profile
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.simulator.collective_engine import ContentionDetected, MessageExecutor, TransferLog, VectorisedExecutor
+from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.training import ComputeProfile, compute_profile
 
 _CAUSALITY_SLACK_S = 1e-12
 

@@ -34,8 +34,8 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.schedule import REDUCE, FabricCosts, HopCost
-from hardware_models.catalog import Link
+from ddlsim.algorithms.schedule import REDUCE, FabricCosts, HopCost
+from ddlsim.hardware_models.catalog import Link
 
 TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
 PLACEMENTS = ("block", "scatter")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import simpy
 
-from hardware_models.network import max_min_fair_rates
+from ddlsim.hardware_models.network import max_min_fair_rates
 
 _FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
 

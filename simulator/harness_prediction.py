@@ -23,13 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hardware_models.catalog import load_device
-from hardware_models.compute import optimizer_update_time_s
-from hardware_models.profile import Profile
-from simulator.calibration import calibrate
-from simulator.measurements import Measurement, load_measurements
-from simulator.predict import ape_summary, predict
-from simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.compute import optimizer_update_time_s
+from ddlsim.hardware_models.profile import Profile
+from ddlsim.simulator.calibration import calibrate
+from ddlsim.simulator.measurements import Measurement, load_measurements
+from ddlsim.simulator.predict import ape_summary, predict
+from ddlsim.simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
 
 
 class HarnessPredictionError(ValueError):
@@ -128,7 +128,7 @@ RUN_COLUMNS: dict[str, Callable[[str], Any]] = {
 
 
 def write_runs(path: Path, runs: Iterable[HarnessRun]) -> None:
-    from simulator.records import write_csv
+    from ddlsim.simulator.records import write_csv
 
     write_csv(path, [{column: getattr(run, column) for column in RUN_COLUMNS} for run in runs], list(RUN_COLUMNS))
 

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.schedule import COLLECTIVES
-from hardware_models.catalog import PRECISIONS, device_names, link_names
-from simulator.workloads import workload_names
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import COLLECTIVES
+from ddlsim.hardware_models.catalog import PRECISIONS, device_names, link_names
+from ddlsim.simulator.workloads import workload_names
 
 MEASUREMENT_COLUMNS = (
     "id",
@@ -127,7 +127,7 @@ class Measurement:
 
 def _valid_tokens() -> dict[str, tuple[str, ...]]:
     try:
-        from algorithms.selectors import LIBRARIES
+        from ddlsim.algorithms.selectors import LIBRARIES
 
         libraries = tuple(LIBRARIES.names())
     except ImportError:  # pragma: no cover - the selectors land with the collective-library issue

@@ -29,16 +29,16 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.registry import UnknownNameError
-from algorithms.schedule import ScheduleError
-from hardware_models.catalog import CatalogError, device_names, load_device
-from hardware_models.profile import Profile
-from hardware_models.units import UnitError
-from simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
-from simulator.fabric import FabricError
-from simulator.measurements import Measurement
-from simulator.scenario import Scenario, ScenarioError, default_host_link
-from simulator.sweep import simulate_point
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
+from ddlsim.hardware_models.profile import Profile
+from ddlsim.hardware_models.units import UnitError
+from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
+from ddlsim.simulator.fabric import FabricError
+from ddlsim.simulator.measurements import Measurement
+from ddlsim.simulator.scenario import Scenario, ScenarioError, default_host_link
+from ddlsim.simulator.sweep import simulate_point
 
 # Bus-bandwidth rows quoted as a large-message plateau without a size are predicted at 1 GB
 # (nccl-tests' plateau region on every fabric in the catalog starts well below it).

@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import simpy
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send
-from simulator.collective_engine import MessageExecutor
-from simulator.fabric import Fabric
-from simulator.flow_network import FlowNetwork
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send
+from ddlsim.simulator.collective_engine import MessageExecutor
+from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.flow_network import FlowNetwork
 
 
 @dataclass(frozen=True)

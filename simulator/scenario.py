@@ -10,12 +10,12 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
-from hardware_models.compute import BYTES_PER_ELEMENT
-from hardware_models.profile import Profile
-from simulator.fabric import TOPOLOGIES, FabricSpec, topology_of
-from simulator.workloads import Workload, load_workload
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
+from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
+from ddlsim.hardware_models.profile import Profile
+from ddlsim.simulator.fabric import TOPOLOGIES, FabricSpec, topology_of
+from ddlsim.simulator.workloads import Workload, load_workload
 
 EXECUTORS = ("des", "analytic")
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from simulator.scenario import ScenarioError
+from ddlsim.simulator.scenario import ScenarioError
 
 FAMILIES = ("synchronous", "asynchronous", "elastic")
 

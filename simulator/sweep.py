@@ -14,9 +14,9 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from simulator.engine import simulate_training
-from simulator.scenario import Scenario, ScenarioError
-from simulator.training import analytic_point, compute_profile, with_interference
+from ddlsim.simulator.engine import simulate_training
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training import analytic_point, compute_profile, with_interference
 
 POOLS = ("auto", "serial", "process", "mpi")
 
@@ -73,7 +73,7 @@ def parse_counts(text: str, what: str = "nodes") -> tuple[int, ...]:
 
 def parse_sizes(text: str) -> tuple[float, ...]:
     """Parse message sizes: "100MB", "1KB,4KB" or a geometric sweep "1KB:1GB:x2" (bytes)."""
-    from hardware_models.units import parse_bytes
+    from ddlsim.hardware_models.units import parse_bytes
 
     text = text.strip()
     if ":" in text:

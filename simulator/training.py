@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.compute import optimizer_update_time_s, roofline_time_s
-from simulator.fabric import Fabric
-from simulator.scenario import Scenario
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.compute import optimizer_update_time_s, roofline_time_s
+from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.scenario import Scenario
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hardware_models.catalog import load_link
-from simulator.fabric import Fabric, FabricSpec
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.fabric import Fabric, FabricSpec
 
 
 @pytest.fixture

@@ -7,10 +7,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from hardware_models.profile import DeviceFit, LinkFit, Profile, load_profile, profile_to_toml
-from simulator.calibration import calibrate
-from simulator.measurements import Measurement
-from simulator.predict import predict
+from ddlsim.hardware_models.profile import DeviceFit, LinkFit, Profile, load_profile, profile_to_toml
+from ddlsim.simulator.calibration import calibrate
+from ddlsim.simulator.measurements import Measurement
+from ddlsim.simulator.predict import predict
 
 KEY = "eth_10g@xeon_8180@ring"
 SIZES = (1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.registry import UnknownNameError
-from hardware_models.catalog import (
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.hardware_models.catalog import (
     DEVICE_KINDS,
     LINK_KINDS,
     PRECISIONS,

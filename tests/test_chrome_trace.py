@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from reports.chrome_trace import (
+from ddlsim.reports.chrome_trace import (
     COMPUTE_OPS,
     TID_STRIDE,
     Transfers,
@@ -16,9 +16,9 @@ from reports.chrome_trace import (
     simulate_timeline,
     trace_events,
 )
-from simulator.cli import main
-from simulator.records import read_csv
-from simulator.scenario import Scenario
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.records import read_csv
+from ddlsim.simulator.scenario import Scenario
 
 
 def row(rank, op, start, end, iteration=0, nbytes=0.0, peer=-1):

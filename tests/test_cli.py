@@ -5,8 +5,8 @@ import sys
 
 import pytest
 
-from simulator.cli import main
-from simulator.records import SCALING_COLUMNS, read_csv
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.records import SCALING_COLUMNS, read_csv
 
 SMALL = ["--nodes", "1,2,4", "--executor-pool", "serial"]
 
@@ -28,7 +28,7 @@ def test_default_simulate_prints_scaling_table(capsys):
 
 def test_installed_command_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", "simulate", "--nodes", "1,2", "--executor-pool", "serial"],
+        [sys.executable, "-m", "ddlsim.simulator.cli", "simulate", "--nodes", "1,2", "--executor-pool", "serial"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -191,11 +191,11 @@ def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabri
     FabricSpec topology field under its name, with FabricSpec's default."""
     import dataclasses
 
-    from simulator.cli import build_parser
-    from simulator.collective_sim import CollectiveSetup
-    from simulator.commands.common import topology_options
-    from simulator.fabric import TOPOLOGY_FIELDS, FabricSpec
-    from simulator.scenario import Scenario
+    from ddlsim.simulator.cli import build_parser
+    from ddlsim.simulator.collective_sim import CollectiveSetup
+    from ddlsim.simulator.commands.common import topology_options
+    from ddlsim.simulator.fabric import TOPOLOGY_FIELDS, FabricSpec
+    from ddlsim.simulator.scenario import Scenario
 
     def defaults(cls):
         return {f.name: f.default for f in dataclasses.fields(cls) if f.name in TOPOLOGY_FIELDS}

@@ -3,16 +3,16 @@
 import numpy as np
 import pytest
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.schedule import REDUCE, Round, Schedule
-from hardware_models.catalog import load_link
-from simulator.collective_engine import (
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.collective_engine import (
     ContentionDetected,
     MessageExecutor,
     VectorisedExecutor,
     run_collective,
 )
-from simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.fabric import Fabric, FabricSpec
 
 
 def _paths(schedule, fabric, nbytes, start=0.0):

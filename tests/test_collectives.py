@@ -15,12 +15,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.double_binary_tree_collective import dtree_parents, tree_height
-from algorithms.registry import UnknownNameError
-from algorithms.schedule import FabricCosts, HopCost, Schedule, ScheduleError
-from algorithms.selectors import LIBRARIES, select
-from algorithms.symbolic import check_schedule
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.double_binary_tree_collective import dtree_parents, tree_height
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.algorithms.schedule import FabricCosts, HopCost, Schedule, ScheduleError
+from ddlsim.algorithms.selectors import LIBRARIES, select
+from ddlsim.algorithms.symbolic import check_schedule
 
 VARIANTS: dict[str, list[dict]] = {
     "chain": [{}, {"chunks": 3}],
@@ -167,7 +167,7 @@ def test_closed_form_on_any_two_level_fabric(name, collective, options, ranks, d
 def test_reference_semantics_on_a_three_rank_story():
     """Rank 0 -> 1 (1 s) in round 0; round 1: 2 -> 1 starts at 0 (rank 2 idle in round 0) and
     ends at 1 s, 1 -> 0 starts at 1 s and ends at 2 s; total 2 s."""
-    from algorithms.schedule import COPY, Round
+    from ddlsim.algorithms.schedule import COPY, Round
 
     def rounds():
         yield Round.of(0, 1, 0, 1, COPY)

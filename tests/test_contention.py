@@ -5,12 +5,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.catalog import load_link
-from simulator.collective_engine import MessageExecutor, run_collective
-from simulator.engine import simulate_training
-from simulator.fabric import Fabric, FabricSpec
-from simulator.scenario import Scenario
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.collective_engine import MessageExecutor, run_collective
+from ddlsim.simulator.engine import simulate_training
+from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.scenario import Scenario
 
 IB = load_link("ib_edr")
 B = IB.port_bandwidth_Bps

@@ -4,10 +4,10 @@ nothing contends. Driven by the registry, so a new algorithm file is tested auto
 import numpy as np
 import pytest
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.catalog import load_link
-from simulator.collective_engine import MessageExecutor, run_collective
-from simulator.fabric import Fabric, FabricSpec
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.collective_engine import MessageExecutor, run_collective
+from ddlsim.simulator.fabric import Fabric, FabricSpec
 
 CASES = [
     (name, collective)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from real_runs.emulated_network import (
+from ddlsim.real_runs.emulated_network import (
     TCP_EFFICIENCY_MTU9000,
     EmulatedNetworkError,
     StarNetwork,

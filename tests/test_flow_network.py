@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import simpy
 
-from hardware_models.network import alpha_beta_time_s, max_min_fair_rates
-from simulator.flow_network import FlowNetwork
+from ddlsim.hardware_models.network import alpha_beta_time_s, max_min_fair_rates
+from ddlsim.simulator.flow_network import FlowNetwork
 
 
 def test_alpha_beta():

@@ -163,7 +163,7 @@ def _groups(transport) -> None:
 
 
 def _worker(scenario: str) -> None:
-    from real_runs.gloo_transport import GlooTransport
+    from ddlsim.real_runs.gloo_transport import GlooTransport
 
     transport = GlooTransport.from_env(timeout_s=60)
     try:
@@ -193,7 +193,7 @@ def test_dup_subset_and_recv_any(ranks):
 
 
 def test_from_env_names_missing_variables(monkeypatch):
-    from real_runs.gloo_transport import GlooTransport
+    from ddlsim.real_runs.gloo_transport import GlooTransport
 
     for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from simulator.harness_prediction import (
+from ddlsim.simulator.harness_prediction import (
     HarnessPredictionError,
     HarnessRun,
     error_summary,
@@ -13,7 +13,7 @@ from simulator.harness_prediction import (
     read_layer_times,
     read_runs,
 )
-from simulator.training import LayerTime
+from ddlsim.simulator.training import LayerTime
 
 HEADER = "workload,layer,phase,per_device_batch,device,median_s,min_s,max_s,repeats,parameter_bytes\n"
 

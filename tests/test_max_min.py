@@ -4,7 +4,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hardware_models.network import max_min_fair_rates, max_min_fair_rates_flat
+from ddlsim.hardware_models.network import max_min_fair_rates, max_min_fair_rates_flat
 
 
 @settings(max_examples=60, deadline=None)

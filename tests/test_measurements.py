@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from simulator.cli import main
-from simulator.measurements import (
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.measurements import (
     MEASUREMENT_COLUMNS,
     MeasurementError,
     from_trace,

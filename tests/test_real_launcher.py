@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from real_runs import launcher
-from real_runs.launcher import LaunchError
+from ddlsim.real_runs import launcher
+from ddlsim.real_runs.launcher import LaunchError
 
 REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 180
@@ -22,7 +22,7 @@ TIMEOUT_S = 180
 def ddlsim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}  # fmt: skip
-    command = [sys.executable, "-m", "simulator.cli", *args]
+    command = [sys.executable, "-m", "ddlsim.simulator.cli", *args]
     return subprocess.run(command, cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
@@ -67,7 +67,7 @@ pytest.importorskip("torch")
 @pytest.mark.slow
 @pytest.mark.mpi
 def test_a_killed_rank_is_named_and_its_finished_iterations_survive(tmp_path):
-    from real_runs.trace import read_trace
+    from ddlsim.real_runs.trace import read_trace
 
     done = ddlsim("run", "-n", "2", "--model", "resnet_small", "--iterations", "6", "--bucket-bytes", "20kB",
                   "--fail-rank", "1", "--fail-at-iteration", "3", "--out", str(tmp_path))  # fmt: skip
@@ -86,7 +86,7 @@ def test_a_killed_rank_is_named_and_its_finished_iterations_survive(tmp_path):
 def test_ranks_with_different_scenarios_stop_with_a_clear_message(tmp_path):
     mpiexec = launcher.find_mpiexec()
     env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    one = [sys.executable, "-m", "simulator.cli", "run", "--out", str(tmp_path)]
+    one = [sys.executable, "-m", "ddlsim.simulator.cli", "run", "--out", str(tmp_path)]
     command = [mpiexec, "-n", "1", *one, "--iterations", "2", ":", "-n", "1", *one, "--iterations", "3"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode != 0

@@ -48,7 +48,7 @@ def mpiexec() -> str:
 
 @pytest.fixture(scope="module")
 def world():
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.transport import MpiTransport
 
     return MpiTransport()
 

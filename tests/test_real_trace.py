@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from real_runs.trace import TraceWriter, read_trace, trace_path
-from simulator.records import TRACE_COLUMNS
+from ddlsim.real_runs.trace import TraceWriter, read_trace, trace_path
+from ddlsim.simulator.records import TRACE_COLUMNS
 
 
 def test_rows_have_the_shared_schema_and_seconds(tmp_path):

@@ -8,13 +8,13 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("mpi4py")
 
-from real_runs.models import build_model
-from real_runs.sync_training import TrainSettings, plan_buckets, train
+from ddlsim.real_runs.models import build_model
+from ddlsim.real_runs.sync_training import TrainSettings, plan_buckets, train
 
 
 @pytest.fixture(scope="module")
 def world():
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.transport import MpiTransport
 
     return MpiTransport()
 

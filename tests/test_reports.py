@@ -14,10 +14,10 @@ import matplotlib.image
 import numpy as np
 import pytest
 
-from reports import plots
-from reports.html_report import build_report
-from simulator.cli import main
-from simulator.commands.validate_command import VALIDATION_COLUMNS
+from ddlsim.reports import plots
+from ddlsim.reports.html_report import build_report
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.commands.validate_command import VALIDATION_COLUMNS
 
 
 def write_validation_fixture(directory: Path) -> None:
@@ -254,7 +254,7 @@ def test_report_renders_in_headless_chromium(tmp_path, results):
 
 
 def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
-    from reports.gallery import ENTRIES, Comparison, Entry, Run, build_gallery, efficiency_pct
+    from ddlsim.reports.gallery import ENTRIES, Comparison, Entry, Run, build_gallery, efficiency_pct
 
     tiny = Entry(
         "tiny",

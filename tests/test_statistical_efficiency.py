@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from simulator.statistical_efficiency import (
+from ddlsim.simulator.statistical_efficiency import (
     GENERIC,
     ConvergenceProfile,
     StatisticalModelError,

@@ -25,7 +25,7 @@ def test_mpi_pool_matches_serial(tmp_path):
             "-m",
             "mpi4py.futures",
             "-m",
-            "simulator.cli",
+            "ddlsim.simulator.cli",
             *argv,
             "--executor-pool",
             "mpi",
@@ -42,7 +42,7 @@ def test_mpi_pool_matches_serial(tmp_path):
     )
     assert mpi.returncode == 0, mpi.stderr[-2000:]
     serial = subprocess.run(
-        [sys.executable, "-m", "simulator.cli", *argv, "--executor-pool", "serial", "--out", str(tmp_path / "serial")],
+        [sys.executable, "-m", "ddlsim", *argv, "--executor-pool", "serial", "--out", str(tmp_path / "serial")],
         capture_output=True,
         text=True,
         timeout=180,

@@ -11,20 +11,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from algorithms.comm import ANY_SOURCE, CommOps
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, TrainingAlgorithmError, make_options
-from hardware_models.catalog import load_link
-from simulator.algorithm_sim import (
+from ddlsim.algorithms.comm import ANY_SOURCE, CommOps
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, TrainingAlgorithmError, make_options
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.algorithm_sim import (
     AlgorithmSetup,
     Stragglers,
     balanced_split,
     best_hybrid_split,
     simulate_algorithm,
 )
-from simulator.cli import main
-from simulator.role_executor import RoleExecutor
-from simulator.scenario import Scenario, ScenarioError
-from simulator.training import layer_times
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.role_executor import RoleExecutor
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training import layer_times
 
 KNL = Scenario(workload="lenet", device="knl_7250", devices_per_node=1, intra_node=None, network="opa_100", nodes=(4,))
 GPU_NODE = Scenario(
@@ -162,7 +162,7 @@ class Payload:
 
 
 def _two_nodes():
-    from simulator.fabric import Fabric, FabricSpec
+    from ddlsim.simulator.fabric import Fabric, FabricSpec
 
     return Fabric(FabricSpec(nodes=3, devices_per_node=1, network=load_link("ib_edr")))
 

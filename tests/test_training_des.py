@@ -4,10 +4,10 @@ import dataclasses
 
 import pytest
 
-from simulator.engine import simulate_training
-from simulator.scenario import Scenario
-from simulator.sweep import parse_counts, run_sweep, simulate_point
-from simulator.training import analytic_point, compute_profile
+from ddlsim.simulator.engine import simulate_training
+from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.sweep import parse_counts, run_sweep, simulate_point
+from ddlsim.simulator.training import analytic_point, compute_profile
 
 SMALL = Scenario(
     workload="resnet50",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from hardware_models.units import (
+from ddlsim.hardware_models.units import (
     UnitError,
     format_bytes,
     parse_bandwidth,

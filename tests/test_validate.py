@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from hardware_models.profile import LinkFit, Profile, profile_to_toml
-from simulator.cli import main
-from simulator.commands.validate_command import SUMMARY_KEYS, VALIDATION_COLUMNS
-from simulator.measurements import MEASUREMENT_COLUMNS, load_measurements, packaged_published_dev, split_by_scale
-from simulator.records import read_csv, write_csv
+from ddlsim.hardware_models.profile import LinkFit, Profile, profile_to_toml
+from ddlsim.simulator.cli import main
+from ddlsim.simulator.commands.validate_command import SUMMARY_KEYS, VALIDATION_COLUMNS
+from ddlsim.simulator.measurements import MEASUREMENT_COLUMNS, load_measurements, packaged_published_dev, split_by_scale
+from ddlsim.simulator.records import read_csv, write_csv
 from tests.test_calibration import KEY, synthetic_collectives
 
 # Held-out median |error| on published_dev.csv with the documented split: 7.1 % when this test

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from algorithms.registry import UnknownNameError
-from simulator.workloads import (
+from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.simulator.workloads import (
     COLUMNS,
     DATA_DIR,
     LAYER_TYPES,
@@ -248,7 +248,7 @@ def _without_torch_version(text: str) -> list[str]:
 @pytest.mark.torch
 def test_generation_script_reproduces_the_committed_tables(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from simulator.workloads import generate
+    from ddlsim.simulator.workloads import generate
 
     names = ["lenet", "resnet50", "transformer_base"]
     assert generate.main([*names, "--out", str(tmp_path)]) == 0
@@ -262,7 +262,7 @@ def test_generation_script_reproduces_the_committed_tables(tmp_path: Path) -> No
 @pytest.mark.torch
 def test_every_committed_table_has_a_model() -> None:
     pytest.importorskip("torch")
-    from simulator.workloads.models import MODELS
+    from ddlsim.simulator.workloads.models import MODELS
 
     assert sorted(MODELS) == workload_names()
 

@@ -16,13 +16,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, make_options
-from hardware_models.catalog import load_device
-from simulator.algorithm_sim import STRAGGLER_FORMS, AlgorithmSetup, best_hybrid_split, simulate_algorithm
-from simulator.commands.common import print_table
-from simulator.records import TRACE_COLUMNS, write_csv, write_json
-from simulator.scenario import Scenario, ScenarioError
-from simulator.statistical_efficiency import profile_for, time_to_accuracy
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, make_options
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.simulator.algorithm_sim import STRAGGLER_FORMS, AlgorithmSetup, best_hybrid_split, simulate_algorithm
+from ddlsim.simulator.commands.common import print_table
+from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.statistical_efficiency import profile_for, time_to_accuracy
 
 SUMMARY_COLUMNS = (
     "algorithm",

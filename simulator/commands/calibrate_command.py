@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hardware_models.profile import profile_to_toml
-from simulator.calibration import CalibrationError, calibrate
-from simulator.commands.common import print_table
-from simulator.measurements import MeasurementError, load_measurements
-from simulator.records import atomic_open
+from ddlsim.hardware_models.profile import profile_to_toml
+from ddlsim.simulator.calibration import CalibrationError, calibrate
+from ddlsim.simulator.commands.common import print_table
+from ddlsim.simulator.measurements import MeasurementError, load_measurements
+from ddlsim.simulator.records import atomic_open
 
 
 def register(subparsers) -> None:
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.cli import InputError
+    from ddlsim.simulator.cli import InputError
 
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")

@@ -5,11 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hardware_models.units import format_bytes
-from simulator.collective_sim import CollectiveSetup, simulate_collective
-from simulator.commands.common import Progress, add_topology_arguments, parse_options, print_table, topology_options
-from simulator.records import write_csv, write_json
-from simulator.sweep import parse_counts, parse_sizes
+from ddlsim.hardware_models.units import format_bytes
+from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
+from ddlsim.simulator.commands.common import (
+    Progress,
+    add_topology_arguments,
+    parse_options,
+    print_table,
+    topology_options,
+)
+from ddlsim.simulator.records import write_csv, write_json
+from ddlsim.simulator.sweep import parse_counts, parse_sizes
 
 COLUMNS = (
     "algorithm",

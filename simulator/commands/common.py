@@ -7,8 +7,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from simulator.fabric import topology_of
-from simulator.scenario import ScenarioError
+from ddlsim.simulator.fabric import topology_of
+from ddlsim.simulator.scenario import ScenarioError
 
 
 def format_cell(value: Any) -> str:
@@ -88,7 +88,7 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
 
 def add_topology_arguments(parser) -> None:
     """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
-    from simulator.fabric import PLACEMENTS, TOPOLOGIES
+    from ddlsim.simulator.fabric import PLACEMENTS, TOPOLOGIES
 
     parser.add_argument("--nics-per-node", type=int, default=1, help="network adapters per node")
     parser.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from hardware_models.catalog import device_names, link_names, load_device, load_link
-from simulator.workloads import load_workload, workload_names
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import device_names, link_names, load_device, load_link
+from ddlsim.simulator.workloads import load_workload, workload_names
 
 KINDS = ("devices", "networks", "links", "workloads", "algorithms", "training-algorithms")
 
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
                 f"{workload.forward_flops / 1e9:8.2f} GFLOP fwd/sample  {len(workload.layers):4d} layers"
             )
     elif args.kind == "training-algorithms":
-        from algorithms.training_algorithm import TRAINING_ALGORITHMS
+        from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
         for name in TRAINING_ALGORITHMS.names():
             trainer = TRAINING_ALGORITHMS.get(name)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from simulator.measurements import (
+from ddlsim.simulator.measurements import (
     MEASUREMENT_COLUMNS,
     MeasurementError,
     check_rows,
@@ -13,7 +13,7 @@ from simulator.measurements import (
     load_measurements,
     split_by_scale,
 )
-from simulator.records import write_csv
+from ddlsim.simulator.records import write_csv
 
 
 def register(subparsers) -> None:
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 
 
 def _input_error(error: Exception):
-    from simulator.cli import InputError
+    from ddlsim.simulator.cli import InputError
 
     return InputError(str(error))
 

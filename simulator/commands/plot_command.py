@@ -41,7 +41,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports import plots
+    from ddlsim.reports import plots
 
     needed, _, default = KINDS[args.plot_kind]
     dirs = args.dirs if isinstance(args.dirs, list) else [args.dirs]
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         }[args.plot_kind]
         data = render()
     except plots.ResultDirError as error:
-        # reported here rather than raised: under ``python -m simulator.cli`` the CLI's own
+        # reported here rather than raised: under ``python -m ddlsim.simulator.cli`` the CLI's own
         # InputError class is a different object from ``simulator.cli.InputError``
         print(f"ddlsim: error: {error}", file=sys.stderr)
         return 2

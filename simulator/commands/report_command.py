@@ -28,23 +28,23 @@ def register(subparsers) -> None:
 
 
 def _error(message: str) -> int:
-    # reported here rather than raised: under ``python -m simulator.cli`` the CLI's InputError is a
+    # reported here rather than raised: under ``python -m ddlsim.simulator.cli`` the CLI's InputError is a
     # different class object from ``simulator.cli.InputError``
     print(f"ddlsim: error: {message}", file=sys.stderr)
     return 2
 
 
 def run(args: argparse.Namespace) -> int:
-    from reports import plots
+    from ddlsim.reports import plots
 
     if [str(d) for d in args.dirs] == ["gallery"]:
-        from reports.gallery import DEFAULT_OUT, build_gallery
+        from ddlsim.reports.gallery import DEFAULT_OUT, build_gallery
 
         out = args.out or DEFAULT_OUT
         written = build_gallery(out)
         print(f"# wrote {out}: {', '.join(written)}")
         return 0
-    from reports.html_report import write_report
+    from ddlsim.reports.html_report import write_report
 
     out = args.out or Path("report.html")
     try:

@@ -6,13 +6,19 @@ import argparse
 import dataclasses
 from pathlib import Path
 
-from hardware_models.catalog import load_device
-from hardware_models.units import parse_bytes
-from simulator.commands.common import Progress, add_topology_arguments, parse_options, print_table, topology_options
-from simulator.records import SCALING_COLUMNS, write_csv, write_json
-from simulator.scenario import EXECUTORS, Scenario, ScenarioError
-from simulator.sweep import POOLS, parse_counts, run_sweep
-from simulator.training import analytic_point, compute_profile
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.units import parse_bytes
+from ddlsim.simulator.commands.common import (
+    Progress,
+    add_topology_arguments,
+    parse_options,
+    print_table,
+    topology_options,
+)
+from ddlsim.simulator.records import SCALING_COLUMNS, write_csv, write_json
+from ddlsim.simulator.scenario import EXECUTORS, Scenario, ScenarioError
+from ddlsim.simulator.sweep import POOLS, parse_counts, run_sweep
+from ddlsim.simulator.training import analytic_point, compute_profile
 
 DEFAULT = Scenario()
 
@@ -105,7 +111,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
 
 def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) -> None:
     """Synchronous SGD: one step per iteration at the global batch (statistical_efficiency)."""
-    from simulator.statistical_efficiency import profile_for, steps_to_target
+    from ddlsim.simulator.statistical_efficiency import profile_for, steps_to_target
 
     convergence = profile_for(scenario.workload)
     for row in rows:
@@ -121,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             [{"global_batch": scenario.per_device_batch, "iteration_s": 1.0}], scenario, args.target_accuracy
         )
     if args.plot and args.out is None:
-        from simulator.cli import InputError
+        from ddlsim.simulator.cli import InputError
 
         raise InputError("--plot needs --out DIR to write the PNG into")
     trace_nodes = max(scenario.nodes) if args.trace_nodes is None else args.trace_nodes
@@ -150,13 +156,13 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.out / "scenario.json", resolved)
         written = ["results.csv", "scenario.json"]
         if args.plot:
-            from reports.plots import plot_scaling
+            from ddlsim.reports.plots import plot_scaling
 
             plot_scaling([args.out], args.out / "scaling_efficiency.png")
             written.append("scaling_efficiency.png")
         print(f"# wrote {', '.join(str(args.out / name) for name in written)}")
     if args.trace is not None:
-        from reports.chrome_trace import simulate_timeline, write_trace
+        from ddlsim.reports.chrome_trace import simulate_timeline, write_trace
 
         write_trace(args.trace, simulate_timeline(scenario, trace_nodes))
         print(f"# wrote {args.trace} (timeline of {trace_nodes} nodes, {scenario.iterations} iterations)")

@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from hardware_models.profile import Profile, load_profile
-from simulator.calibration import CalibrationError, calibrate
-from simulator.commands.common import print_table
-from simulator.measurements import Measurement, MeasurementError, load_measurements
-from simulator.predict import ape_summary, predict
-from simulator.records import write_csv, write_json
+from ddlsim.hardware_models.profile import Profile, load_profile
+from ddlsim.simulator.calibration import CalibrationError, calibrate
+from ddlsim.simulator.commands.common import print_table
+from ddlsim.simulator.measurements import Measurement, MeasurementError, load_measurements
+from ddlsim.simulator.predict import ape_summary, predict
+from ddlsim.simulator.records import write_csv, write_json
 
 VALIDATION_COLUMNS = (
     "id",
@@ -144,7 +144,7 @@ def validate_rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    from simulator.cli import InputError
+    from ddlsim.simulator.cli import InputError
 
     if not 0 < args.ci < 1:
         raise InputError(f"--ci must be in (0, 1), got {args.ci}")

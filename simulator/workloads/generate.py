@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m simulator.workloads.generate [names...] [--out DIR]
+    python -m ddlsim.simulator.workloads.generate [names...] [--out DIR]
 
 Each model is built on ``torch.device("meta")`` and run forward once on a batch-1 input; forward hooks
 on the leaf modules record input and output shapes, and the counts below are computed from those
@@ -51,8 +51,8 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from simulator.workloads import COLUMNS, DATA_DIR, FP32_BYTES, Layer
-from simulator.workloads.models import (
+from ddlsim.simulator.workloads import COLUMNS, DATA_DIR, FP32_BYTES, Layer
+from ddlsim.simulator.workloads.models import (
     MODELS,
     Add,
     AttentionContext,
@@ -225,7 +225,7 @@ def table_text(name: str) -> str:
         "sample_shape": "x".join(str(size) for size in spec.sample_shape),
         "source": spec.source,
         "units": "per sample; FLOP (2 per multiply-add); bytes at 4 per element (fp32)",
-        "generator": f"python -m simulator.workloads.generate {name}",
+        "generator": f"python -m ddlsim.simulator.workloads.generate {name}",
         "torch_version": torch.__version__,
     }
     for key, value in metadata.items():
@@ -249,7 +249,7 @@ def table_text(name: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m simulator.workloads.generate", description=__doc__.split("\n")[0]
+        prog="python -m ddlsim.simulator.workloads.generate", description=__doc__.split("\n")[0]
     )
     parser.add_argument(
         "names", nargs="*", metavar="name", help=f"workloads (default all): {', '.join(MODELS)}"

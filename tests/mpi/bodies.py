@@ -13,14 +13,14 @@ from pathlib import Path
 
 import numpy as np
 
-from algorithms.collective import COLLECTIVE_ALGORITHMS
-from algorithms.comm import ANY_SOURCE, CommOps
-from algorithms.schedule import ScheduleError
-from real_runs.comm_executor import MpiComm, run_role_program
-from real_runs.schedule_executor import build_schedule, promised, reference_result, run_schedule
-from real_runs.trace import TraceWriter, read_trace
-from real_runs.transport import Transport
-from simulator.records import TRACE_COLUMNS
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.comm import ANY_SOURCE, CommOps
+from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.real_runs.comm_executor import MpiComm, run_role_program
+from ddlsim.real_runs.schedule_executor import build_schedule, promised, reference_result, run_schedule
+from ddlsim.real_runs.trace import TraceWriter, read_trace
+from ddlsim.real_runs.transport import Transport
+from ddlsim.simulator.records import TRACE_COLUMNS
 
 # Option sets tried beyond each algorithm's defaults (a schedule that rejects the rank count is skipped).
 EXTRA_OPTIONS: dict[str, list[dict]] = {
@@ -188,7 +188,7 @@ def check_trace(transport: Transport) -> None:
 
 def check_training(transport: Transport) -> None:
     """A few steps of bucketed, overlapped sync SGD leave every rank with the same parameters."""
-    from real_runs.sync_training import TrainSettings, train
+    from ddlsim.real_runs.sync_training import TrainSettings, train
 
     settings = TrainSettings(model="resnet_small", iterations=3, per_device_batch=16, bucket_bytes=20_000)
     result = train(settings, transport)

@@ -20,10 +20,10 @@ from tests.mpi.bodies import BODIES
 
 def _transport(backend: str):
     if backend == "gloo":
-        from real_runs.gloo_transport import GlooTransport
+        from ddlsim.real_runs.gloo_transport import GlooTransport
 
         return GlooTransport.from_env()
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.transport import MpiTransport
 
     return MpiTransport()
 

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from algorithms.training_algorithm import TRAINING_ALGORITHMS, make_options
-from simulator.records import TRACE_COLUMNS
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, make_options
+from ddlsim.simulator.records import TRACE_COLUMNS
 
 STEPS = 30
 DELAYS = (0, 2, 4, 8)  # artificial staleness of async_sgd, in pulls
@@ -46,8 +46,8 @@ def check_every_algorithm(transport: Any) -> None:
     """Fixed seed, 30 steps per worker: every worker's full-data loss falls by at least 5% (typically
     15-80%; hybrid: the last stage's minibatch loss, by 10%), synchronous replicas agree, traces keep
     the schema."""
-    from real_runs.algorithm_runs import RunSettings, run_algorithm
-    from real_runs.trace import read_trace
+    from ddlsim.real_runs.algorithm_runs import RunSettings, run_algorithm
+    from ddlsim.real_runs.trace import read_trace
 
     size = transport.size
     for name in TRAINING_ALGORITHMS.names():
@@ -79,8 +79,8 @@ def check_staleness_trend(transport: Any) -> None:
     full-data loss reaches 1.0 grow with d, as the statistical-efficiency model says (c > 0)."""
     if transport.size != 2:
         return  # one server and one worker: the delay is the only staleness
-    from real_runs.algorithm_runs import RunSettings, run_algorithm, steps_to_target
-    from simulator.statistical_efficiency import fit_staleness_cost
+    from ddlsim.real_runs.algorithm_runs import RunSettings, run_algorithm, steps_to_target
+    from ddlsim.simulator.statistical_efficiency import fit_staleness_cost
 
     budget = 110
     steps = []
@@ -109,7 +109,7 @@ def test_synchronous_algorithms_on_one_rank():
     pytest.importorskip("mpi4py")
     pytest.importorskip("torch")
     pytest.importorskip("sklearn")
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.transport import MpiTransport
 
     transport = MpiTransport()
     if transport.size != 1:
@@ -118,7 +118,7 @@ def test_synchronous_algorithms_on_one_rank():
 
 
 def main(argv: list[str]) -> int:
-    from real_runs.transport import MpiTransport
+    from ddlsim.real_runs.transport import MpiTransport
     from tests.mpi.run_bodies import run_named
 
     return run_named(MpiTransport(), BODIES, argv)
