@@ -8,7 +8,7 @@ twice: with the main thread idle, and with the main thread running resnet_small'
 backward (batch 32, one torch thread) in a loop, as it does during backward. Prints the median of
 each (seconds of the calling rank, rank 0) and their ratio. Run it with the launcher's environment
 (``OMP_NUM_THREADS=1``, ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` of
-``real_runs.launcher.ALLOCATOR_ENV``; ``MPIR_CVAR_POLLS_BEFORE_YIELD=1`` beyond one rank per core).
+``real_runs.environment.ALLOCATOR_ENV``; ``MPIR_CVAR_POLLS_BEFORE_YIELD=1`` beyond one rank per core).
 """
 
 from __future__ import annotations

@@ -24,8 +24,8 @@ CHILD = """
 import json, resource, sys, time
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.collective_engine import VectorisedExecutor
-from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.collective_engine import VectorisedExecutor
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 ranks, size = int(sys.argv[1]), float(sys.argv[2])
 fabric = Fabric(FabricSpec(nodes=ranks, devices_per_node=1, network=load_link("ib_edr")))
 schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", ranks)

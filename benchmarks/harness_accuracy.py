@@ -35,7 +35,7 @@ WARMUP_ITERATIONS = 5
 
 
 def ddlsim(*argv: str) -> None:
-    subprocess.run([sys.executable, "-m", "ddlsim.simulator.cli", *argv], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-m", "ddlsim", *argv], check=True, stdout=subprocess.DEVNULL)
 
 
 def median_iteration_s(run: Path) -> float:
@@ -46,7 +46,7 @@ def median_iteration_s(run: Path) -> float:
 
 def measure(work: Path, ranks: int, iterations: int) -> list:
     from ddlsim.hardware_models.units import parse_bytes
-    from ddlsim.simulator.harness_prediction import HarnessRun
+    from ddlsim.simulator.calibration.harness import HarnessRun
 
     ddlsim("bench", "-n", str(ranks), "--benchmarks", "collectives,layers", "--algorithms", ",".join(ALGORITHMS),
            "--collective-sizes", SIZES, "--rank-counts", str(ranks), "--models", ",".join(MODELS),
@@ -72,7 +72,7 @@ def main() -> int:
     parser.add_argument("--predict-only", action="store_true", help="predict the runs already measured in WORK")
     args = parser.parse_args()
 
-    from ddlsim.simulator.harness_prediction import error_summary, predict_runs, read_runs, write_runs
+    from ddlsim.simulator.calibration.harness import error_summary, predict_runs, read_runs, write_runs
 
     rank_counts = [int(r) for r in args.ranks.split(",")]
     runs_csv = args.work / "runs.csv"

@@ -2,6 +2,6 @@
 
 import sys
 
-from ddlsim.simulator.cli import main
+from ddlsim.simulator.cli.main import main
 
 sys.exit(main())

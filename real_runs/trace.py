@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ddlsim.real_runs.launcher import TIMING_ENV
+from ddlsim.real_runs.environment import TIMING_ENV
 from ddlsim.simulator.records import TRACE_COLUMNS, write_json
 
 TRACE_GLOB = "trace.rank*.jsonl"
@@ -32,7 +32,7 @@ def trace_path(directory: Path, rank: int) -> Path:
 
 
 def timing_environment() -> dict[str, str]:
-    """The variables of this process's environment that change its timings (``launcher.TIMING_ENV``)
+    """The variables of this process's environment that change its timings (``environment.TIMING_ENV``)
     and are set; a run whose ranks were started outside ``ddlsim run`` shows here what it lacked."""
     return {key: os.environ[key] for key in TIMING_ENV if key in os.environ}
 

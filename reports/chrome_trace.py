@@ -241,8 +241,8 @@ def simulate_timeline(scenario: Any, nodes: int, mode: str = "auto") -> dict[str
     back to message-by-message execution when flows may contend. ``otherData`` records the
     simulated ``iteration_s`` and each rank's end time ``rank_end_s`` (seconds).
     """
-    from ddlsim.simulator.collective_engine import ContentionDetected, TransferLog
-    from ddlsim.simulator.engine import TrainingSimulation
+    from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
+    from ddlsim.simulator.executor.sync_engine import TrainingSimulation
     from ddlsim.simulator.training import compute_profile
 
     profile = compute_profile(scenario)

@@ -515,7 +515,7 @@ ENTRIES: tuple[Entry, ...] = (
 
 def run_entry(entry: Entry, runs_dir: Path) -> tuple[Results, str]:
     """Run the entry's commands (output captured); results per run name, or a reason it is pending."""
-    from ddlsim.simulator.cli import main
+    from ddlsim.simulator.cli.main import main
 
     if entry.pending:
         return {}, entry.pending

@@ -41,8 +41,8 @@ from ddlsim.algorithms.training_algorithm import (
     check_server_placement,
 )
 from ddlsim.hardware_models.compute import optimizer_update_time_s
-from ddlsim.simulator.fabric import Fabric
-from ddlsim.simulator.role_executor import OpRecord, RoleExecutor
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.executor.role_executor import OpRecord, RoleExecutor
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training import LayerTime, layer_times
 

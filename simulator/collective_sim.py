@@ -16,8 +16,8 @@ from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
-from ddlsim.simulator.collective_engine import run_collective
-from ddlsim.simulator.fabric import Fabric, FabricSpec, topology_of
+from ddlsim.simulator.engine.collective_engine import run_collective
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of
 from ddlsim.simulator.scenario import ScenarioError
 
 LIBRARIES = ("nccl", "mpich", "mlsl", "openmpi")

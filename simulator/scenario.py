@@ -14,7 +14,7 @@ from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
-from ddlsim.simulator.fabric import TOPOLOGIES, FabricSpec, topology_of
+from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.workloads import Workload, load_workload
 
 EXECUTORS = ("des", "analytic")

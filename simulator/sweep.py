@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddlsim.simulator.engine import simulate_training
+from ddlsim.simulator.executor.sync_engine import simulate_training
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training import analytic_point, compute_profile, with_interference
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.compute import optimizer_update_time_s, roofline_time_s
-from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.scenario import Scenario
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 
 
 @pytest.fixture

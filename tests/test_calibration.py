@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from ddlsim.hardware_models.profile import DeviceFit, LinkFit, Profile, load_profile, profile_to_toml
-from ddlsim.simulator.calibration import calibrate
-from ddlsim.simulator.measurements import Measurement
-from ddlsim.simulator.predict import predict
+from ddlsim.simulator.calibration.fit import calibrate
+from ddlsim.simulator.calibration.measurements import Measurement
+from ddlsim.simulator.calibration.predict import predict
 
 KEY = "eth_10g@xeon_8180@ring"
 SIZES = (1e3, 4e3, 16e3, 64e3, 256e3, 1e6, 4e6, 16e6, 64e6)

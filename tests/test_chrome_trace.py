@@ -16,7 +16,7 @@ from ddlsim.reports.chrome_trace import (
     simulate_timeline,
     trace_events,
 )
-from ddlsim.simulator.cli import main
+from ddlsim.simulator.cli.main import main
 from ddlsim.simulator.records import read_csv
 from ddlsim.simulator.scenario import Scenario
 

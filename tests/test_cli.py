@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from ddlsim.simulator.cli import main
+from ddlsim.simulator.cli.main import main
 from ddlsim.simulator.records import SCALING_COLUMNS, read_csv
 
 SMALL = ["--nodes", "1,2,4", "--executor-pool", "serial"]
@@ -28,7 +28,7 @@ def test_default_simulate_prints_scaling_table(capsys):
 
 def test_installed_command_runs():
     result = subprocess.run(
-        [sys.executable, "-m", "ddlsim.simulator.cli", "simulate", "--nodes", "1,2", "--executor-pool", "serial"],
+        [sys.executable, "-m", "ddlsim", "simulate", "--nodes", "1,2", "--executor-pool", "serial"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -191,10 +191,10 @@ def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabri
     FabricSpec topology field under its name, with FabricSpec's default."""
     import dataclasses
 
-    from ddlsim.simulator.cli import build_parser
+    from ddlsim.simulator.cli.common import topology_options
+    from ddlsim.simulator.cli.main import build_parser
     from ddlsim.simulator.collective_sim import CollectiveSetup
-    from ddlsim.simulator.commands.common import topology_options
-    from ddlsim.simulator.fabric import TOPOLOGY_FIELDS, FabricSpec
+    from ddlsim.simulator.engine.fabric import TOPOLOGY_FIELDS, FabricSpec
     from ddlsim.simulator.scenario import Scenario
 
     def defaults(cls):

@@ -6,13 +6,13 @@ import pytest
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.collective_engine import (
+from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
     VectorisedExecutor,
     run_collective,
 )
-from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 
 
 def _paths(schedule, fabric, nbytes, start=0.0):

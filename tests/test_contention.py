@@ -7,9 +7,9 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.collective_engine import MessageExecutor, run_collective
-from ddlsim.simulator.engine import simulate_training
-from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
+from ddlsim.simulator.executor.sync_engine import simulate_training
 from ddlsim.simulator.scenario import Scenario
 
 IB = load_link("ib_edr")

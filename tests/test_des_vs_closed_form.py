@@ -6,8 +6,8 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.collective_engine import MessageExecutor, run_collective
-from ddlsim.simulator.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 
 CASES = [
     (name, collective)

@@ -5,7 +5,7 @@ import pytest
 import simpy
 
 from ddlsim.hardware_models.network import alpha_beta_time_s, max_min_fair_rates
-from ddlsim.simulator.flow_network import FlowNetwork
+from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 
 def test_alpha_beta():

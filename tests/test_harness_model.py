@@ -19,11 +19,11 @@ import pytest
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.hardware_models.profile import LinkFit, Profile, parse_profile, profile_to_toml
-from ddlsim.simulator.calibration import calibrate
-from ddlsim.simulator.collective_engine import MessageExecutor, VectorisedExecutor, run_collective
-from ddlsim.simulator.commands.validate_command import validate_rows
-from ddlsim.simulator.fabric import Fabric, FabricSpec
-from ddlsim.simulator.measurements import load_measurements, split_by_scale
+from ddlsim.simulator.calibration.fit import calibrate
+from ddlsim.simulator.calibration.measurements import load_measurements, split_by_scale
+from ddlsim.simulator.cli.validate_command import validate_rows
+from ddlsim.simulator.engine.collective_engine import MessageExecutor, VectorisedExecutor, run_collective
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 
 HARNESS = Path(__file__).parent / "data" / "harness_bench.csv"
 # held-out median |error| reached on this file (20.3 %, see docs/calibration.md) plus a small margin;

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.simulator.harness_prediction import (
+from ddlsim.simulator.calibration.harness import (
     HarnessPredictionError,
     HarnessRun,
     error_summary,

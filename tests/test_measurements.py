@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.simulator.cli import main
-from ddlsim.simulator.measurements import (
+from ddlsim.simulator.calibration.measurements import (
     MEASUREMENT_COLUMNS,
     MeasurementError,
     from_trace,
@@ -17,6 +16,7 @@ from ddlsim.simulator.measurements import (
     packaged_published_dev,
     split_by_scale,
 )
+from ddlsim.simulator.cli.main import main
 
 GOOD = {
     "id": "T-1", "source": "test", "kind": "collective", "workload": "", "collective": "allreduce",

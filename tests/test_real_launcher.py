@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.real_runs import launcher
+from ddlsim.real_runs import environment, launcher
 from ddlsim.real_runs.launcher import LaunchError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ TIMEOUT_S = 180
 def ddlsim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))}  # fmt: skip
-    command = [sys.executable, "-m", "ddlsim.simulator.cli", *args]
+    command = [sys.executable, "-m", "ddlsim", *args]
     return subprocess.run(command, cwd=cwd or REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
 
 
@@ -35,7 +35,7 @@ def test_under_mpiexec_is_detected_from_the_environment():
 def test_rank_environment_fixes_the_allocator_thresholds_unless_the_caller_set_them(monkeypatch):
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "65536")
-    env = launcher.rank_env(2)
+    env = environment.rank_env(2)
     assert int(env["MALLOC_MMAP_THRESHOLD_"]) >= 2**30  # above any one activation buffer of our models
     assert env["MALLOC_TRIM_THRESHOLD_"] == "65536"
     assert env["OMP_NUM_THREADS"] == "1"
@@ -86,7 +86,7 @@ def test_a_killed_rank_is_named_and_its_finished_iterations_survive(tmp_path):
 def test_ranks_with_different_scenarios_stop_with_a_clear_message(tmp_path):
     mpiexec = launcher.find_mpiexec()
     env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    one = [sys.executable, "-m", "ddlsim.simulator.cli", "run", "--out", str(tmp_path)]
+    one = [sys.executable, "-m", "ddlsim", "run", "--out", str(tmp_path)]
     command = [mpiexec, "-n", "1", *one, "--iterations", "2", ":", "-n", "1", *one, "--iterations", "3"]
     done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert done.returncode != 0
@@ -108,9 +108,9 @@ def test_training_runs_on_the_gloo_backend_too(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "2 ranks, ring" in done.stdout
     # the ranks ran with the environment the launcher gave them, and the run says so
-    environment = json.loads((tmp_path / "metadata.json").read_text())["environment"]
-    assert environment["OMP_NUM_THREADS"] == "1"
-    assert {key: environment.get(key) for key in launcher.ALLOCATOR_ENV} == launcher.ALLOCATOR_ENV
+    recorded = json.loads((tmp_path / "metadata.json").read_text())["environment"]
+    assert recorded["OMP_NUM_THREADS"] == "1"
+    assert {key: recorded.get(key) for key in environment.ALLOCATOR_ENV} == environment.ALLOCATOR_ENV
     assert sorted(path.name for path in tmp_path.glob("trace.rank*.jsonl")) == [
         "trace.rank0.jsonl",
         "trace.rank1.jsonl",

@@ -50,7 +50,7 @@ def test_bench_writes_measurement_rows(tmp_path):
     pytest.importorskip("mpi4py")
     pytest.importorskip("torch")
     env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1", "PYTHONPATH": str(REPO)}
-    command = [sys.executable, "-m", "ddlsim.simulator.cli", "bench", "-n", "2", "--out", str(tmp_path),
+    command = [sys.executable, "-m", "ddlsim", "bench", "-n", "2", "--out", str(tmp_path),
                "--benchmarks", "ping_pong,streaming_bandwidth,collectives,layers", "--p2p-max-bytes", "1KiB",
                "--collective-sizes", "4KiB", "--algorithms", "ring,binomial_tree", "--repeats", "2", "--warmup", "1",
                "--models", "small_cnn", "--batch-sizes", "4"]  # fmt: skip

@@ -16,8 +16,8 @@ import pytest
 
 from ddlsim.reports import plots
 from ddlsim.reports.html_report import build_report
-from ddlsim.simulator.cli import main
-from ddlsim.simulator.commands.validate_command import VALIDATION_COLUMNS
+from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.cli.validate_command import VALIDATION_COLUMNS
 
 
 def write_validation_fixture(directory: Path) -> None:

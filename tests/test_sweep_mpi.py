@@ -25,7 +25,7 @@ def test_mpi_pool_matches_serial(tmp_path):
             "-m",
             "mpi4py.futures",
             "-m",
-            "ddlsim.simulator.cli",
+            "ddlsim.simulator.cli.main",
             *argv,
             "--executor-pool",
             "mpi",

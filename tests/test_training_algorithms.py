@@ -21,8 +21,8 @@ from ddlsim.simulator.algorithm_sim import (
     best_hybrid_split,
     simulate_algorithm,
 )
-from ddlsim.simulator.cli import main
-from ddlsim.simulator.role_executor import RoleExecutor
+from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.executor.role_executor import RoleExecutor
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training import layer_times
 
@@ -162,7 +162,7 @@ class Payload:
 
 
 def _two_nodes():
-    from ddlsim.simulator.fabric import Fabric, FabricSpec
+    from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 
     return Fabric(FabricSpec(nodes=3, devices_per_node=1, network=load_link("ib_edr")))
 

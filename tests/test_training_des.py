@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from ddlsim.simulator.engine import simulate_training
+from ddlsim.simulator.executor.sync_engine import simulate_training
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.sweep import parse_counts, run_sweep, simulate_point
 from ddlsim.simulator.training import analytic_point, compute_profile

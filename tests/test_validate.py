@@ -8,9 +8,14 @@ import json
 import pytest
 
 from ddlsim.hardware_models.profile import LinkFit, Profile, profile_to_toml
-from ddlsim.simulator.cli import main
-from ddlsim.simulator.commands.validate_command import SUMMARY_KEYS, VALIDATION_COLUMNS
-from ddlsim.simulator.measurements import MEASUREMENT_COLUMNS, load_measurements, packaged_published_dev, split_by_scale
+from ddlsim.simulator.calibration.measurements import (
+    MEASUREMENT_COLUMNS,
+    load_measurements,
+    packaged_published_dev,
+    split_by_scale,
+)
+from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.cli.validate_command import SUMMARY_KEYS, VALIDATION_COLUMNS
 from ddlsim.simulator.records import read_csv, write_csv
 from tests.test_calibration import KEY, synthetic_collectives
 

@@ -26,8 +26,13 @@ import numpy as np
 import simpy
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.simulator.collective_engine import ContentionDetected, MessageExecutor, TransferLog, VectorisedExecutor
-from ddlsim.simulator.fabric import Fabric
+from ddlsim.simulator.engine.collective_engine import (
+    ContentionDetected,
+    MessageExecutor,
+    TransferLog,
+    VectorisedExecutor,
+)
+from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.training import ComputeProfile, compute_profile
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddlsim.simulator.measurements import (
+from ddlsim.simulator.calibration.measurements import (
     MEASUREMENT_COLUMNS,
     MeasurementError,
     check_rows,
@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 
 
 def _input_error(error: Exception):
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     return InputError(str(error))
 

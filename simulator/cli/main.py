@@ -15,29 +15,26 @@ from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.hardware_models.catalog import CatalogError
 from ddlsim.hardware_models.units import UnitError
-from ddlsim.simulator.fabric import FabricError
+from ddlsim.simulator.cli.common import InputError
+from ddlsim.simulator.engine.fabric import FabricError
 from ddlsim.simulator.scenario import ScenarioError
 
 # one line per command module; each defines register(subparsers)
 COMMAND_MODULES = (
-    "ddlsim.simulator.commands.simulate_command",
-    "ddlsim.simulator.commands.list_command",
-    "ddlsim.simulator.commands.collective_command",
-    "ddlsim.simulator.commands.measurements_command",
-    "ddlsim.simulator.commands.calibrate_command",
-    "ddlsim.simulator.commands.validate_command",
-    "ddlsim.simulator.commands.algorithm_command",
-    "real_runs.run_command",
-    "real_runs.bench_command",
-    "ddlsim.simulator.commands.plot_command",
-    "ddlsim.simulator.commands.report_command",
+    "ddlsim.simulator.cli.simulate_command",
+    "ddlsim.simulator.cli.list_command",
+    "ddlsim.simulator.cli.collective_command",
+    "ddlsim.simulator.cli.measurements_command",
+    "ddlsim.simulator.cli.calibrate_command",
+    "ddlsim.simulator.cli.validate_command",
+    "ddlsim.simulator.cli.algorithm_command",
+    "ddlsim.simulator.cli.run_command",
+    "ddlsim.simulator.cli.bench_command",
+    "ddlsim.simulator.cli.plot_command",
+    "ddlsim.simulator.cli.report_command",
 )
 
 USER_ERRORS = (ScenarioError, UnknownNameError, UnitError, ScheduleError, FabricError, CatalogError)
-
-
-class InputError(ValueError):
-    """Bad command-line input detected by a command itself."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,13 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as error:
-            if error.name and name.startswith(error.name):
-                continue  # an optional command whose module is absent
-            raise
-        module.register(subparsers)
+        importlib.import_module(name).register(subparsers)
     return parser
 
 

@@ -9,8 +9,9 @@ A missing directory or a directory that holds no results is a one-line error (ex
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from ddlsim.simulator.cli.common import InputError
 
 
 def register(subparsers) -> None:
@@ -25,13 +26,6 @@ def register(subparsers) -> None:
     p.add_argument("--out", type=Path, default=None, help="HTML file (default report.html; gallery: reports/gallery)")
     p.add_argument("--title", default="ddlsim report", help="page title")
     p.set_defaults(func=run)
-
-
-def _error(message: str) -> int:
-    # reported here rather than raised: under ``python -m ddlsim.simulator.cli`` the CLI's InputError is a
-    # different class object from ``simulator.cli.InputError``
-    print(f"ddlsim: error: {message}", file=sys.stderr)
-    return 2
 
 
 def run(args: argparse.Namespace) -> int:
@@ -50,6 +44,6 @@ def run(args: argparse.Namespace) -> int:
     try:
         write_report(args.dirs, out, args.title)
     except plots.ResultDirError as error:
-        return _error(str(error))
+        raise InputError(str(error)) from None
     print(f"# wrote {out}")
     return 0

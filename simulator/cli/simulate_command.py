@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.units import parse_bytes
-from ddlsim.simulator.commands.common import (
+from ddlsim.simulator.cli.common import (
     Progress,
     add_topology_arguments,
     parse_options,
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
             [{"global_batch": scenario.per_device_batch, "iteration_s": 1.0}], scenario, args.target_accuracy
         )
     if args.plot and args.out is None:
-        from ddlsim.simulator.cli import InputError
+        from ddlsim.simulator.cli.common import InputError
 
         raise InputError("--plot needs --out DIR to write the PNG into")
     trace_nodes = max(scenario.nodes) if args.trace_nodes is None else args.trace_nodes

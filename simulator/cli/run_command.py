@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.hardware_models.units import parse_bytes
-from ddlsim.simulator.commands.common import parse_options
+from ddlsim.simulator.cli.common import parse_options
 
 DEFAULT_OUT = Path("runs/real")
 
@@ -36,7 +36,7 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def launch_from_args(args: argparse.Namespace, mode: str, scenario: dict[str, Any]) -> int:
     from ddlsim.real_runs.launcher import LaunchError, launch
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     if args.ranks < 1:
         raise InputError(f"--ranks must be at least 1, got {args.ranks}")
@@ -82,7 +82,7 @@ def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from ddlsim.real_runs.data import DATASETS
     from ddlsim.real_runs.models import MODELS
     from ddlsim.real_runs.schedule_executor import build_schedule
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     MODELS.get(args.model)
     DATASETS.get(args.dataset)

@@ -6,9 +6,9 @@ import argparse
 from pathlib import Path
 
 from ddlsim.hardware_models.profile import profile_to_toml
-from ddlsim.simulator.calibration import CalibrationError, calibrate
-from ddlsim.simulator.commands.common import print_table
-from ddlsim.simulator.measurements import MeasurementError, load_measurements
+from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
+from ddlsim.simulator.calibration.measurements import MeasurementError, load_measurements
+from ddlsim.simulator.cli.common import print_table
 from ddlsim.simulator.records import atomic_open
 
 
@@ -27,7 +27,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")

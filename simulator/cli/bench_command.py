@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.hardware_models.units import parse_bytes
-from ddlsim.real_runs.run_command import add_launch_arguments, launch_from_args
+from ddlsim.simulator.cli.run_command import add_launch_arguments, launch_from_args
 
 BENCHMARKS = ("ping_pong", "streaming_bandwidth", "collectives", "layers")
 DEFAULT_COLLECTIVE_SIZES = "1KiB,64KiB,1MiB,16MiB"
@@ -51,7 +51,7 @@ def bench_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
     from ddlsim.real_runs.microbench import power_sizes
     from ddlsim.real_runs.models import MODELS
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     chosen = _list(args.benchmarks)
     unknown = sorted(set(chosen) - set(BENCHMARKS))

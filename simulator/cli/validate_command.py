@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from ddlsim.hardware_models.profile import Profile, load_profile
-from ddlsim.simulator.calibration import CalibrationError, calibrate
-from ddlsim.simulator.commands.common import print_table
-from ddlsim.simulator.measurements import Measurement, MeasurementError, load_measurements
-from ddlsim.simulator.predict import ape_summary, predict
+from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
+from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, load_measurements
+from ddlsim.simulator.calibration.predict import ape_summary, predict
+from ddlsim.simulator.cli.common import print_table
 from ddlsim.simulator.records import write_csv, write_json
 
 VALIDATION_COLUMNS = (
@@ -144,7 +144,7 @@ def validate_rows(
 
 
 def run(args: argparse.Namespace) -> int:
-    from ddlsim.simulator.cli import InputError
+    from ddlsim.simulator.cli.common import InputError
 
     if not 0 < args.ci < 1:
         raise InputError(f"--ci must be in (0, 1), got {args.ci}")

@@ -34,9 +34,9 @@ from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.hardware_models.units import UnitError
+from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
-from ddlsim.simulator.fabric import FabricError
-from ddlsim.simulator.measurements import Measurement
+from ddlsim.simulator.engine.fabric import FabricError
 from ddlsim.simulator.scenario import Scenario, ScenarioError, default_host_link
 from ddlsim.simulator.sweep import simulate_point
 

@@ -7,8 +7,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ddlsim.simulator.fabric import topology_of
+from ddlsim.simulator.engine.fabric import topology_of
 from ddlsim.simulator.scenario import ScenarioError
+
+
+class InputError(ValueError):
+    """Bad command-line input detected by a command itself."""
 
 
 def format_cell(value: Any) -> str:
@@ -88,7 +92,7 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
 
 def add_topology_arguments(parser) -> None:
     """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
-    from ddlsim.simulator.fabric import PLACEMENTS, TOPOLOGIES
+    from ddlsim.simulator.engine.fabric import PLACEMENTS, TOPOLOGIES
 
     parser.add_argument("--nics-per-node", type=int, default=1, help="network adapters per node")
     parser.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))

@@ -6,14 +6,14 @@ import argparse
 from pathlib import Path
 
 from ddlsim.hardware_models.units import format_bytes
-from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
-from ddlsim.simulator.commands.common import (
+from ddlsim.simulator.cli.common import (
     Progress,
     add_topology_arguments,
     parse_options,
     print_table,
     topology_options,
 )
+from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import parse_counts, parse_sizes
 

@@ -26,9 +26,9 @@ from typing import Any
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.compute import optimizer_update_time_s
 from ddlsim.hardware_models.profile import Profile
-from ddlsim.simulator.calibration import calibrate
-from ddlsim.simulator.measurements import Measurement, load_measurements
-from ddlsim.simulator.predict import ape_summary, predict
+from ddlsim.simulator.calibration.fit import calibrate
+from ddlsim.simulator.calibration.measurements import Measurement, load_measurements
+from ddlsim.simulator.calibration.predict import ape_summary, predict
 from ddlsim.simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, make_options
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.algorithm_sim import STRAGGLER_FORMS, AlgorithmSetup, best_hybrid_split, simulate_algorithm
-from ddlsim.simulator.commands.common import print_table
+from ddlsim.simulator.cli.common import print_table
 from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.statistical_efficiency import profile_for, time_to_accuracy

@@ -33,9 +33,9 @@ import numpy as np
 
 from ddlsim.hardware_models.catalog import load_device, load_link
 from ddlsim.hardware_models.profile import DeviceFit, LinkFit, Profile, workload_key
+from ddlsim.simulator.calibration.measurements import Measurement, rows_sha256
+from ddlsim.simulator.calibration.predict import MODEL_ERRORS, predict, static_reason, training_scenario
 from ddlsim.simulator.collective_sim import bus_factor
-from ddlsim.simulator.measurements import Measurement, rows_sha256
-from ddlsim.simulator.predict import MODEL_ERRORS, predict, static_reason, training_scenario
 from ddlsim.simulator.training import compute_profile
 
 MAX_SEGMENTS = 3

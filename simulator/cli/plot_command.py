@@ -12,8 +12,9 @@ A missing directory or the wrong kind of result directory is a one-line error (e
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
+
+from ddlsim.simulator.cli.common import InputError
 
 KINDS = {
     # plot name: (result kind it needs, how many directories, default file name)
@@ -55,10 +56,7 @@ def run(args: argparse.Namespace) -> int:
         }[args.plot_kind]
         data = render()
     except plots.ResultDirError as error:
-        # reported here rather than raised: under ``python -m ddlsim.simulator.cli`` the CLI's own
-        # InputError class is a different object from ``simulator.cli.InputError``
-        print(f"ddlsim: error: {error}", file=sys.stderr)
-        return 2
+        raise InputError(str(error)) from None
     out = args.out if args.out is not None else dirs[0] / default
     plots.save_png(data, out)
     width, height = plots.png_size(data)

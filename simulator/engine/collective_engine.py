@@ -30,8 +30,8 @@ import simpy
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
-from ddlsim.simulator.fabric import Fabric
-from ddlsim.simulator.flow_network import FlowNetwork
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 _FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of the first end together
 

@@ -31,9 +31,9 @@ import simpy
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send
-from ddlsim.simulator.collective_engine import MessageExecutor
-from ddlsim.simulator.fabric import Fabric
-from ddlsim.simulator.flow_network import FlowNetwork
+from ddlsim.simulator.engine.collective_engine import MessageExecutor
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 
 @dataclass(frozen=True)
