@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import simpy
@@ -53,8 +54,9 @@ class TransferLog:
 
 @dataclass
 class _Structure:
-    src: np.ndarray
+    src: np.ndarray  # schedule ranks (index the per-rank time vector)
     dst: np.ndarray
+    senders: np.ndarray  # fabric rank of each transfer's sender (keys the shared link state)
     flat_links: np.ndarray  # link ids of all valid hops of all transfers, flattened
     flat_owner: np.ndarray  # transfer index of each flat link
     alpha_s: np.ndarray
@@ -91,40 +93,45 @@ class VectorisedExecutor:
         links = fabric.capacity_Bps.size
         self.busy_until = np.full(links, -np.inf)
         self.link_sender = np.full(links, -1, dtype=np.int64)  # -1 unused, -2 several senders
-        self.clock = np.full(ranks or fabric.devices, -np.inf)  # latest known time of each rank
+        # latest known time of each fabric rank (no earlier than the end of any flow it started)
+        self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
         self._shared_version = 0
-        self._structures: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, _Structure]] = {}
+        self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
+        self._pairs: dict[tuple[int, int], tuple[np.ndarray, float, float, float]] = {}
         self.transfers = 0
 
-    def _structure(self, rnd: Round, ranks: int, t: np.ndarray) -> _Structure:
-        key = (id(rnd.src), id(rnd.dst))
+    def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
+        key = (id(rnd.src), id(rnd.dst), id(members))
         cached = self._structures.get(key)
-        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst:
-            structure = cached[2]
+        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
+            structure = cached[3]
         else:
             src = np.asarray(rnd.src, dtype=np.int64)
             dst = np.asarray(rnd.dst, dtype=np.int64)
-            routes, alpha, bottleneck = self.fabric.path_properties(src, dst)
+            global_src = src if members is None else members[src]
+            global_dst = dst if members is None else members[dst]
+            routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
             valid = routes >= 0
             flat_links = routes[valid]
             owner = np.nonzero(valid)[0]
             contended, c_owner, c_link, c_capacity = self._contention(flat_links, owner, src.size)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
-            self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
-            self._claim(flat_links, src[owner])
+            self._advance_clocks(t, members)
+            self._claim(flat_links, global_src[owner])
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
             permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
             if self.fabric.spec.loggp and not permutation:
                 # a rank's CPU would handle its several messages one after another
                 raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
-            overhead = self.fabric.overheads(src, dst)
+            overhead = self.fabric.overheads(global_src, global_dst)
             shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
             if shift and not np.array_equal(dst, (src + shift) % ranks):
                 shift = 0
             structure = _Structure(
                 src,
                 dst,
+                global_src,
                 flat_links,
                 owner,
                 alpha,
@@ -143,7 +150,7 @@ class VectorisedExecutor:
             if len(self._structures) > 256:
                 self._structures.clear()
             # hold references to the arrays so that their ids cannot be reused while cached
-            self._structures[key] = (rnd.src, rnd.dst, structure)
+            self._structures[key] = (rnd.src, rnd.dst, members, structure)
         if structure.version != self._shared_version:
             structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
             structure.version = self._shared_version
@@ -210,19 +217,33 @@ class VectorisedExecutor:
             active &= ~ending
         return duration
 
+    def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
+        if members is None:
+            self.clock[: t.size] = np.maximum(self.clock[: t.size], t)
+        else:
+            self.clock[members] = np.maximum(self.clock[members], t)
+
     def run(
         self,
         schedule: Schedule,
         message_bytes: float,
         start_s: np.ndarray | float,
         log: TransferLog | None = None,
+        members: np.ndarray | None = None,
     ) -> np.ndarray:
-        """Per-rank finish times (absolute seconds) of ``schedule`` started at ``start_s``."""
+        """Per-rank finish times (absolute seconds) of ``schedule`` started at ``start_s``.
+
+        ``members[i]`` is the fabric rank that schedule rank i runs on (default: rank i itself), so a
+        collective over a group of a larger run shares the link state of every other call. Pass the
+        same array object for the same group: per-round work is cached on its identity.
+        """
         ranks = schedule.ranks
-        if self.clock.size < ranks:
+        if members is not None and members.size != ranks:
+            raise ValueError(f"members maps {members.size} ranks, the schedule has {ranks}")
+        if members is None and self.clock.size < ranks:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
-        self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
+        self._advance_clocks(t, members)
         busy = self.busy_until
         last_bytes_key: tuple[int, int, int] | None = None
         nbytes = flow_s = end_offset = np.empty(0)
@@ -230,7 +251,7 @@ class VectorisedExecutor:
         for rnd in schedule.rounds():
             if len(rnd) == 0:
                 continue
-            st = self._structure(rnd, ranks, t)
+            st = self._structure(rnd, ranks, t, members)
             bytes_key = (id(st), id(rnd.chunk_count), id(rnd.op))
             if bytes_key != last_bytes_key:
                 nbytes = schedule.transfer_bytes(rnd, message_bytes)
@@ -260,8 +281,8 @@ class VectorisedExecutor:
             # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
             received = end if reduce_s is None else end + reduce_s
             if log is not None:
-                log.src.append(st.src)
-                log.dst.append(st.dst)
+                log.src.append(st.senders)
+                log.dst.append(st.dst if members is None else members[st.dst])
                 log.nbytes.append(nbytes)
                 log.start_s.append(begin.copy())
                 log.end_s.append(end.copy())
@@ -280,8 +301,39 @@ class VectorisedExecutor:
                 np.maximum.at(new, st.dst, received)
             t = new
             self.transfers += len(rnd)
-        self.clock[:ranks] = np.maximum(self.clock[:ranks], t)
+        self._advance_clocks(t, members)
         return t
+
+    def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
+        """Arrival time of one point-to-point message of ``nbytes`` between fabric ranks, sent at
+        ``start_s`` (overhead, then the flow at its route's bottleneck rate, then the latency).
+
+        Its flow joins the link state that collectives use; ``ContentionDetected`` when it may share
+        a link with another flow, or when the sender may still have flows of its own in flight
+        (its clock is past ``start_s``: a collective it takes part in has not finished).
+        """
+        pair = self._pairs.get((src, dst))
+        if pair is None:
+            a, b = np.array([src]), np.array([dst])
+            routes, alpha, bottleneck = self.fabric.path_properties(a, b)
+            links = routes[0][routes[0] >= 0]
+            pair = (links, float(alpha[0]), float(bottleneck[0]), float(self.fabric.overheads(a, b)[0]))
+            self._pairs[(src, dst)] = pair
+        links, alpha, bottleneck, overhead = pair
+        if start_s < self.clock[src]:
+            raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
+        self.clock[src] = start_s
+        self._claim(links, np.full(links.size, src, dtype=np.int64))
+        begin = start_s + overhead
+        flow = nbytes / bottleneck if nbytes > 0 else 0.0
+        shared = links[self.link_sender[links] == -2]
+        if shared.size:
+            if np.any(begin < self.busy_until[shared]):
+                raise ContentionDetected("a point-to-point message may overlap another flow on a link")
+            self.busy_until[shared] = begin + flow
+        self.clock[src] = begin + flow
+        self.transfers += 1
+        return start_s + alpha + flow
 
 
 class MessageExecutor:
