@@ -35,6 +35,35 @@ COLLECTIVE_ALGORITHMS: Registry[CollectiveAlgorithm] = Registry(
 )
 
 
+def is_collective_token(token: str) -> bool:
+    """A registered collective algorithm or a library selector (``nccl``, ``mpich``, ``mlsl``, ``openmpi``)."""
+    from ddlsim.algorithms.selectors import LIBRARIES
+
+    return token in COLLECTIVE_ALGORITHMS or token in LIBRARIES
+
+
+def collective_tokens() -> list[str]:
+    from ddlsim.algorithms.selectors import LIBRARIES
+
+    return [*COLLECTIVE_ALGORITHMS.names(), *LIBRARIES.names()]
+
+
+def resolve(
+    algorithm: str, collective: str, message_bytes: float, ranks: int, devices_per_node: int = 1
+) -> tuple[str, dict[str, Any]]:
+    """(algorithm token, options): a collective-algorithm token stays itself; a library selector picks
+    as that library does for this size and rank count (``algorithms.selectors``)."""
+    from ddlsim.algorithms.selectors import LIBRARIES, select
+
+    if algorithm in LIBRARIES:
+        return select(algorithm, collective, message_bytes, ranks, devices_per_node)
+    if algorithm not in COLLECTIVE_ALGORITHMS:
+        raise ScheduleError(
+            f"unknown collective algorithm {algorithm!r}; valid: {', '.join(collective_tokens())}"
+        )
+    return algorithm, {}
+
+
 def check_collective(algorithm: CollectiveAlgorithm, collective: str) -> None:
     if collective not in COLLECTIVES:
         raise ScheduleError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")

@@ -9,6 +9,13 @@ receives their results::
             total = yield comm.allreduce(grads, algorithm="ring")     # reduced payload
             yield comm.compute(trainer.apply(total))
 
+A collective can also be started without waiting (``handle = yield comm.start(comm.allreduce(...))``)
+and waited for later (``results = yield comm.wait(handle, ...)``): that is how a backward pass
+overlaps the all-reduce of its gradient buckets. Each rank has one communication stream: the
+collectives it starts run one after another in the order started, each entering once it was started
+and the previous one finished (as Horovod's background thread and PyTorch DDP's NCCL stream do).
+A blocking collective is a start followed by a wait.
+
 Executors interpret the operations:
 
 * the SimPy executor (``simulator``): ``Compute`` waits ``work.duration_s``; ``Send``/``Recv``
@@ -71,16 +78,37 @@ class Recv:
 
 @dataclass(frozen=True)
 class Collective:
-    """Run a registered collective algorithm's schedule over ``group`` (all ranks if None)."""
+    """Run a registered collective algorithm's schedule over ``group`` (all ranks if None).
+
+    ``algorithm`` is a collective-algorithm token or a library selector (``nccl``, ``mpich``...),
+    resolved per message size as that library does. ``helpers``: ranks that take part in the
+    schedule without contributing data (a parameter-server collective's dedicated servers); they
+    call the same operation with a buffer of the same size.
+    """
 
     collective: str
     payload: Any
     algorithm: str = "ring"
     options: dict[str, Any] = field(default_factory=dict)
     group: tuple[int, ...] | None = None
+    helpers: tuple[int, ...] = ()
 
 
-Operation = Compute | Send | Recv | Collective
+@dataclass(frozen=True)
+class Start:
+    """Start ``operation`` on the rank's communication stream and go on; the result is a handle."""
+
+    operation: Collective
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Wait until every started operation of ``handles`` is done; the result: their results, in order."""
+
+    handles: tuple[Any, ...]
+
+
+Operation = Compute | Send | Recv | Collective | Start | Wait
 RoleProgram = Generator[Operation, Any, Any]
 
 
@@ -112,14 +140,28 @@ class CommOps:
         return Recv(src, tag, like)
 
     @staticmethod
-    def allreduce(payload: Any, algorithm: str = "ring", group: tuple[int, ...] | None = None, **options) -> Collective:
-        return Collective("allreduce", payload, algorithm, options, group)
+    def allreduce(
+        payload: Any,
+        algorithm: str = "ring",
+        group: tuple[int, ...] | None = None,
+        helpers: tuple[int, ...] = (),
+        **options,
+    ) -> Collective:
+        return Collective("allreduce", payload, algorithm, options, group, helpers)
 
     @staticmethod
     def collective(
         collective: str, payload: Any, algorithm: str = "ring", group: tuple[int, ...] | None = None, **options
     ) -> Collective:
         return Collective(collective, payload, algorithm, options, group)
+
+    @staticmethod
+    def start(operation: Collective) -> Start:
+        return Start(operation)
+
+    @staticmethod
+    def wait(*handles: Any) -> Wait:
+        return Wait(tuple(handles))
 
 
 def drive(program: RoleProgram, perform) -> Any:

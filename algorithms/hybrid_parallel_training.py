@@ -34,12 +34,16 @@ from ddlsim.algorithms.training_algorithm import (
 class HybridParallelTraining(TrainingAlgorithm):
     name = "hybrid_parallel"
     family = "synchronous"
-    options = ("stages", "split", "collective")
+    options = ("stages", "split", "collective", "collective_options")
     summary = "layers split over a node's devices, data parallel across nodes"
 
-    def plan(self, ranks: int, steps: int, options: AlgorithmOptions | None = None) -> Plan:
+    default_updates = 1
+
+    def plan(
+        self, ranks: int, steps: int, options: AlgorithmOptions | None = None, devices_per_node: int = 1
+    ) -> Plan:
         options = options or AlgorithmOptions()
-        plan = super().plan(ranks, steps, options)
+        plan = super().plan(ranks, steps, options, devices_per_node)
         if ranks % options.stages:
             raise TrainingAlgorithmError(
                 f"hybrid_parallel: {ranks} ranks do not form whole pipelines of {options.stages} stages"
@@ -72,9 +76,15 @@ class HybridParallelTraining(TrainingAlgorithm):
                 yield comm.send(rank - 1, input_gradient, TAG_ACTIVATION_GRADIENT)
             gradient = trainer.stage_gradient()
             if nodes > 1:
-                gradient = yield comm.allreduce(gradient, algorithm=plan.options.collective, group=group)
+                gradient = yield comm.allreduce(
+                    gradient, plan.options.collective, group, **plan.options.collective_options
+                )
             yield comm.compute(trainer.step(gradient, 1.0 / nodes))
         return {"role": "worker", "stage": stage}
+
+    def samples_per_step(self, plan: Plan, per_device_batch: int) -> int:
+        """One minibatch per pipeline (node) and step."""
+        return plan.ranks // plan.options.stages * per_device_batch
 
 
 TRAINING_ALGORITHMS.register("hybrid_parallel")(HybridParallelTraining())

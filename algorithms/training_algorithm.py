@@ -11,8 +11,11 @@ Register one algorithm per file named ``<token>_training.py``::
     easgd  async_easgd  async_measgd  hogwild_easgd  sync_easgd  hybrid_parallel
 
 Ranks and roles (``Plan``): parameter servers or the EASGD master take ranks ``0..servers-1``, the
-workers the rest; all-reduce algorithms have workers only. ``hybrid_parallel`` puts ``stages``
-consecutive ranks on one node (one pipeline of model parallelism) and one pipeline per node.
+workers the rest; all-reduce algorithms have workers only, plus helper ranks when their collective
+needs relays of its own (a parameter-server collective with dedicated servers). ``hybrid_parallel``
+puts ``stages`` consecutive ranks on one node (one pipeline of model parallelism) and one pipeline
+per node. Where a closed form exists (``TrainingAlgorithm.closed_form``) it sits in the algorithm's
+file beside its program, as a collective's closed form sits beside its schedule.
 
 Units: ``steps`` counts minibatch gradient steps per worker (a Hogwild worker's threads together
 count as one worker); bytes are wire bytes of the payloads the trainer hands out.
@@ -20,11 +23,15 @@ count as one worker); bytes are wire bytes of the payloads the trainer hands out
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from ddlsim.algorithms.collective import collective_tokens, is_collective_token
 from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.gradient_buckets import StepProfile
 from ddlsim.algorithms.registry import Registry
 from ddlsim.algorithms.schedule import ScheduleError
 
@@ -49,11 +56,23 @@ class Trainer(Protocol):
     def gradient(self) -> Any:
         """Forward and backward of the next minibatch at the local weights -> gradient payload."""
 
+    # --- the same step in gradient buckets (``algorithms.gradient_buckets``) ---------------------
+    def buckets(self) -> int:
+        """How many gradient buckets a backward pass fills (no work)."""
+
+    def backward_bucket(self, bucket: int) -> Any:
+        """Backward until bucket ``bucket`` is complete (bucket 0 starts the pass, after ``forward(None)``)
+        -> that bucket's gradient payload."""
+
+    def empty_bucket(self, bucket: int) -> Any:
+        """A zero payload of bucket ``bucket``'s size, for a helper rank's share of its all-reduce (no work)."""
+
     def hogwild(self, threads: int) -> Any:
         """``threads`` lock-free SGD steps sharing the local weights (one minibatch each) -> None."""
 
     def step(self, gradient: Any, scale: float = 1.0) -> Any:
-        """Local optimizer step with ``scale * gradient`` (momentum if the trainer has it) -> None."""
+        """Local optimizer step with ``scale * gradient`` (momentum if the trainer has it) -> None.
+        ``gradient`` is one payload, or the list of reduced buckets from ``backward_with_allreduce``."""
 
     def weights(self) -> Any:
         """A snapshot payload of the local weights (no work)."""
@@ -91,9 +110,10 @@ class Trainer(Protocol):
     def like(self, index: int = 0, count: int = 1) -> Any:
         """A receive buffer for a model shard (None where the executor needs none)."""
 
-    # --- hybrid parallel (one pipeline stage per rank) -------------------------------------------
+    # --- hybrid parallel (one pipeline stage per rank); ``forward(None)`` is also the whole model's ----
     def forward(self, activation: Any) -> Any:
-        """Stage forward on the activation from the previous stage (None on the first) -> output payload."""
+        """Stage forward on the activation from the previous stage (None on the first, or for the whole
+        model) -> output payload (None on the last stage: the loss stays with the trainer)."""
 
     def backward(self, output_gradient: Any) -> Any:
         """Stage backward (None on the last: the loss) -> gradient of the stage input (None on the first)."""
@@ -107,12 +127,15 @@ class Trainer(Protocol):
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    """Every algorithm option; an algorithm lists the ones it reads in ``TrainingAlgorithm.options``.
+    """Every training-algorithm option; an algorithm lists the ones it reads in ``TrainingAlgorithm.options``.
 
     tau: communication period in local steps (EASGD family), >= 1.
     alpha: elastic coefficient in (0, 1) (EASGD family; Zhang et al. 2015 use beta = p alpha).
     servers: parameter servers sharding the model (parameter-server algorithms), >= 1.
-    collective: registered all-reduce algorithm token (all-reduce algorithms).
+    collective: all-reduce algorithm token or library selector (algorithms with an all-reduce).
+    collective_options: options of that collective algorithm (e.g. ``servers`` of ``parameter_server``).
+    bucket_bytes: gradient fusion bucket size in wire bytes (bucketed sync SGD), > 0.
+    overlap: start each bucket's all-reduce during backward (bucketed sync SGD).
     threads: Hogwild threads per worker (one node), >= 1.
     split: hybrid: layers per pipeline stage, in order (None: chosen by the caller).
     stages: hybrid: pipeline stages per node (the devices or NUMA domains of one node), >= 1.
@@ -123,6 +146,9 @@ class AlgorithmOptions:
     alpha: float = 0.5
     servers: int = 1
     collective: str = "ring"
+    collective_options: dict[str, Any] = field(default_factory=dict)
+    bucket_bytes: float = 25e6
+    overlap: bool = True
     threads: int = 4
     split: tuple[int, ...] | None = None
     stages: int = 2
@@ -140,6 +166,12 @@ class AlgorithmOptions:
             raise TrainingAlgorithmError(f"alpha must lie in the open interval (0, 1), got {self.alpha!r}")
         if isinstance(self.staleness, bool) or not isinstance(self.staleness, int) or self.staleness < 0:
             raise TrainingAlgorithmError(f"staleness must be an integer >= 0, got {self.staleness!r}")
+        if not (isinstance(self.bucket_bytes, int | float) and 0 < self.bucket_bytes < math.inf):
+            raise TrainingAlgorithmError(f"bucket bytes must be a finite size > 0, got {self.bucket_bytes!r}")
+        if not is_collective_token(self.collective):
+            raise TrainingAlgorithmError(
+                f"unknown collective {self.collective!r}; valid: {', '.join(collective_tokens())}"
+            )
         if self.split is not None:
             empty = [i for i, count in enumerate(self.split) if count < 1]
             if empty:
@@ -148,14 +180,21 @@ class AlgorithmOptions:
                     "with no layers; every device needs at least one layer"
                 )
 
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["split"] = list(self.split) if self.split is not None else None
+        return data
 
-OPTION_FIELDS = ("tau", "alpha", "servers", "collective", "threads", "split", "stages", "staleness")
+
+OPTION_FIELDS = tuple(option.name for option in dataclasses.fields(AlgorithmOptions))
 
 
-def parse_split(text: str | tuple[int, ...] | None) -> tuple[int, ...] | None:
+def parse_split(text: str | tuple[int, ...] | list[int] | None) -> tuple[int, ...] | None:
     """``"3,5"`` -> (3, 5): layers per pipeline stage."""
     if text is None or isinstance(text, tuple):
         return text
+    if isinstance(text, list):
+        return tuple(text)
     try:
         return tuple(int(item) for item in str(text).split(","))
     except ValueError:
@@ -181,7 +220,9 @@ def make_options(algorithm: str, values: dict[str, Any]) -> AlgorithmOptions:
 
 @dataclass(frozen=True)
 class Plan:
-    """Who does what: ``servers`` ranks first (server or master), then ``workers``; ``steps`` per worker."""
+    """Who does what: ``servers`` ranks first (parameter server or EASGD master), then ``workers``, then
+    ``helpers`` (ranks that only relay a collective: a parameter-server collective's dedicated
+    servers); ``steps`` gradient steps per worker."""
 
     algorithm: str
     ranks: int
@@ -189,9 +230,13 @@ class Plan:
     workers: tuple[int, ...]
     steps: int
     options: AlgorithmOptions = field(default_factory=AlgorithmOptions)
+    helpers: tuple[int, ...] = ()
 
     def is_server(self, rank: int) -> bool:
         return rank < len(self.servers)
+
+    def is_helper(self, rank: int) -> bool:
+        return rank in self.helpers
 
     @property
     def exchanges(self) -> int:
@@ -202,12 +247,35 @@ class Plan:
 ProgramFactory = Callable[[Any, Trainer, Plan], RoleProgram]
 
 
+class TrainingCosts(Protocol):
+    """What a closed form may ask of the modeled hardware (seconds, wire bytes); the closed-form
+    executor (``simulator.closed_form``) supplies it, as the fabric supplies ``FabricCosts`` to a
+    collective's closed form."""
+
+    @property
+    def step(self) -> StepProfile:
+        """A worker's step over the whole model: forward, backward in gradient buckets, update."""
+        ...
+
+    @property
+    def worker(self) -> Trainer:
+        """A worker's trainer whose work items carry the modeled seconds (``duration_s``) and payload
+        sizes, without noise: the same cost model the event simulation runs."""
+        ...
+
+    def collective_s(
+        self, collective: str, algorithm: str, ranks: int, nbytes: float, options: dict[str, Any]
+    ) -> float:
+        """Seconds of one collective of ``nbytes`` over ``ranks`` worker ranks, uncontended."""
+        ...
+
+
 class TrainingAlgorithm:
     """Base of every registered training algorithm.
 
     Subclasses set ``name``, ``family`` (``synchronous``, ``asynchronous`` or ``elastic``, used by the
     statistical-efficiency model), ``options`` (the option names they read), ``uses_servers``, and
-    implement ``program``.
+    implement ``program``; ``closed_form`` where one exists.
     """
 
     name = ""
@@ -217,8 +285,13 @@ class TrainingAlgorithm:
     hogwild = False  # workers run Hogwild threads (trainers need ``hogwild``)
     momentum = False  # the updating trainers (servers or local steps) keep a momentum buffer
     summary = ""
+    # gradient steps per worker simulated when the caller does not say: one step of a synchronous
+    # algorithm is its steady state; asynchronous and elastic ones need many to show queues and staleness
+    default_updates = 20
 
-    def plan(self, ranks: int, steps: int, options: AlgorithmOptions | None = None) -> Plan:
+    def plan(
+        self, ranks: int, steps: int, options: AlgorithmOptions | None = None, devices_per_node: int = 1
+    ) -> Plan:
         """The roles of ``ranks`` ranks running ``steps`` steps per worker (raises on impossible input)."""
         options = options or AlgorithmOptions()
         options.validate()
@@ -235,6 +308,19 @@ class TrainingAlgorithm:
     def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:
         """The role program of ``comm.rank``."""
         raise NotImplementedError
+
+    def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float] | None:
+        """(seconds for ``plan.steps`` steps of the slowest worker, summed collective seconds of one
+        worker) on an uncontended fabric; None where the algorithm has no closed form."""
+        return None
+
+    @property
+    def has_closed_form(self) -> bool:
+        return type(self).closed_form is not TrainingAlgorithm.closed_form
+
+    def samples_per_step(self, plan: Plan, per_device_batch: int) -> int:
+        """Samples the whole run consumes per step of every worker."""
+        return len(plan.workers) * per_device_batch
 
 
 TRAINING_ALGORITHMS: Registry[TrainingAlgorithm] = Registry(

@@ -9,11 +9,12 @@ Open the file at https://ui.perfetto.dev or chrome://tracing. Layout::
         thread "rank 1 compute"     ...
     process "node 1" ...
 
-* The **compute** thread of a rank tiles its timeline from the synchronised start (t = 0) to the
-  rank's last event with no gap: every interval that is neither forward, backward nor update is an
-  explicit slice, ``wait_allreduce`` before an update (the exposed communication) and ``idle``
-  elsewhere. So the durations on a rank's compute thread sum to that rank's simulated time
-  (iterations x its iteration time), which the tests check against the simulator.
+* The **compute** thread of a rank (rows of kind ``compute``, or ops in ``COMPUTE_OPS`` where rows
+  carry no kind) tiles its timeline from the synchronised start (t = 0) to the rank's last event
+  with no gap: every interval between its compute slices is an explicit slice,
+  ``wait_allreduce`` before an update (the exposed communication) and ``idle`` elsewhere. So the
+  durations on a rank's compute thread sum to that rank's simulated time (iterations x its
+  iteration time), which the tests check against the simulator.
 * Communication ops (``allreduce`` per gradient bucket, or ``send``/``recv`` from real runs) overlap
   compute, so they get threads of their own; if two of a rank's ops overlap in time they go to
   extra lanes ("rank 0 allreduce (2)"), because the format needs slices on one thread to nest.
@@ -77,6 +78,13 @@ class Transfers:
         return int(self.src.size)
 
 
+def _is_compute(row: Mapping[str, Any]) -> bool:
+    """A row of the compute thread: its ``kind`` says so where the row carries one (simulated runs:
+    ``compute``, ``send``, ``recv``, ``collective``), else its op is one of ``COMPUTE_OPS``."""
+    kind = row.get("kind")
+    return kind == "compute" if kind else row["op"] in COMPUTE_OPS
+
+
 def _lanes(intervals: Sequence[tuple[float, float]]) -> list[int]:
     """Greedy lane per interval (in the given order, sorted by start) so no two on a lane overlap."""
     lane_end: list[float] = []
@@ -137,8 +145,8 @@ def trace_events(
     for rank in sorted(by_rank):
         pid, base = node_of(rank), rank * TID_STRIDE
         mine = sorted(by_rank[rank], key=lambda row: (float(row["start_s"]), float(row["end_s"])))
-        compute = [row for row in mine if row["op"] in COMPUTE_OPS]
-        comm = [row for row in mine if row["op"] not in COMPUTE_OPS]
+        compute = [row for row in mine if _is_compute(row)]
+        comm = [row for row in mine if not _is_compute(row)]
         thread_names[(pid, base)] = f"rank {rank} compute"
         cursor, total = 0.0, 0.0
         for row in compute:
@@ -229,48 +237,3 @@ def compute_thread_totals(trace: Mapping[str, Any]) -> dict[int, float]:
             rank = event["tid"] // TID_STRIDE
             totals[rank] = totals.get(rank, 0.0) + event["dur"] / US_PER_S
     return totals
-
-
-# --- simulated timelines ---------------------------------------------------------------------------
-
-
-def simulate_timeline(scenario: Any, nodes: int, mode: str = "auto") -> dict[str, Any]:
-    """Run the training DES for one point with tracing on; the trace-event object for it.
-
-    ``mode`` as ``simulator.engine.simulate_training``: ``auto`` runs the vectorised path and falls
-    back to message-by-message execution when flows may contend. ``otherData`` records the
-    simulated ``iteration_s`` and each rank's end time ``rank_end_s`` (seconds).
-    """
-    from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
-    from ddlsim.simulator.executor.sync_engine import TrainingSimulation
-    from ddlsim.simulator.training import compute_profile
-
-    profile = compute_profile(scenario)
-    paths = ("vectorised", "message") if mode == "auto" else (mode,)
-    for index, path in enumerate(paths):
-        log = TransferLog([], [], [], [], [])
-        simulation = TrainingSimulation(scenario, nodes, profile, path, trace=True, transfer_log=log)
-        try:
-            result = simulation.run()
-        except ContentionDetected:
-            if index == len(paths) - 1:
-                raise
-            continue
-        break
-    assert result.trace is not None
-    ranks = nodes * scenario.devices_per_node
-    other = {
-        "ddlsim": {
-            "workload": scenario.workload,
-            "device": scenario.device,
-            "devices_per_node": scenario.devices_per_node,
-            "network": scenario.network,
-            "algorithm": scenario.algorithm,
-            "nodes": nodes,
-            "iterations": scenario.iterations,
-            "execution_path": result.path,
-        },
-        "iteration_s": result.iteration_s,
-        "rank_end_s": {str(rank): float(simulation.finish_time[rank]) for rank in range(ranks)},
-    }
-    return trace_events(result.trace.rows, scenario.devices_per_node, Transfers.from_log(log), other_data=other)

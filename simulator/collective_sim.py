@@ -12,15 +12,13 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import run_collective
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of
 from ddlsim.simulator.scenario import ScenarioError
-
-LIBRARIES = ("nccl", "mpich", "mlsl", "openmpi")
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -105,17 +103,7 @@ class CollectiveSetup:
         )
 
 
-def resolve_algorithm(
-    algorithm: str, collective: str, message_bytes: float, ranks: int, devices_per_node: int
-) -> tuple[str, dict[str, Any]]:
-    """An algorithm token stays itself; a library token (nccl, mpich, ...) picks as that library does."""
-    if algorithm in LIBRARIES:
-        from ddlsim.algorithms.selectors import select
-
-        return select(algorithm, collective, message_bytes, ranks, devices_per_node)
-    COLLECTIVE_ALGORITHMS.get(algorithm)
-    return algorithm, {}
-
+resolve_algorithm = resolve  # the name predict.py and older callers use
 
 def simulate_collective(
     setup: CollectiveSetup,

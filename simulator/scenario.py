@@ -1,16 +1,29 @@
 """A scenario: workload x cluster x strategy x run settings, validated and frozen.
 
-The CLI builds one from its options; every executor reads only this. ``resolved()`` expands the
-tokens into the datasheet numbers actually used, and is written beside the results.
+The strategy is a training algorithm (``algorithm``: sync_sgd, async_sgd, sync_easgd, ...) with its
+options (``options``: the collective and its options, gradient buckets and overlap, tau, alpha,
+servers...). The CLI builds one from its options; every executor reads only this. ``resolved()``
+expands the tokens into the datasheet numbers actually used, and is written beside the results;
+``Scenario.from_dict`` reads that file's ``scenario`` back.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+import numpy as np
+
+from ddlsim.algorithms.training_algorithm import (
+    OPTION_FIELDS,
+    TRAINING_ALGORITHMS,
+    AlgorithmOptions,
+    TrainingAlgorithm,
+    parse_split,
+)
 from ddlsim.hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
@@ -18,10 +31,41 @@ from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.workloads import Workload, load_workload
 
 EXECUTORS = ("des", "analytic")
+STRAGGLER_FORMS = "none, lognormal:SIGMA (per step) or lognormal:SIGMA:device (per device, fixed)"
 
 
 class ScenarioError(ValueError):
     """The scenario is invalid; the message names the setting and what is allowed."""
+
+
+@dataclass(frozen=True)
+class Stragglers:
+    """Compute-time noise: multiplier exp(sigma z - sigma^2 / 2), z ~ N(0, 1), mean 1."""
+
+    sigma: float = 0.0
+    per_device: bool = False
+
+    @staticmethod
+    def parse(text: str | None) -> Stragglers:
+        if text in (None, "", "none"):
+            return Stragglers()
+        match = re.fullmatch(r"lognormal:([0-9.eE+-]+)(:device|:step)?", str(text))
+        if not match:
+            raise ScenarioError(f"--stragglers: cannot parse {text!r}; allowed: {STRAGGLER_FORMS}")
+        sigma = float(match.group(1))
+        if not (math.isfinite(sigma) and 0 <= sigma <= 5):
+            raise ScenarioError(f"--stragglers: sigma must lie in [0, 5], got {sigma!r}")
+        return Stragglers(sigma, match.group(2) == ":device")
+
+    def sampler(self, rng: np.random.Generator):
+        """A function () -> next multiplier for one rank."""
+        if self.sigma == 0:
+            return lambda: 1.0
+        sigma = self.sigma
+        if self.per_device:
+            fixed = float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))
+            return lambda: fixed
+        return lambda: float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))
 
 
 def default_host_link(device: Device) -> str | None:
@@ -46,14 +90,13 @@ class Scenario:
     torus_dims: tuple[int, ...] | None = None  # torus extents in nodes; None: near-cubic per point
     placement: str = "block"  # block or scatter (see simulator.fabric.FabricSpec)
     loggp: bool = False  # LogGP-style per-message CPU overhead at sender and receiver
-    algorithm: str = "ring"
-    algorithm_options: dict[str, Any] = field(default_factory=dict)
+    algorithm: str = "sync_sgd"  # training algorithm (ddlsim list training-algorithms)
+    options: AlgorithmOptions = field(default_factory=AlgorithmOptions)
     nodes: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     per_device_batch: int = 32
     precision: str = "fp32"
-    bucket_bytes: float = 25e6
-    overlap: bool = True
-    iterations: int = 1
+    updates: int | None = None  # gradient steps per worker; None: the algorithm's default
+    stragglers: str = "none"  # compute noise: none, lognormal:SIGMA[:device]
     executor: str = "des"
     seed: int = 0
     # a calibration profile: fitted efficiencies and link alpha/beta override the datasheets
@@ -69,14 +112,14 @@ class Scenario:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ScenarioError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch", "iterations"):
+        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch"):
             positive_int(name.replace("_", "-"), getattr(self, name))
+        if self.updates is not None:
+            positive_int("updates", self.updates)
         if not self.nodes:
             raise ScenarioError("nodes: give at least one node count")
         for count in self.nodes:
             positive_int("nodes", count)
-        if not self.bucket_bytes > 0:
-            raise ScenarioError(f"bucket-bytes must be > 0, got {self.bucket_bytes!r}")
         if self.precision not in PRECISIONS:
             raise ScenarioError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
         if self.executor not in EXECUTORS:
@@ -90,7 +133,7 @@ class Scenario:
         # names: each lookup raises UnknownNameError listing the valid tokens
         load_workload(self.workload)
         device = load_device(self.device)
-        COLLECTIVE_ALGORITHMS.get(self.algorithm)
+        self._check_options(self.training_algorithm)
         if self.devices_per_node > 1 and not self.intra_node:
             raise ScenarioError("devices-per-node > 1 needs --intra-node (e.g. pcie3_x16, nvlink2)")
         if max(self.nodes) > 1 and not self.network:
@@ -102,8 +145,41 @@ class Scenario:
             raise ScenarioError(f"--intra-node {self.intra_node!r} is a network, not an intra-node link")
         if self.network and load_link(self.network).kind != "network":
             raise ScenarioError(f"--network {self.network!r} is an intra-node link, not a network")
+        Stragglers.parse(self.stragglers)
         if self.enforce_memory:
             self.check_memory()
+
+    def _check_options(self, algorithm: TrainingAlgorithm) -> None:
+        """The options are valid, and every option set away from its default is one the algorithm reads."""
+        self.options.validate()
+        default = AlgorithmOptions()
+        unused = [
+            name
+            for name in OPTION_FIELDS
+            if name not in algorithm.options and getattr(self.options, name) != getattr(default, name)
+        ]
+        if unused:
+            valid = ", ".join(algorithm.options) or "none"
+            raise ScenarioError(
+                f"option(s) {', '.join(unused)} do not apply to algorithm {algorithm.name!r}; it reads: {valid}"
+            )
+
+    @property
+    def training_algorithm(self) -> TrainingAlgorithm:
+        return TRAINING_ALGORITHMS.get(self.algorithm)
+
+    @property
+    def steps(self) -> int:
+        """Gradient steps per worker: ``updates``, or the algorithm's default."""
+        return self.updates if self.updates is not None else self.training_algorithm.default_updates
+
+    @property
+    def collective(self) -> str:
+        return self.options.collective
+
+    @property
+    def bucket_bytes(self) -> float:
+        return self.options.bucket_bytes
 
     def resolved_host_link(self, device: Device | None = None) -> str | None:
         if self.host_link == "auto":
@@ -182,8 +258,30 @@ class Scenario:
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(dataclasses.replace(self, profile=None))
         data["nodes"] = list(self.nodes)
+        data["torus_dims"] = list(self.torus_dims) if self.torus_dims else None
+        data["options"] = self.options.to_dict()
         data["profile"] = self.profile.summary() if self.profile else None
         return data
+
+    @staticmethod
+    def from_dict(data: dict[str, Any], **overrides: Any) -> Scenario:
+        """The scenario ``to_dict`` wrote (``scenario.json``'s ``scenario``); a profile is not restored."""
+        values = {key: value for key, value in data.items() if key != "profile"}
+        known = {item.name for item in dataclasses.fields(Scenario)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ScenarioError(f"unknown scenario key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+        options = dict(values.get("options") or {})
+        unknown = sorted(set(options) - set(OPTION_FIELDS))
+        if unknown:
+            raise ScenarioError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTION_FIELDS)}")
+        if "split" in options:
+            options["split"] = parse_split(options["split"])
+        values["options"] = dataclasses.replace(AlgorithmOptions(), **options)
+        for key in ("nodes", "torus_dims"):
+            if values.get(key) is not None:
+                values[key] = tuple(values[key])
+        return Scenario(**(values | overrides))
 
     def resolved(self) -> dict[str, Any]:
         """The scenario with every token expanded into the numbers used (SI units, with sources)."""

@@ -14,9 +14,10 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ddlsim.simulator.executor.sync_engine import simulate_training
+from ddlsim.simulator.closed_form.training import closed_form_result
+from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario, ScenarioError
-from ddlsim.simulator.training import analytic_point, compute_profile, with_interference
+from ddlsim.simulator.training.trainers import with_interference
 
 POOLS = ("auto", "serial", "process", "mpi")
 
@@ -107,35 +108,21 @@ def _continue(head: list[int], last: int, geometric: bool) -> list[int] | None:
 
 
 def simulate_point(scenario: Scenario, nodes: int, des_mode: str = "auto") -> dict[str, Any]:
-    """One row of the scaling table (SI units)."""
-    profile = compute_profile(scenario)
-    devices = nodes * scenario.devices_per_node
+    """One row of the results table (``simulator.training.result.RESULT_COLUMNS``, SI units).
+
+    The DES row also carries the closed form's iteration time where the algorithm has one.
+    """
     if scenario.executor == "analytic":
-        result = analytic_point(scenario, nodes, profile)
-        iteration_s, comm_s, path = result["iteration_s"], result["comm_s"], "closed_form"
+        result = closed_form_result(scenario, nodes)
     else:
-        des = simulate_training(scenario, nodes, profile, mode=des_mode)
-        iteration_s, comm_s, path = des.iteration_s, des.comm_s, des.path
-    iteration_s = with_interference(iteration_s, profile.compute_s, comm_s, scenario.overlap_interference)
-    global_batch = devices * scenario.per_device_batch
-    throughput = global_batch / iteration_s
-    single_device = scenario.per_device_batch / profile.compute_s
-    speedup = throughput / single_device
-    return {
-        "nodes": nodes,
-        "devices": devices,
-        "global_batch": global_batch,
-        "iteration_s": iteration_s,
-        "compute_s": profile.compute_s,
-        "exposed_comm_s": max(iteration_s - profile.compute_s, 0.0),
-        "comm_s": comm_s,
-        "throughput_samples_per_s": throughput,
-        "speedup": speedup,
-        "scaling_efficiency": speedup / devices,
-        "buckets": len(profile.bucket_bytes),
-        "executor": scenario.executor,
-        "execution_path": path,
-    }
+        result = run_des(scenario, nodes, des_mode).result
+        if scenario.training_algorithm.has_closed_form:
+            result.analytic_iteration_s = closed_form_result(scenario, nodes).iteration_s
+    factor = scenario.overlap_interference
+    if factor > 0:
+        iteration_s = with_interference(result.iteration_s, result.compute_s, result.comm_s, factor)
+        result.time_s = iteration_s * result.steps
+    return result.row(scenario.per_device_batch)
 
 
 def _point(args: tuple[Scenario, int]) -> dict[str, Any]:

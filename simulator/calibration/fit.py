@@ -36,7 +36,7 @@ from ddlsim.hardware_models.profile import DeviceFit, LinkFit, Profile, workload
 from ddlsim.simulator.calibration.measurements import Measurement, rows_sha256
 from ddlsim.simulator.calibration.predict import MODEL_ERRORS, predict, static_reason, training_scenario
 from ddlsim.simulator.collective_sim import bus_factor
-from ddlsim.simulator.training import compute_profile
+from ddlsim.simulator.training.trainers import single_device_step_s
 
 MAX_SEGMENTS = 3
 NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not resolved (DeepBench ~1%)
@@ -195,7 +195,7 @@ def fit_compute(profile: Profile, rows: list[Measurement], rng: np.random.Genera
 
         def model(values: np.ndarray, names=names, group=group, profile=profile, device=device) -> np.ndarray:
             trial = _with_device(profile, device, _device_fit(names, np.exp(values), {}))
-            return np.array([compute_profile(training_scenario(row, trial)).compute_s for row in group])
+            return np.array([_step_s(training_scenario(row, trial)) for row in group])
 
         def log_error(values: np.ndarray, measured=measured, model=model) -> np.ndarray:
             return np.log(model(values) / measured)
@@ -614,3 +614,8 @@ def fit_interference(profile: Profile, usable: list[Measurement], single: list[M
     profile = dataclasses.replace(profile, overlap_interference=best, sources=sources)
     fitted = [(row, predict(row, profile).value or float("nan")) for row in rows]
     return profile, fitted
+
+
+def _step_s(scenario) -> float:
+    """One device's training step (forward, backward, update) as the training model prices it."""
+    return single_device_step_s(scenario, scenario.training_algorithm)

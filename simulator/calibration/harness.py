@@ -8,7 +8,7 @@ Inputs, all measured by ``ddlsim bench`` on the same machine, none by the run be
 * a calibration profile fitted to the collective microbenchmarks (``ddlsim calibrate``), which
   the model uses to time each gradient bucket's all-reduce on the run's rank count.
 
-The iteration is the simulator's own synchronous-SGD recurrence (``simulator.training``):
+The iteration is sync SGD's own closed form (``algorithms.gradient_buckets.step_time_s``):
 buckets filled in backward order, each all-reduced when ready and after the previous one, the
 update after the last. Layers timed with as many ranks computing as the run has already carry the
 host's sharing; otherwise compute stretches by the change in max(1, ranks / cores), the same
@@ -23,13 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlsim.algorithms.gradient_buckets import StepProfile, step_time_s
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.compute import optimizer_update_time_s
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.calibration.fit import calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, load_measurements
 from ddlsim.simulator.calibration.predict import ape_summary, predict
-from ddlsim.simulator.training import ComputeProfile, LayerTime, analytic_iteration, bucket_segments
+from ddlsim.simulator.training.trainers import LayerTime
 
 
 class HarnessPredictionError(ValueError):
@@ -98,11 +99,18 @@ def predict_iteration_s(
         LayerTime(layer.name, layer.forward_s * stretch, layer.backward_s * stretch, layer.gradient_bytes)
         for layer in layers
     )
-    segments, buckets = bucket_segments(scaled, bucket_bytes, overlap)
     parameters = sum(layer.gradient_bytes for layer in layers) / 4.0
     update = optimizer_update_time_s(parameters, load_device("local_cpu"), "fp32") * stretch
-    profile = ComputeProfile(scaled, sum(layer.forward_s for layer in scaled), segments, buckets, update)
-    iteration, _ = analytic_iteration(profile, collective_s if ranks > 1 else (lambda _nbytes: 0.0))
+    profile = StepProfile.of_layers(
+        [layer.forward_s for layer in scaled],
+        [layer.backward_s for layer in scaled],
+        [layer.gradient_bytes for layer in scaled],
+        bucket_bytes,
+        update,
+    )
+    if not overlap:
+        profile = profile.without_overlap()
+    iteration, _ = step_time_s(profile, collective_s if ranks > 1 else (lambda _nbytes: 0.0))
     return iteration
 
 

@@ -31,6 +31,7 @@ import numpy as np
 
 from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.algorithms.training_algorithm import AlgorithmOptions
 from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.hardware_models.units import UnitError
@@ -173,12 +174,10 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
         intra_node=intra if row.devices_per_node > 1 else None,
         network=row.network or None if row.nodes > 1 else None,
         nics_per_node=row.nics_per_node or 1,
-        algorithm=algorithm,
-        algorithm_options=options,
+        options=AlgorithmOptions(collective=algorithm, collective_options=options, bucket_bytes=BUCKET_BYTES),
         nodes=(row.nodes,),
         per_device_batch=row.per_device_batch,
         precision=row.precision,
-        bucket_bytes=BUCKET_BYTES,
         executor=executor,
         profile=profile,
         enforce_memory=False,  # the run was measured, so it fit in memory
@@ -199,7 +198,7 @@ def predict_training(
         )
     scenario = training_scenario(row, profile, executor)
     point = simulate_point(scenario, row.nodes)
-    detail = f"{scenario.algorithm} {executor}"
+    detail = f"{scenario.collective} {executor}"
     if row.metric == "throughput_samples_per_s":
         return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
     if row.metric == "time_s":

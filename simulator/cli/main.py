@@ -27,7 +27,6 @@ COMMAND_MODULES = (
     "ddlsim.simulator.cli.measurements_command",
     "ddlsim.simulator.cli.calibrate_command",
     "ddlsim.simulator.cli.validate_command",
-    "ddlsim.simulator.cli.algorithm_command",
     "ddlsim.simulator.cli.run_command",
     "ddlsim.simulator.cli.bench_command",
     "ddlsim.simulator.cli.plot_command",

@@ -1,23 +1,35 @@
 """The SimPy executor of role programs: ``Comm`` operations on the modeled fabric.
 
-Each rank's role program (``algorithms.training_algorithm``) runs as one SimPy process on the
-device ``placement[rank]`` of a ``Fabric``:
+Each rank's role program (``algorithms.training_algorithm``) runs as one SimPy process on fabric
+rank ``placement[rank]``:
 
 * ``Compute``: waits ``work.duration_s``; the result is ``work.run()`` (a size-only payload).
-* ``Send``: the sender's per-message overhead, then the bytes stream over the route as a flow on
-  the shared ``FlowNetwork`` (max-min fair with every other flow, collectives included), then the
+* ``Send``: the sender's per-message overhead, then the bytes stream over the route, then the
   route's latency; the message lands in the destination's mailbox. The sender is busy until then
   (a blocking, rendezvous-sized send: the payloads here are model-sized).
 * ``Recv``: takes the oldest matching message of the mailbox (``ANY_SOURCE`` matches any sender;
   tags must match), or waits for one. Messages between one pair arrive in order, as MPI promises.
-* ``Collective``: the registered collective algorithm's schedule over ``group`` (all ranks if None),
-  executed message by message by a ``MessageExecutor`` on the same environment and flow network; a
-  rank enters when it yields the operation and continues when its part is done. Result: the payload.
+* ``Start`` of a collective: the collective goes on the rank's communication stream; it enters once
+  the previous collective of the stream is done (now if none). Collectives over one group are
+  matched in the order each member starts them, as MPI matches them on a communicator. ``Wait``
+  waits for started collectives; a blocking ``Collective`` is a start and a wait.
 
-The per-transfer arithmetic is ``collective_engine``'s (overhead + flow + latency), so a lone
-point-to-point message costs exactly the fabric's hop cost. Every operation is logged per rank
-(``OpRecord``) for traces, counts and bytes; no wall clock, no randomness: identical inputs give
-identical timelines.
+Two execution modes, with the same semantics:
+
+* ``vectorised``: when the last member of a collective has entered, the collective engine's
+  round-at-a-time executor (``VectorisedExecutor``) computes every member's finish time at once,
+  proving that no flow shares a link with another at the same time; point-to-point messages are
+  proved the same way in the same link state (``VectorisedExecutor.transfer``). A message sent by
+  a rank whose started collective is not done yet, a collective in which a rank would finish before
+  the last one entered, or any possible contention raises ``ContentionDetected``: the caller then
+  runs the whole point again in
+* ``message`` mode: every transfer of every collective and every message is a flow on one shared
+  ``FlowNetwork`` (max-min fair), exact under any contention.
+
+The per-transfer arithmetic is the collective engine's (overhead + flow + latency), so a lone message
+costs exactly the fabric's hop cost. Per rank it accumulates compute, blocked and communication
+seconds and mailbox statistics; with ``record=True`` it also keeps every operation (``OpRecord``).
+No wall clock, no randomness: identical inputs give identical timelines.
 """
 
 from __future__ import annotations
@@ -29,11 +41,30 @@ from typing import Any
 import numpy as np
 import simpy
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send
-from ddlsim.simulator.engine.collective_engine import MessageExecutor
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
+from ddlsim.algorithms.comm import (
+    ANY_SOURCE,
+    Collective,
+    CommOps,
+    Compute,
+    Recv,
+    RoleProgram,
+    Send,
+    Start,
+    Wait,
+)
+from ddlsim.algorithms.schedule import Schedule
+from ddlsim.simulator.engine.collective_engine import (
+    ContentionDetected,
+    MessageExecutor,
+    TransferLog,
+    VectorisedExecutor,
+)
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork
+
+MODES = ("vectorised", "message")
+_CAUSALITY_SLACK_S = 1e-12
 
 
 @dataclass(frozen=True)
@@ -52,6 +83,29 @@ class OpRecord:
 
 
 @dataclass
+class RankStats:
+    """Per-rank accumulators (seconds), kept whether or not operations are recorded."""
+
+    compute_s: np.ndarray
+    blocked_s: np.ndarray  # in send, recv, a blocking collective or a wait
+    comm_s: np.ndarray  # durations of messages and collectives (overlapped or not)
+    recv_wait_s: np.ndarray
+    queued_s: np.ndarray  # summed mailbox waits of the messages a rank received
+    received: np.ndarray  # messages received
+
+    @staticmethod
+    def zeros(ranks: int) -> RankStats:
+        return RankStats(
+            compute_s=np.zeros(ranks),
+            blocked_s=np.zeros(ranks),
+            comm_s=np.zeros(ranks),
+            recv_wait_s=np.zeros(ranks),
+            queued_s=np.zeros(ranks),
+            received=np.zeros(ranks, dtype=np.int64),
+        )
+
+
+@dataclass
 class _Message:
     src: int
     tag: int
@@ -64,6 +118,39 @@ class _Mailbox:
     messages: list[_Message] = field(default_factory=list)
     waiting: list[tuple[int, int, simpy.Event]] = field(default_factory=list)
     peak: int = 0  # largest number of unreceived messages seen
+
+
+@dataclass
+class _Handle:
+    """A started collective: ``done`` fires when this rank's part is over."""
+
+    done: simpy.Event
+    payload: Any
+
+
+@dataclass(frozen=True)
+class _Group:
+    """The ranks of a collective (then its helpers), numbered in order of first use."""
+
+    index: int
+    members: tuple[int, ...]
+    ranks: int  # members that contribute data (the rest are helpers)
+    position: dict[int, int]  # rank -> index in members
+
+
+@dataclass
+class _Instance:
+    """One collective call over ``members`` (the group, then its helpers)."""
+
+    op: Collective
+    members: tuple[int, ...]
+    schedule: Schedule
+    member_ranks: np.ndarray  # fabric rank of each member
+    done: list[simpy.Event]
+    entered_s: np.ndarray
+    started: int = 0
+    entered: int = 0
+    ready: list[simpy.Event] | None = None  # message mode: each member's entry
 
 
 class SimComm(CommOps):
@@ -86,10 +173,7 @@ class SimComm(CommOps):
 
 
 class _GroupFabric:
-    """A fabric seen through a group index -> fabric rank map, so a schedule's ranks are group indices.
-
-    Methods taking (src, dst) map them; everything else is the fabric's own.
-    """
+    """A fabric seen through a member index -> fabric rank map, so a schedule's ranks are member indices."""
 
     def __init__(self, fabric: Fabric, members: np.ndarray) -> None:
         self._fabric = fabric
@@ -108,27 +192,45 @@ class _GroupFabric:
 
 
 class RoleExecutor:
-    """Run one role program per rank on ``fabric``; rank r is the fabric's rank ``placement[r]``
-    (its device under the fabric's own rank placement, block by default)."""
+    """Run one role program per rank on ``fabric``; rank r is the fabric's rank ``placement[r]``."""
 
     def __init__(
-        self, fabric: Fabric, placement: Sequence[int] | np.ndarray, env: simpy.Environment | None = None
+        self,
+        fabric: Fabric,
+        placement: Sequence[int] | np.ndarray,
+        mode: str = "message",
+        *,
+        record: bool = False,
+        transfer_log: TransferLog | None = None,
     ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown execution mode {mode!r}; valid: {', '.join(MODES)}")
         self.fabric = fabric
         self.placement = np.asarray(placement, dtype=np.int64)
         self.ranks = int(self.placement.size)
         if np.unique(self.placement).size != self.ranks:
             raise ValueError("two ranks placed on one device")
-        self.env = env or simpy.Environment()
-        self.network = FlowNetwork(self.env, fabric.capacity_Bps)
+        self.mode = mode
+        self.env = simpy.Environment()
+        self.vectorised = VectorisedExecutor(fabric) if mode == "vectorised" else None
+        self.network = FlowNetwork(self.env, fabric.capacity_Bps) if mode == "message" else None
+        self.transfer_log = transfer_log
         self.mailboxes = [_Mailbox() for _ in range(self.ranks)]
-        self.records: list[OpRecord] = []
+        self.records: list[OpRecord] | None = [] if record else None
+        self.stats = RankStats.zeros(self.ranks)
         self.returns: dict[int, Any] = {}
         self.finish_s = np.zeros(self.ranks)
+        self.transfers = 0
         self._routes: dict[tuple[int, int], tuple[np.ndarray, float, float]] = {}
         self._group_executors: dict[tuple[int, ...], MessageExecutor] = {}
-        self._collectives: dict[tuple[tuple[int, ...], int], tuple[list[simpy.Event], list[simpy.Event]]] = {}
-        self._entered: dict[tuple[tuple[int, ...], int], int] = {}  # (group, rank) -> collectives entered
+        self._member_ranks: dict[tuple[int, ...], np.ndarray] = {}
+        self._schedules: dict[tuple[Any, ...], Schedule] = {}
+        self._groups: dict[tuple[int, ...], _Group] = {}
+        self._groups_by_id: dict[tuple[int, int], tuple[Any, Any, _Group]] = {}
+        self._instances: dict[tuple[int, int], _Instance] = {}  # (group index, sequence) -> call
+        self._sequence: dict[tuple[int, int], int] = {}  # (group index, rank) -> collectives started
+        self._tail: list[simpy.Event | None] = [None] * self.ranks  # last collective on each stream
+        self._in_flight = np.zeros(self.ranks, dtype=np.int64)  # started collectives not done
         self._iteration = [0] * self.ranks
 
     # --- driver ----------------------------------------------------------------------------------
@@ -140,10 +242,13 @@ class RoleExecutor:
         unfinished = [rank for rank in range(self.ranks) if rank not in self.returns]
         if unfinished:
             raise RuntimeError(f"deadlock: ranks {unfinished} never finished their role programs")
+        if self.vectorised is not None:
+            self.transfers += self.vectorised.transfers
+        self.transfers += sum(executor.transfers for executor in self._group_executors.values())
         return self.returns
 
     def _rank_process(self, rank: int, program: RoleProgram):
-        env = self.env
+        env, stats = self.env, self.stats
         result: Any = None
         while True:
             try:
@@ -160,27 +265,45 @@ class RoleExecutor:
                 if duration > 0:
                     yield env.timeout(duration)
                 result = work.run()
+                stats.compute_s[rank] += env.now - start
                 self._log(rank, work.name, "compute", -1, 0.0, start)
-            elif isinstance(op, Send):
+                continue
+            if isinstance(op, Send):
                 yield from self._send(rank, op)
                 result = None
-                self._log(rank, "send", "send", op.dst, float(op.payload.nbytes), start)
+                nbytes = float(op.payload.nbytes)
+                self._log(rank, "send", "send", op.dst, nbytes, start)
             elif isinstance(op, Recv):
                 message = yield from self._recv(rank, op)
                 result = message.payload if op.src != ANY_SOURCE else (message.src, message.payload)
                 queued = max(start - message.arrived_s, 0.0)
+                stats.recv_wait_s[rank] += env.now - start
+                stats.queued_s[rank] += queued
+                stats.received[rank] += 1
                 self._log(rank, "recv", "recv", message.src, float(message.payload.nbytes), start, queued)
             elif isinstance(op, Collective):
-                yield from self._collective(rank, op)
-                result = op.payload
-                self._log(rank, op.collective, "collective", -1, float(op.payload.nbytes), start)
+                handle = self._start(rank, op)
+                yield handle.done
+                result = handle.payload
+            elif isinstance(op, Start):
+                result = self._start(rank, op.operation)
+                continue
+            elif isinstance(op, Wait):
+                pending = [handle.done for handle in op.handles if not handle.done.processed]
+                if pending:
+                    yield env.all_of(pending)
+                result = [handle.payload for handle in op.handles]
             else:
                 raise TypeError(f"rank {rank} yielded {op!r}, not a Comm operation")
+            stats.blocked_s[rank] += env.now - start
 
     def _log(self, rank: int, op: str, kind: str, peer: int, nbytes: float, start: float, queued: float = 0.0) -> None:
-        self.records.append(
-            OpRecord(rank, self._iteration[rank], op, kind, peer, nbytes, float(start), float(self.env.now), queued)
-        )
+        if kind in ("send", "recv"):
+            self.stats.comm_s[rank] += self.env.now - start
+        if self.records is not None:
+            self.records.append(
+                OpRecord(rank, self._iteration[rank], op, kind, peer, nbytes, float(start), float(self.env.now), queued)
+            )
 
     # --- point to point --------------------------------------------------------------------------
     def _route(self, src: int, dst: int) -> tuple[np.ndarray, float, float]:
@@ -197,11 +320,20 @@ class RoleExecutor:
     def _send(self, rank: int, op: Send):
         if not 0 <= op.dst < self.ranks or op.dst == rank:
             raise ValueError(f"rank {rank} sends to invalid rank {op.dst}")
-        links, overhead, latency = self._route(rank, op.dst)
         env = self.env
-        yield env.timeout(overhead)
-        yield self.network.transfer(links, float(op.payload.nbytes))
-        yield env.timeout(latency)
+        nbytes = float(op.payload.nbytes)
+        if self.vectorised is not None:
+            if self._in_flight[rank]:
+                raise ContentionDetected("a rank sends a message while its started collective runs")
+            arrival = self.vectorised.transfer(int(self.placement[rank]), int(self.placement[op.dst]), nbytes, env.now)
+            yield env.timeout(arrival - env.now)
+        else:
+            assert self.network is not None
+            links, overhead, latency = self._route(rank, op.dst)
+            yield env.timeout(overhead)
+            yield self.network.transfer(links, nbytes)
+            yield env.timeout(latency)
+            self.transfers += 1
         self._deliver(op.dst, _Message(rank, op.tag, op.payload, float(env.now)))
 
     def _deliver(self, dst: int, message: _Message) -> None:
@@ -227,43 +359,142 @@ class RoleExecutor:
         return message
 
     # --- collectives -----------------------------------------------------------------------------
-    def _group_executor(self, group: tuple[int, ...]) -> MessageExecutor:
-        executor = self._group_executors.get(group)
-        if executor is None:
-            view = _GroupFabric(self.fabric, self.placement[list(group)])
-            executor = MessageExecutor(view, self.env)  # type: ignore[arg-type]
-            executor.network = self.network  # one flow network for every transfer of the run
-            self._group_executors[group] = executor
-        return executor
+    def _group(self, op: Collective) -> _Group:
+        """The group of ``op`` (its ranks, then its helpers), looked up by the identity of the tuples
+        the role program passes (the same objects call after call): hashing a 4096-rank tuple per
+        operation would cost more than the operation."""
+        key = (id(op.group), id(op.helpers))
+        cached = self._groups_by_id.get(key)
+        if cached is not None and cached[0] is op.group and cached[1] is op.helpers:
+            return cached[2]
+        ranks = tuple(range(self.ranks)) if op.group is None else tuple(op.group)
+        members = ranks + tuple(op.helpers)
+        group = self._groups.get(members)
+        if group is None:
+            group = _Group(len(self._groups), members, len(ranks), {rank: i for i, rank in enumerate(members)})
+            self._groups[members] = group
+        self._groups_by_id[key] = (op.group, op.helpers, group)
+        return group
 
-    def _devices_per_node(self, group: tuple[int, ...]) -> int:
-        """Block placement of the group over nodes (for hierarchical schedules), else 1."""
-        nodes = self.fabric.node_of(self.fabric.devices_of(self.placement[list(group)]))
+    def _start(self, rank: int, op: Collective) -> _Handle:
+        group = self._group(op)
+        position = group.position.get(rank)
+        if position is None:
+            raise ValueError(f"rank {rank} joins a collective over {group.members} it is not part of")
+        if group.ranks == 1:
+            return _Handle(self.env.event().succeed(), op.payload)
+        members = group.members
+        counter = (group.index, rank)
+        sequence = self._sequence.get(counter, 0)
+        self._sequence[counter] = sequence + 1
+        key = (group.index, sequence)
+        instance = self._instances.get(key)
+        if instance is None:
+            instance = self._instance(op, group.ranks, members)
+            self._instances[key] = instance
+        instance.started += 1
+        if instance.started == len(members):  # every member holds it now: forget it
+            del self._instances[key]
+        done = instance.done[position]
+        iteration, nbytes = self._iteration[rank], float(op.payload.nbytes)
+        self._in_flight[rank] += 1
+
+        def finished(_event: simpy.Event) -> None:
+            self._in_flight[rank] -= 1
+            entered = float(instance.entered_s[position])
+            self.stats.comm_s[rank] += self.env.now - entered
+            if self.records is not None:
+                self.records.append(
+                    OpRecord(rank, iteration, op.collective, "collective", -1, nbytes, entered, float(self.env.now))
+                )
+
+        done.callbacks.append(finished)
+        tail = self._tail[rank]
+        self._tail[rank] = done
+        if tail is None or tail.processed:
+            self._enter(instance, position)
+        else:
+            tail.callbacks.append(lambda _event: self._enter(instance, position))
+        return _Handle(done, op.payload)
+
+    def _instance(self, op: Collective, ranks: int, members: tuple[int, ...]) -> _Instance:
+        member_ranks = self._member_ranks.get(members)
+        if member_ranks is None:
+            member_ranks = self.placement[list(members)]
+            self._member_ranks[members] = member_ranks
+        schedule = self._schedule(op, ranks, member_ranks)
+        if schedule.ranks != len(members):
+            raise ValueError(
+                f"{op.algorithm} {op.collective} over {ranks} ranks needs {schedule.ranks - ranks} "
+                f"helper rank(s); the operation names {len(members) - ranks}"
+            )
+        count = len(members)
+        env = self.env
+        if self.vectorised is not None:
+            done = [env.event() for _ in range(count)]
+            return _Instance(op, members, schedule, member_ranks, done, np.zeros(count))
+        ready = [env.event() for _ in range(count)]
+        done = self._group_executor(members, member_ranks).process(
+            schedule, float(op.payload.nbytes), ready, self.transfer_log
+        )
+        return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready)
+
+    def _schedule(self, op: Collective, ranks: int, member_ranks: np.ndarray) -> Schedule:
+        per_node = self._devices_per_node(member_ranks[:ranks])
+        token, chosen = resolve(op.algorithm, op.collective, float(op.payload.nbytes), ranks, per_node)
+        options = {**chosen, **op.options}
+        key = (token, op.collective, ranks, per_node, tuple(sorted(options.items())))
+        schedule = self._schedules.get(key)
+        if schedule is None:
+            impl = COLLECTIVE_ALGORITHMS.get(token)
+            schedule = impl.schedule(op.collective, ranks, devices_per_node=per_node, **options)
+            self._schedules[key] = schedule
+        return schedule
+
+    def _devices_per_node(self, fabric_ranks: np.ndarray) -> int:
+        """Devices per node of a group placed in equal consecutive blocks over nodes (for hierarchical
+        schedules), else 1."""
+        nodes = self.fabric.node_of(self.fabric.devices_of(fabric_ranks))
         counts = np.bincount(nodes)
         counts = counts[counts > 0]
         per = int(counts[0])
         blocked = bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0))
         return per if blocked else 1
 
-    def _collective(self, rank: int, op: Collective):
-        group = tuple(range(self.ranks)) if op.group is None else tuple(op.group)
-        if rank not in group:
-            raise ValueError(f"rank {rank} joins a collective over {group} it is not part of")
-        position = group.index(rank)
-        if len(group) == 1:
+    def _group_executor(self, members: tuple[int, ...], member_ranks: np.ndarray) -> MessageExecutor:
+        executor = self._group_executors.get(members)
+        if executor is None:
+            view = _GroupFabric(self.fabric, member_ranks)
+            executor = MessageExecutor(view, self.env)  # type: ignore[arg-type]
+            assert self.network is not None
+            executor.network = self.network  # one flow network for every transfer of the run
+            self._group_executors[members] = executor
+        return executor
+
+    def _enter(self, instance: _Instance, position: int) -> None:
+        env = self.env
+        instance.entered_s[position] = env.now
+        instance.entered += 1
+        if instance.ready is not None:
+            instance.ready[position].succeed()
             return
-        counter = (group, rank)
-        sequence = self._entered.get(counter, 0)
-        self._entered[counter] = sequence + 1
-        key = (group, sequence)
-        if key not in self._collectives:
-            algorithm = COLLECTIVE_ALGORITHMS.get(op.algorithm)
-            schedule = algorithm.schedule(
-                op.collective, len(group), devices_per_node=self._devices_per_node(group), **op.options
-            )
-            ready = [self.env.event() for _ in group]
-            done = self._group_executor(group).process(schedule, float(op.payload.nbytes), ready)
-            self._collectives[key] = (ready, done)
-        ready, done = self._collectives[key]
-        ready[position].succeed()
-        yield done[position]
+        if instance.entered < len(instance.members):
+            return
+        assert self.vectorised is not None
+        nbytes = float(instance.op.payload.nbytes)
+        finish = self.vectorised.run(
+            instance.schedule, nbytes, instance.entered_s, self.transfer_log, members=instance.member_ranks
+        )
+        if float(finish.min()) < env.now - _CAUSALITY_SLACK_S:
+            raise ContentionDetected("a rank would finish its collective before the last rank entered it")
+        now = env.now
+        for event, end in zip(instance.done, finish.tolist(), strict=True):
+            _succeed_after(env, event, max(end - now, 0.0))
+
+
+def _succeed_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
+    """Trigger ``event`` ``delay`` seconds from now: what ``Timeout`` does, for an event that already
+    exists (a rank may be waiting on it). One heap entry instead of a timeout and a callback."""
+    event._ok = True
+    event._value = None
+    env.schedule(event, delay=delay)

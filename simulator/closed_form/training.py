@@ -1,0 +1,46 @@
+"""The closed-form executor: a training algorithm's own closed form on the scenario's costs.
+
+``closed_form_result(scenario, nodes)`` plans the roles as the event simulation does
+(``simulator.training.setup``) and asks the algorithm's ``closed_form`` (in its file in
+``algorithms/``) for the seconds of its steps, with the simulation's cost model and the fabric's
+hop costs (``simulator.closed_form.costs``). Microseconds per point at any scale: nothing grows with
+the node count. Algorithms without a closed form (the asynchronous ones) are refused with a message.
+"""
+
+from __future__ import annotations
+
+from ddlsim.simulator.closed_form.costs import ClosedFormCosts
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training.result import TrainingResult
+from ddlsim.simulator.training.setup import setup_of
+from ddlsim.simulator.training.trainers import single_device_step_s
+
+
+def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
+    setup = setup_of(scenario, nodes)
+    algorithm, plan = setup.algorithm, setup.plan
+    costs = ClosedFormCosts(scenario, algorithm, setup.fabric_nodes)
+    estimate = algorithm.closed_form(costs, plan)
+    if estimate is None:
+        raise ScenarioError(
+            f"algorithm {algorithm.name!r} has no closed form (its time depends on the order of events); "
+            "use --executor des"
+        )
+    time_s, comm_s = estimate
+    return TrainingResult(
+        algorithm=algorithm.name,
+        collective=plan.options.collective if "collective" in algorithm.options else "",
+        nodes=nodes,
+        devices=nodes * scenario.devices_per_node,
+        workers=len(plan.workers),
+        servers=len(plan.servers),
+        steps=plan.steps,
+        samples_per_step=algorithm.samples_per_step(plan, scenario.per_device_batch),
+        time_s=time_s,
+        compute_s=single_device_step_s(scenario, algorithm),
+        comm_s=comm_s / plan.steps,
+        comm_share=max(time_s - plan.steps * costs.step.compute_s, 0.0) / time_s,
+        buckets=len(costs.step.bucket_bytes) if "bucket_bytes" in algorithm.options else 0,
+        executor="analytic",
+        path="closed_form",
+    )

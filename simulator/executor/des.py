@@ -1,0 +1,137 @@
+"""Run one scenario point in the event simulation: the algorithm's role programs on the modeled fabric.
+
+``run_des(scenario, nodes)`` plans the roles and places the ranks (``simulator.training.setup``),
+gives each rank its simulated trainer (``simulator.training.trainers``), runs every rank's role
+program in the ``RoleExecutor`` and summarises the run (``TrainingResult``). ``mode="auto"`` runs the
+collectives a round at a time and re-runs the point message by message when the fast path cannot
+prove its times exact (``ContentionDetected``); ``vectorised`` or ``message`` force one path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.executor.role_executor import MODES, OpRecord, RoleExecutor
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training.result import TrainingResult
+from ddlsim.simulator.training.setup import TrainingSetup, setup_of
+from ddlsim.simulator.training.trainers import build_trainers, single_device_step_s
+
+
+@dataclass
+class DesRun:
+    setup: TrainingSetup
+    result: TrainingResult
+    records: list[OpRecord] | None  # every operation of every rank, when asked for
+    transfer_log: TransferLog | None  # every transfer of every collective and message, when asked for
+
+
+def run_des(
+    scenario: Scenario, nodes: int, mode: str = "auto", *, record: bool = False, log_transfers: bool = False
+) -> DesRun:
+    if mode not in ("auto", *MODES):
+        raise ScenarioError(f"unknown DES mode {mode!r}; valid: auto, {', '.join(MODES)}")
+    setup = setup_of(scenario, nodes)
+    fabric = Fabric(scenario.fabric_spec(setup.fabric_nodes))
+    modes = MODES if mode == "auto" else (mode,)
+    for attempt, current in enumerate(modes):
+        log = TransferLog([], [], [], [], []) if log_transfers else None
+        executor = RoleExecutor(fabric, setup.placement, current, record=record, transfer_log=log)
+        trainers = build_trainers(scenario, setup.algorithm, setup.plan)
+        try:
+            returns = executor.run(partial(_program, setup, trainers))
+        except ContentionDetected:
+            if attempt == len(modes) - 1:
+                raise
+            continue
+        result = summarise(setup, executor, returns, trainers[setup.plan.workers[0]].buckets(), current)
+        return DesRun(setup, result, executor.records, log)
+    raise AssertionError("unreachable")
+
+
+def _program(setup: TrainingSetup, trainers: list, comm: Any) -> Any:
+    return setup.algorithm.program(comm, trainers[comm.rank], setup.plan)
+
+
+def summarise(setup: TrainingSetup, executor: RoleExecutor, returns: dict, buckets: int, path: str) -> TrainingResult:
+    """The run's figures from the executor's per-rank accumulators."""
+    scenario, plan, algorithm = setup.scenario, setup.plan, setup.algorithm
+    workers, servers = list(plan.workers), list(plan.servers)
+    finish, stats = executor.finish_s, executor.stats
+    time_s = float(finish[workers].max())
+    comm_share = float(np.mean(stats.blocked_s[workers] / np.maximum(finish[workers], 1e-300)))
+    result = TrainingResult(
+        algorithm=algorithm.name,
+        collective=plan.options.collective if "collective" in algorithm.options else "",
+        nodes=setup.nodes,
+        devices=setup.nodes * scenario.devices_per_node,
+        workers=len(workers),
+        servers=len(servers),
+        steps=plan.steps,
+        samples_per_step=algorithm.samples_per_step(plan, scenario.per_device_batch),
+        time_s=time_s,
+        compute_s=single_device_step_s(scenario, algorithm),
+        comm_s=float(stats.comm_s[workers].mean()) / plan.steps,
+        comm_share=comm_share,
+        buckets=buckets if "bucket_bytes" in algorithm.options else 0,
+        executor="des",
+        path=path,
+        transfers=executor.transfers,
+    )
+    if servers:
+        span = max(time_s, float(finish[servers].max()))
+        received = int(stats.received[servers].sum())
+        result = dataclasses.replace(
+            result,
+            server_utilisation=float(np.mean([(finish[s] - stats.recv_wait_s[s]) / span for s in servers])),
+            server_queue_s=float(stats.queued_s[servers].sum()) / received if received else math.nan,
+            server_queue_peak=max(executor.mailboxes[s].peak for s in servers),
+            staleness=np.asarray(
+                [value for s in servers for value in (returns.get(s) or {}).get("staleness", [])], dtype=np.int64
+            ),
+        )
+    return result
+
+
+def best_hybrid_split(scenario: Scenario, nodes: int, updates: int = 2) -> tuple[tuple[int, ...], float]:
+    """The hybrid_parallel layer split with the shortest simulated step: coordinate descent from the
+    balanced split, moving one boundary by 8, 4, 2, 1 layers while it helps. (split, seconds per step)."""
+    from ddlsim.simulator.training.trainers import balanced_split, layer_times
+
+    stages = scenario.devices_per_node
+
+    def cost(split: tuple[int, ...]) -> float:
+        options = dataclasses.replace(scenario.options, split=split)
+        trial = dataclasses.replace(scenario, options=options, updates=updates, algorithm="hybrid_parallel")
+        return run_des(trial, nodes).result.iteration_s
+
+    best = balanced_split(layer_times(scenario), stages)
+    best_s = cost(best)
+    if stages == 1:
+        return best, best_s
+    seen = {best}
+    for move in (8, 4, 2, 1):
+        improved = True
+        while improved:
+            improved = False
+            for boundary in range(stages - 1):
+                for sign in (-1, 1):
+                    split = list(best)
+                    split[boundary] += sign * move
+                    split[boundary + 1] -= sign * move
+                    candidate = tuple(split)
+                    if min(candidate) < 1 or candidate in seen:
+                        continue
+                    seen.add(candidate)
+                    seconds = cost(candidate)
+                    if seconds < best_s:
+                        best, best_s, improved = candidate, seconds, True
+    return best, best_s

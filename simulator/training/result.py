@@ -1,0 +1,132 @@
+"""What a simulated training run reports, whichever executor ran it: one tidy row per scenario point.
+
+Every algorithm, synchronous or not, gives the same columns (SI units, suffixed names):
+
+* ``iteration_s``: seconds per gradient step of a worker, the run's time over its steps; the run's
+  time is when its last worker finished;
+* ``compute_s``: one device's step with no communication (forward, backward, update), the base of
+  ``speedup`` = throughput / (per-device batch / compute_s) and ``scaling_efficiency`` = speedup /
+  devices (weak scaling against one device);
+* ``exposed_comm_s``: iteration_s - compute_s (floored at 0): what communication and waiting add;
+* ``comm_s``: per worker and step, the time its collectives and messages took (overlapped or not);
+* ``comm_share``: per worker, the share of its run spent blocked in communication (mean);
+* parameter servers (or the EASGD master): ``server_utilisation`` (share of the run not waiting in
+  a receive), ``server_queue_s`` (mean wait of a push in the mailbox), staleness of the pushes they
+  applied; ``-`` where there are none.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+SCALING_COLUMNS = (
+    "nodes",
+    "devices",
+    "global_batch",
+    "iteration_s",
+    "compute_s",
+    "exposed_comm_s",
+    "throughput_samples_per_s",
+    "speedup",
+    "scaling_efficiency",
+)
+RESULT_COLUMNS = (
+    *SCALING_COLUMNS,
+    "comm_s",
+    "analytic_iteration_s",
+    "algorithm",
+    "collective",
+    "workers",
+    "servers",
+    "updates",
+    "time_s",
+    "comm_share",
+    "server_utilisation",
+    "server_queue_s",
+    "staleness_mean",
+    "staleness_p99",
+    "staleness_max",
+    "buckets",
+    "executor",
+    "execution_path",
+)
+
+
+@dataclass
+class TrainingResult:
+    """One executed (or closed-form) scenario point; times in seconds."""
+
+    algorithm: str
+    collective: str
+    nodes: int
+    devices: int
+    workers: int
+    servers: int
+    steps: int
+    samples_per_step: int
+    time_s: float
+    compute_s: float  # one device's step, no communication
+    comm_s: float  # per worker and step
+    comm_share: float
+    buckets: int
+    executor: str
+    path: str
+    server_utilisation: float = math.nan
+    server_queue_s: float = math.nan
+    server_queue_peak: int = 0
+    staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    transfers: int = 0
+    analytic_iteration_s: float | None = None  # the closed form beside a DES result, where one exists
+
+    @property
+    def iteration_s(self) -> float:
+        return self.time_s / self.steps
+
+    @property
+    def throughput_samples_per_s(self) -> float:
+        return self.samples_per_step / self.iteration_s
+
+    def row(self, per_device_batch: int) -> dict[str, Any]:
+        """The results.csv row (``RESULT_COLUMNS``); figures that do not apply are None."""
+        speedup = self.throughput_samples_per_s / (per_device_batch / self.compute_s)
+        staleness = self.staleness
+        has_servers = self.servers > 0
+        return {
+            "nodes": self.nodes,
+            "devices": self.devices,
+            "global_batch": self.samples_per_step,
+            "iteration_s": self.iteration_s,
+            "compute_s": self.compute_s,
+            "exposed_comm_s": max(self.iteration_s - self.compute_s, 0.0),
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "speedup": speedup,
+            "scaling_efficiency": speedup / self.devices,
+            "comm_s": self.comm_s,
+            "analytic_iteration_s": self.analytic_iteration_s,
+            "algorithm": self.algorithm,
+            "collective": self.collective,
+            "workers": self.workers,
+            "servers": self.servers,
+            "updates": self.steps,
+            "time_s": self.time_s,
+            "comm_share": self.comm_share,
+            "server_utilisation": self.server_utilisation if has_servers else None,
+            "server_queue_s": self.server_queue_s if has_servers else None,
+            "staleness_mean": float(staleness.mean()) if has_servers and staleness.size else None,
+            "staleness_p99": float(np.percentile(staleness, 99)) if has_servers and staleness.size else None,
+            "staleness_max": int(staleness.max()) if has_servers and staleness.size else None,
+            "buckets": self.buckets,
+            "executor": self.executor,
+            "execution_path": self.path,
+        }
+
+    def staleness_histogram(self) -> list[dict[str, int]]:
+        values, counts = np.unique(self.staleness, return_counts=True)
+        return [
+            {"nodes": self.nodes, "staleness": int(v), "count": int(c)}
+            for v, c in zip(values, counts, strict=True)
+        ]
