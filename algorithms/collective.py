@@ -35,6 +35,15 @@ COLLECTIVE_ALGORITHMS: Registry[CollectiveAlgorithm] = Registry(
 )
 
 
+def helper_ranks(algorithm: str, ranks: int, **options: Any) -> int:
+    """Relay ranks a collective algorithm's schedule adds to ``ranks`` workers (a parameter server's
+    dedicated servers), without building the schedule; 0 for library selectors and most algorithms,
+    which declare no ``helper_ranks``."""
+    impl = COLLECTIVE_ALGORITHMS.get(algorithm) if algorithm in COLLECTIVE_ALGORITHMS else None
+    count = getattr(impl, "helper_ranks", None)
+    return int(count(ranks, **options)) if count is not None else 0
+
+
 def is_collective_token(token: str) -> bool:
     """A registered collective algorithm or a library selector (``nccl``, ``mpich``, ``mlsl``, ``openmpi``)."""
     from ddlsim.algorithms.selectors import LIBRARIES

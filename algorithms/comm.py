@@ -29,7 +29,7 @@ real: a closure over torch); the role program never looks inside them.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -90,8 +90,8 @@ class Collective:
     payload: Any
     algorithm: str = "ring"
     options: dict[str, Any] = field(default_factory=dict)
-    group: tuple[int, ...] | None = None
-    helpers: tuple[int, ...] = ()
+    group: Sequence[int] | None = None
+    helpers: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -143,15 +143,15 @@ class CommOps:
     def allreduce(
         payload: Any,
         algorithm: str = "ring",
-        group: tuple[int, ...] | None = None,
-        helpers: tuple[int, ...] = (),
+        group: Sequence[int] | None = None,
+        helpers: Sequence[int] = (),
         **options,
     ) -> Collective:
         return Collective("allreduce", payload, algorithm, options, group, helpers)
 
     @staticmethod
     def collective(
-        collective: str, payload: Any, algorithm: str = "ring", group: tuple[int, ...] | None = None, **options
+        collective: str, payload: Any, algorithm: str = "ring", group: Sequence[int] | None = None, **options
     ) -> Collective:
         return Collective(collective, payload, algorithm, options, group)
 

@@ -108,10 +108,10 @@ def step_time_s(profile: StepProfile, collective_s: Callable[[float], float]) ->
 def backward_with_allreduce(
     comm: Any,
     trainer: Any,
-    group: tuple[int, ...],
+    group: Sequence[int],
     algorithm: str,
     overlap: bool = True,
-    helpers: tuple[int, ...] = (),
+    helpers: Sequence[int] = (),
     options: dict[str, Any] | None = None,
 ) -> RoleProgram:
     """Backward pass bucket by bucket, each bucket's gradient all-reduced over ``group`` with the
@@ -140,10 +140,10 @@ def backward_with_allreduce(
 def serve_allreduce(
     comm: Any,
     trainer: Any,
-    group: tuple[int, ...],
+    group: Sequence[int],
     algorithm: str,
     steps: int,
-    helpers: tuple[int, ...],
+    helpers: Sequence[int],
     options: dict[str, Any] | None = None,
 ) -> RoleProgram:
     """A helper rank of a collective (a dedicated parameter server): joins every bucket's all-reduce

@@ -56,6 +56,11 @@ class ParameterServerCollective:
     collectives: tuple[str, ...] = ("allreduce",)
     options = ("servers", "placement")
 
+    def helper_ranks(self, ranks: int, **options: Any) -> int:
+        """Relay ranks the schedule adds to ``ranks`` workers: the dedicated servers (none colocated)."""
+        servers, placement = _settings(ranks, options)
+        return servers if placement == "dedicated" else 0
+
     def schedule(self, collective: str, ranks: int, *, devices_per_node: int = 1, **options: Any) -> Schedule:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)

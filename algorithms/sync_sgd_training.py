@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.collective import helper_ranks
 from ddlsim.algorithms.comm import RoleProgram
 from ddlsim.algorithms.gradient_buckets import backward_with_allreduce, serve_allreduce, step_time_s
 from ddlsim.algorithms.training_algorithm import (
@@ -28,15 +28,6 @@ from ddlsim.algorithms.training_algorithm import (
     TrainingAlgorithm,
     TrainingCosts,
 )
-
-
-def collective_helpers(options: AlgorithmOptions, workers: int, devices_per_node: int) -> int:
-    """Relay ranks the all-reduce's schedule adds to ``workers`` ranks (0 for a library selector)."""
-    if options.collective not in COLLECTIVE_ALGORITHMS or workers < 2:
-        return 0
-    impl = COLLECTIVE_ALGORITHMS.get(options.collective)
-    schedule = impl.schedule("allreduce", workers, devices_per_node=devices_per_node, **options.collective_options)
-    return schedule.ranks - workers
 
 
 class SyncSgdTraining(TrainingAlgorithm):
@@ -51,11 +42,12 @@ class SyncSgdTraining(TrainingAlgorithm):
         self, ranks: int, steps: int, options: AlgorithmOptions | None = None, devices_per_node: int = 1
     ) -> Plan:
         plan = super().plan(ranks, steps, options, devices_per_node)
-        helpers = collective_helpers(plan.options, ranks, devices_per_node)
+        options = plan.options
+        helpers = helper_ranks(options.collective, ranks, **options.collective_options) if ranks > 1 else 0
         if not helpers:
             return plan
         return Plan(
-            plan.algorithm, ranks + helpers, (), plan.workers, steps, plan.options, tuple(range(ranks, ranks + helpers))
+            plan.algorithm, ranks + helpers, range(0), plan.workers, steps, plan.options, range(ranks, ranks + helpers)
         )
 
     def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:

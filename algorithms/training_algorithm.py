@@ -170,7 +170,7 @@ class AlgorithmOptions:
             raise TrainingAlgorithmError(f"bucket bytes must be a finite size > 0, got {self.bucket_bytes!r}")
         if not is_collective_token(self.collective):
             raise TrainingAlgorithmError(
-                f"unknown collective {self.collective!r}; valid: {', '.join(collective_tokens())}"
+                f"unknown collective algorithm {self.collective!r}; valid: {', '.join(collective_tokens())}"
             )
         if self.split is not None:
             empty = [i for i, count in enumerate(self.split) if count < 1]
@@ -226,11 +226,11 @@ class Plan:
 
     algorithm: str
     ranks: int
-    servers: tuple[int, ...]
-    workers: tuple[int, ...]
+    servers: range
+    workers: range  # ranges, not lists: a plan of a million ranks costs nothing to hold
     steps: int
     options: AlgorithmOptions = field(default_factory=AlgorithmOptions)
-    helpers: tuple[int, ...] = ()
+    helpers: range = range(0)
 
     def is_server(self, rank: int) -> bool:
         return rank < len(self.servers)
@@ -303,7 +303,20 @@ class TrainingAlgorithm:
                 f"{self.name}: {servers} server(s) leave no worker among {ranks} rank(s); "
                 f"use fewer servers or more ranks"
             )
-        return Plan(self.name, ranks, tuple(range(servers)), tuple(range(servers, ranks)), steps, options)
+        return Plan(self.name, ranks, range(servers), range(servers, ranks), steps, options)
+
+    def plan_exactly(self, ranks: int, steps: int, options: AlgorithmOptions | None = None) -> Plan:
+        """A plan of exactly ``ranks`` ranks (a real run's world): when the collective adds helper ranks,
+        fewer workers leave room for them."""
+        plan = self.plan(ranks, steps, options)
+        helpers = plan.ranks - ranks
+        if helpers > 0:
+            if ranks - helpers < 1:
+                raise TrainingAlgorithmError(f"{self.name}: {helpers} helper rank(s) leave no worker among {ranks}")
+            plan = self.plan(ranks - helpers, steps, options)
+        if plan.ranks != ranks:
+            raise TrainingAlgorithmError(f"{self.name}: no plan spans exactly {ranks} ranks")
+        return plan
 
     def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:
         """The role program of ``comm.rank``."""

@@ -56,8 +56,8 @@ def measure(work: Path, ranks: int, iterations: int) -> list:
         for algorithm in ALGORITHMS:
             for bucket in BUCKETS:
                 out = work / f"run_{ranks}_{model}_{algorithm}_{bucket}"
-                ddlsim("run", "-n", str(ranks), "--model", model, "--dataset", "synthetic", "--algorithm", algorithm,
-                       "--bucket-bytes", bucket, "--per-device-batch", str(BATCH), "--iterations", str(iterations),
+                ddlsim("run", "-n", str(ranks), "--model", model, "--dataset", "synthetic", "--collective", algorithm,
+                       "--bucket-bytes", bucket, "--per-device-batch", str(BATCH), "--updates", str(iterations),
                        "--out", str(out))  # fmt: skip
                 runs.append(HarnessRun(ranks, model, algorithm, parse_bytes(bucket), BATCH, median_iteration_s(out)))
                 print(f"measured {out.name}: {runs[-1].measured_s * 1e3:.2f} ms", file=sys.stderr, flush=True)

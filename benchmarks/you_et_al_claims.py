@@ -31,8 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ddlsim.algorithms.training_algorithm import make_options
-from ddlsim.simulator.algorithm_sim import AlgorithmResult, AlgorithmSetup, simulate_algorithm
+from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.training.result import TrainingResult
 
 CLUSTER = Scenario(
     workload="alexnet",
@@ -67,10 +68,12 @@ def _options(algorithm: str) -> dict:
     return values
 
 
-def run(algorithm: str, nodes: int, updates: int = UPDATES, stragglers: str = "none") -> AlgorithmResult:
-    scenario = dataclasses.replace(CLUSTER, nodes=(nodes,))
+def run(algorithm: str, nodes: int, updates: int = UPDATES, stragglers: str = "none") -> TrainingResult:
     options = make_options(algorithm, _options(algorithm))
-    return simulate_algorithm(AlgorithmSetup(algorithm, scenario, nodes, updates, options, stragglers, seed=0))
+    scenario = dataclasses.replace(
+        CLUSTER, algorithm=algorithm, options=options, nodes=(nodes,), updates=updates, stragglers=stragglers
+    )
+    return run_des(scenario, nodes).result
 
 
 def claims(nodes: int = 64, updates: int = UPDATES) -> dict[str, dict]:

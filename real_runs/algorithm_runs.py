@@ -17,13 +17,28 @@ views of the shared parameters and writes ``p -= lr g`` in place while the other
 Servers (and the EASGD master) hold their shard of the flat vector only; with one server and
 ``evaluate_every`` set, the server also measures the full-data loss of its weights after every
 ``evaluate_every`` updates (the real-run check of the statistical-efficiency model).
+
+Gradient buckets (``sync_sgd``): the model's layers with parameters, in backward order, are grouped
+as ``algorithms.gradient_buckets.fill_buckets`` groups the simulator's layers. ``forward(None)`` runs
+the forward pass; ``backward_bucket(0)`` starts ``loss.backward()`` on a thread of its own and
+returns bucket 0's gradient once a per-parameter hook (``register_post_accumulate_grad_hook``) has
+seen every gradient of the bucket; later buckets return as they complete. So the role program
+starts each bucket's all-reduce on the communication stream while backward goes on, as PyTorch DDP
+does. ``step`` takes the reduced buckets back into the flat gradient. Gradients travel in
+``gradient_precision`` (fp16: half the bytes, mixed precision's wire format).
+
+Per step the trainer stamps the time its forward (or gradient) began, so a run reports the seconds
+of each step of each worker.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import os
+import signal
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,9 +46,10 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.comm import drive
+from ddlsim.algorithms.gradient_buckets import fill_buckets
 from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions, Plan
 from ddlsim.real_runs.data import Dataset, load_dataset, shard_batches
-from ddlsim.real_runs.models import build_model
+from ddlsim.real_runs.models import MODELS, build_model
 
 
 def _torch():
@@ -58,6 +74,33 @@ class RunSettings:
     seed: int = 0
     evaluate_every: int = 0  # servers: full-data loss every this many updates (0: never)
     trace_dir: Path | None = None
+    gradient_precision: str = "fp32"  # wire format of gradient buckets: fp32 or fp16
+    samples: int = 0  # dataset samples (0: the dataset's default)
+    image_size: int = 0  # synthetic images' side (0: the default)
+    torch_threads: int = 1
+    # debugging the harness itself: this rank kills itself (SIGKILL) when it reaches that step
+    fail_rank: int = -1
+    fail_at_step: int = -1
+
+    @staticmethod
+    def from_dict(data: dict[str, Any]) -> RunSettings:
+        """The settings ``to_dict`` wrote (JSON-friendly: options a dict, the trace directory a string)."""
+        from ddlsim.algorithms.training_algorithm import parse_split
+
+        values = dict(data)
+        options = dict(values.pop("options", {}) or {})
+        if "split" in options:
+            options["split"] = parse_split(options["split"])
+        trace_dir = values.pop("trace_dir", None)
+        return RunSettings(
+            **values, options=AlgorithmOptions(**options), trace_dir=Path(trace_dir) if trace_dir else None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["trace_dir"] = str(self.trace_dir) if self.trace_dir else None
+        data["options"] = self.options.to_dict()
+        return data
 
 
 @dataclass
@@ -70,7 +113,8 @@ class RunResult:
     losses: list[float]  # minibatch losses in order (workers; the last stage for hybrid)
     evaluations: list[tuple[int, float]]  # (updates applied, full-data loss) on a single server
     weights_digest: float  # sum of the final weights (equal on ranks holding equal weights)
-
+    step_s: list[float] = field(default_factory=list)  # seconds of each step (workers)
+    buckets: int = 0  # gradient buckets of a bucketed algorithm
 
 class TorchWork:
     """A compute item of a real run: ``run()`` does it; the real executor never reads ``duration_s``."""
@@ -86,19 +130,20 @@ class TorchWork:
         return self._function()
 
 
-def digits_mlp(in_channels: int = 1, classes: int = 10, image_size: int = 8, hidden: int = 64):
-    """flatten, fc(hidden) relu, fc(classes): learns the 8x8 digits in tens of steps (local helper;
-    ``real_runs.models`` holds the CNNs, slower to train in a CI-sized budget)."""
-    nn = _torch().nn
-    return nn.Sequential(
-        nn.Flatten(), nn.Linear(in_channels * image_size * image_size, hidden), nn.ReLU(), nn.Linear(hidden, classes)
-    )
-
-
 def _build(name: str, dataset: Dataset):
-    if name == "digits_mlp":
-        return digits_mlp(dataset.in_channels, dataset.classes, int(dataset.images.shape[-1]))
+    if name == "digits_mlp":  # its first layer's size depends on the images
+        return MODELS.get(name)(dataset.in_channels, dataset.classes, int(dataset.images.shape[-1]))
     return build_model(name, dataset.in_channels, dataset.classes)
+
+
+def _step_seconds(starts: list[float], end: float) -> list[float]:
+    """Seconds of each step from the times the steps began and the time the last one ended."""
+    return [b - a for a, b in zip(starts, [*starts[1:], end], strict=True)]
+
+
+def _check_failure(settings: RunSettings, rank: int, step: int) -> None:
+    if rank == settings.fail_rank and step == settings.fail_at_step:
+        os.kill(os.getpid(), signal.SIGKILL)  # a hard crash, as the launcher must survive it
 
 
 def _flatten_into(module) -> Any:
@@ -132,10 +177,13 @@ class TorchTrainer:
     """The ``Trainer`` of a worker (whole model) or a server (shard ``shard`` of ``shards``)."""
 
     def __init__(self, settings: RunSettings, dataset: Dataset, momentum: bool, *, data_shard: int = 0,
-                 data_shards: int = 1, server_shard: tuple[int, int] | None = None) -> None:  # fmt: skip
+                 data_shards: int = 1, server_shard: tuple[int, int] | None = None, rank: int = 0) -> None:  # fmt: skip
         torch = _torch()
         torch.manual_seed(settings.seed)  # identical initial weights on every rank
         self.model = _build(settings.model, dataset)
+        self.rank = rank
+        self.step_starts: list[float] = []
+        self._buckets = _GradientBuckets(self.model, settings.options.bucket_bytes, settings.gradient_precision)
         self.flat = _flatten_into(self.model)
         self.length = int(self.flat.numel())
         self.dataset = dataset
@@ -168,6 +216,7 @@ class TorchTrainer:
     # --- worker compute ----------------------------------------------------------------------
     def _gradient(self) -> np.ndarray:
         torch = _torch()
+        _check_failure(self.settings, self.rank, self.iteration - 1)
         images, labels = next(self.batches)
         self.model.zero_grad(set_to_none=True)
         loss = self._loss(self.model(torch.from_numpy(images)), torch.from_numpy(labels))
@@ -176,8 +225,41 @@ class TorchTrainer:
         return torch.cat([p.grad.reshape(-1) for p in self.model.parameters()]).numpy()
 
     def gradient(self) -> TorchWork:
-        self.iteration += 1
+        self._begin_step()
         return self._work("gradient", self._gradient)
+
+    def _begin_step(self) -> None:
+        self.iteration += 1
+        self.step_starts.append(time.perf_counter())
+
+    # --- the same step in gradient buckets -------------------------------------------------------------
+    def forward(self, activation: Any) -> TorchWork:
+        """The whole model's forward pass on the next minibatch (``activation`` is None)."""
+        self._begin_step()
+
+        def run() -> None:
+            torch = _torch()
+            _check_failure(self.settings, self.rank, self.iteration - 1)  # after the last step was flushed
+            images, labels = next(self.batches)
+            self.model.zero_grad(set_to_none=True)
+            self._step_loss = self._loss(self.model(torch.from_numpy(images)), torch.from_numpy(labels))
+            self.losses.append(float(self._step_loss.detach()))
+
+        return self._work("forward", run)
+
+    def buckets(self) -> int:
+        return len(self._buckets.params)
+
+    def backward_bucket(self, bucket: int) -> TorchWork:
+        def run() -> np.ndarray:
+            if bucket == 0:
+                self._buckets.start_backward(self._step_loss)
+            return self._buckets.wait(bucket)
+
+        return self._work("backward", run)
+
+    def empty_bucket(self, bucket: int) -> np.ndarray:
+        return self._buckets.empty(bucket)
 
     def hogwild(self, threads: int) -> TorchWork:
         self.iteration += 1
@@ -218,7 +300,9 @@ class TorchTrainer:
 
     def _step(self, gradient: Any, scale: float) -> None:
         torch = _torch()
-        g = torch.as_tensor(np.asarray(gradient)) * scale
+        if isinstance(gradient, list):  # reduced buckets from backward_with_allreduce
+            gradient = self._buckets.gather(gradient, self.length)
+        g = torch.as_tensor(np.asarray(gradient, dtype=np.float32)) * scale
         if self.mu:
             self.buffer.mul_(self.mu).add_(g)
             g = self.buffer
@@ -318,6 +402,93 @@ class TorchTrainer:
         # server's whole-model shard is a separate tensor)
         _torch().nn.utils.vector_to_parameters(self.flat, self.model.parameters())
         return _full_loss(self.model, self.dataset)
+
+
+class _GradientBuckets:
+    """A model's parameters grouped into gradient buckets, and the backward pass that fills them.
+
+    Parameters of each bucket (layers with parameters in backward order, ``fill_buckets``), the
+    positions of their elements in the model's flat parameter vector, and per backward pass a thread
+    running ``loss.backward()`` with per-parameter hooks that mark a bucket ready once all its
+    gradients have been accumulated.
+    """
+
+    def __init__(self, model: Any, bucket_bytes: float, precision: str) -> None:
+        self.dtype = np.dtype(np.float16 if precision == "fp16" else np.float32)
+        layers = [module for module in model.modules() if any(True for _ in module.parameters(recurse=False))]
+        layer_params = [[p for p in layer.parameters(recurse=False) if p.requires_grad] for layer in reversed(layers)]
+        sizes = [sum(p.numel() for p in params) * self.dtype.itemsize for params in layer_params]
+        buckets = fill_buckets(sizes, bucket_bytes)
+        self.params = [[p for index in bucket for p in layer_params[index]] for bucket in buckets]
+        self.params = [params for params in self.params if params]
+        offsets, offset = {}, 0
+        for param in model.parameters():
+            offsets[id(param)] = offset
+            offset += param.numel()
+        self.positions = [
+            np.concatenate([np.arange(offsets[id(p)], offsets[id(p)] + p.numel()) for p in params])
+            for params in self.params
+        ]
+        self._ready: list[threading.Event] = []
+        self._remaining: list[int] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        for index, params in enumerate(self.params):
+            for param in params:
+                param.register_post_accumulate_grad_hook(self._hook(index))
+
+    def _hook(self, index: int):
+        def ready(_param: Any) -> None:
+            if not self._remaining:  # a backward not started by start_backward (a whole-model gradient)
+                return
+            with self._lock:
+                self._remaining[index] -= 1
+                done = self._remaining[index] == 0
+            if done:
+                self._ready[index].set()
+
+        return ready
+
+    def start_backward(self, loss: Any) -> None:
+        self._remaining = [len(params) for params in self.params]
+        self._ready = [threading.Event() for _ in self.params]
+        self._error = None
+
+        def backward() -> None:
+            try:
+                loss.backward()
+            except BaseException as error:  # handed to the waiting thread
+                self._error = error
+            finally:
+                for event in self._ready:  # parameters that got no gradient count as ready
+                    event.set()
+
+        self._thread = threading.Thread(target=backward, name="backward", daemon=True)
+        self._thread.start()
+
+    def wait(self, index: int) -> np.ndarray:
+        self._ready[index].wait()
+        if index == len(self.params) - 1 and self._thread is not None:
+            self._thread.join()
+            self._remaining = []
+        if self._error is not None:
+            raise self._error
+        parts = [
+            p.grad.detach().reshape(-1).numpy() if p.grad is not None else np.zeros(p.numel(), np.float32)
+            for p in self.params[index]
+        ]
+        return np.concatenate(parts).astype(self.dtype, copy=False)
+
+    def empty(self, index: int) -> np.ndarray:
+        return np.zeros(sum(p.numel() for p in self.params[index]), dtype=self.dtype)
+
+    def gather(self, buckets: list[np.ndarray], length: int) -> np.ndarray:
+        """The flat gradient (parameter order) from the reduced buckets."""
+        flat = np.zeros(length, dtype=np.float32)
+        for positions, values in zip(self.positions, buckets, strict=True):
+            flat[positions] = values
+        return flat
 
 
 class StageTrainer:
@@ -421,58 +592,86 @@ def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset):
         return StageTrainer(settings, dataset, rank % stages, stages, rank // stages, nodes)
     if plan.is_server(rank):
         shards = 1 if algorithm.family == "elastic" else len(plan.servers)
-        return TorchTrainer(settings, dataset, algorithm.momentum, server_shard=(rank, shards))
+        return TorchTrainer(settings, dataset, algorithm.momentum, server_shard=(rank, shards), rank=rank)
+    if plan.is_helper(rank):  # relays a collective: it needs the bucket sizes only
+        return TorchTrainer(settings, dataset, algorithm.momentum, rank=rank)
     index = plan.workers.index(rank)
-    return TorchTrainer(settings, dataset, algorithm.momentum, data_shard=index, data_shards=len(plan.workers))
+    return TorchTrainer(
+        settings, dataset, algorithm.momentum, data_shard=index, data_shards=len(plan.workers), rank=rank
+    )
 
 
-def run_algorithm(settings: RunSettings, transport: Any = None) -> RunResult:
-    """Run ``settings.algorithm`` on every rank of ``transport`` (default MPI COMM_WORLD)."""
+def run_algorithm(settings: RunSettings, transport: Any = None, tracer: Any = None) -> RunResult:
+    """Run ``settings.algorithm`` on every rank of ``transport`` (default MPI COMM_WORLD).
+
+    ``tracer`` (a ``TraceWriter`` or anything with ``start``, ``record``, ``flush`` and an
+    ``iteration`` attribute) receives every op; without one, ``settings.trace_dir`` gets a
+    ``TraceWriter``. The tracer is flushed as each step of this rank begins, so a rank that dies
+    keeps its finished steps on disk.
+    """
     from ddlsim.real_runs.comm_executor import MpiComm
     from ddlsim.real_runs.trace import TraceWriter
     from ddlsim.real_runs.transport import make_transport
 
+    _torch().set_num_threads(settings.torch_threads)
     transport = transport if transport is not None else make_transport("mpi")
     algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
-    plan = algorithm.plan(transport.size, settings.steps, settings.options)
-    dataset = load_dataset(settings.dataset, settings.seed)
+    plan = algorithm.plan_exactly(transport.size, settings.steps, settings.options)
+    dataset = load_dataset(settings.dataset, settings.seed, settings.samples, settings.image_size)
     trainer = _trainer(settings, plan, transport.rank, dataset)
-    tracer = None
-    if settings.trace_dir is not None:
-        metadata = {"algorithm": settings.algorithm, "settings": _jsonable(settings), "ranks": transport.size}
+    owned = tracer is None and settings.trace_dir is not None
+    if owned:
+        metadata = {"algorithm": settings.algorithm, "settings": settings.to_dict(), "ranks": transport.size}
+        assert settings.trace_dir is not None
         tracer = TraceWriter(settings.trace_dir, transport.rank, metadata)
+    if tracer is not None:
         tracer.start(transport.barrier)
+    else:
+        transport.barrier()
     comm = MpiComm(transport, tracer)
-    is_worker = isinstance(trainer, TorchTrainer) and not plan.is_server(transport.rank)
+    is_worker = isinstance(trainer, TorchTrainer) and rank_role(plan, algorithm, transport.rank) == "worker"
     initial = trainer.full_loss() if is_worker else float("nan")
+    step = [trainer.iteration]
 
     def perform(op: Any) -> Any:
+        if tracer is not None and trainer.iteration != step[0]:  # a new step began: keep the last on disk
+            tracer.flush()
+            step[0] = trainer.iteration
         if tracer is not None:
-            tracer.iteration = trainer.iteration
+            tracer.iteration = max(trainer.iteration - 1, 0)  # steps count from 0 in traces
         return comm.perform(op)
 
-    returned = drive(algorithm.program(comm, trainer, plan), perform)
+    try:
+        returned = drive(algorithm.program(comm, trainer, plan), perform)
+    finally:
+        comm.close()
+    end = time.perf_counter()
     if tracer is not None:
-        tracer.close()
+        tracer.flush()
+        if owned:
+            tracer.close()
     final = trainer.full_loss() if is_worker else float("nan")
-    role = "worker" if not plan.is_server(transport.rank) else ("master" if algorithm.family == "elastic" else "server")
+    starts = getattr(trainer, "step_starts", [])
     return RunResult(
         transport.rank,
-        role,
+        rank_role(plan, algorithm, transport.rank),
         returned,
         initial,
         final,
         list(trainer.losses),
         list(trainer.evaluations),
         float(trainer.flat.double().sum()),
+        _step_seconds(starts, end) if starts else [],
+        trainer.buckets() if "bucket_bytes" in algorithm.options and isinstance(trainer, TorchTrainer) else 0,
     )
 
 
-def _jsonable(settings: RunSettings) -> dict[str, Any]:
-    data = dataclasses.asdict(settings)
-    data["trace_dir"] = str(settings.trace_dir) if settings.trace_dir else None
-    data["options"]["split"] = list(settings.options.split) if settings.options.split else None
-    return data
+def rank_role(plan: Plan, algorithm: Any, rank: int) -> str:
+    if plan.is_helper(rank):
+        return "helper"
+    if plan.is_server(rank):
+        return "master" if algorithm.family == "elastic" else "server"
+    return "worker"
 
 
 def steps_to_target(evaluations: list[tuple[int, float]], target_loss: float) -> int | None:

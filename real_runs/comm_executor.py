@@ -6,9 +6,13 @@
 * ``Send``: a small header (kind, dtype, shape) then the payload's bytes, to ``op.dst``;
 * ``Recv``: the header tells shape and dtype; the payload lands in ``like`` when it fits, else in a
   new array; ``ANY_SOURCE`` returns ``(source, payload)``;
-* ``Collective``: the registered algorithm's schedule over ``op.group`` (all ranks by default),
-  run by ``run_schedule`` on a copy of the payload; the result has the payload's type (numpy array
-  or torch tensor).
+* ``Collective``: the registered algorithm's schedule (or a library selector's choice) over
+  ``op.group`` (all ranks by default, then ``op.helpers``), run by ``run_schedule`` on a copy of
+  the payload; the result has the payload's type (numpy array or torch tensor).
+* ``Start``: the collective is queued on the rank's communication stream, a thread of its own over a
+  duplicate of the transport (as Horovod's background thread), which runs started collectives one
+  after another in order; the result is a handle. ``Wait`` blocks until the handles' collectives are
+  done and returns their results (re-raising an error of the stream in the caller).
 
 Payloads are numpy arrays, torch tensors (received as numpy arrays) or any picklable object.
 The name says MPI, but any ``Transport`` works (``make_transport("gloo")`` too); receiving from
@@ -18,13 +22,15 @@ The name says MPI, but any ``Transport`` works (``make_transport("gloo")`` too);
 from __future__ import annotations
 
 import pickle
+import queue
+import threading
 import time
 from typing import Any
 
 import numpy as np
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send, drive
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
+from ddlsim.algorithms.comm import ANY_SOURCE, Collective, CommOps, Compute, Recv, RoleProgram, Send, Start, Wait, drive
 from ddlsim.real_runs.schedule_executor import SCHEDULE_TAG, Workspace, build_schedule, run_schedule
 from ddlsim.real_runs.transport import Transport, make_transport
 
@@ -52,6 +58,44 @@ def _to_numpy(payload: Any) -> tuple[np.ndarray | None, bool]:
     return None, False
 
 
+class Handle:
+    """A collective started on the communication stream."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class CommStream:
+    """The rank's communication stream: a thread that runs started collectives one after another."""
+
+    def __init__(self, run) -> None:
+        self._run = run  # Collective -> result, on the stream's transport
+        self._queue: queue.Queue[tuple[Handle, Collective] | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="comm-stream", daemon=True)
+        self._thread.start()
+
+    def start(self, op: Collective) -> Handle:
+        handle = Handle()
+        self._queue.put((handle, op))
+        return handle
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            handle, op = item
+            try:
+                handle.result = self._run(op)
+            except BaseException as error:  # handed to the waiting thread
+                handle.error = error
+            finally:
+                handle.done.set()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+
+
 class MpiComm(CommOps):
     """Executes ``algorithms.comm`` operations for real on ``transport`` (default: MPI COMM_WORLD).
 
@@ -65,6 +109,7 @@ class MpiComm(CommOps):
         self.trace_transfers = trace_transfers  # also record the sends/receives inside collectives
         self._origin_ns = time.perf_counter_ns()
         self._workspace = Workspace()
+        self._stream: CommStream | None = None
 
     @property
     def rank(self) -> int:
@@ -99,10 +144,43 @@ class MpiComm(CommOps):
             self._record("recv", start, peer=source, nbytes=nbytes)
             return (source, payload) if op.src == ANY_SOURCE else payload
         if isinstance(op, Collective):
-            result, nbytes = self._collective(op)
+            result, nbytes = self._collective(op, self.transport, self._workspace)
             self._record(op.collective, start, nbytes=nbytes)
             return result
-        raise CommExecutorError(f"unknown operation {op!r}; valid: Compute, Send, Recv, Collective")
+        if isinstance(op, Start):
+            return self._communication_stream().start(op.operation)
+        if isinstance(op, Wait):
+            results = []
+            for handle in op.handles:
+                handle.done.wait()
+                if handle.error is not None:
+                    raise handle.error
+                results.append(handle.result)
+            return results
+        raise CommExecutorError(f"unknown operation {op!r}; valid: Compute, Send, Recv, Collective, Start, Wait")
+
+    def _communication_stream(self) -> CommStream:
+        if self._stream is None:
+            dup = getattr(self.transport, "dup", None)
+            transport = dup() if dup is not None else self.transport
+            workspace = Workspace()
+
+            def run(op: Collective) -> Any:
+                iteration = getattr(self.tracer, "iteration", None)
+                start = time.perf_counter_ns()
+                result, nbytes = self._collective(op, transport, workspace)
+                if self.tracer is not None:
+                    self.tracer.record(op.collective, start, time.perf_counter_ns(), nbytes=nbytes, iteration=iteration)
+                return result
+
+            self._stream = CommStream(run)
+        return self._stream
+
+    def close(self) -> None:
+        """End the communication stream (after the role program: nothing is left on it)."""
+        if self._stream is not None:
+            self._stream.close()
+            self._stream = None
 
     # --- point to point ----------------------------------------------------------------------
 
@@ -145,19 +223,20 @@ class MpiComm(CommOps):
 
     # --- collectives ------------------------------------------------------------------------
 
-    def _collective(self, op: Collective) -> tuple[Any, int]:
+    def _collective(self, op: Collective, transport: Transport, workspace: Workspace) -> tuple[Any, int]:
         array, was_torch = _to_numpy(op.payload)
         if array is None:
             raise CommExecutorError(f"collective payloads must be numeric arrays, got {type(op.payload).__name__}")
         group = tuple(op.group) if op.group is not None else tuple(range(self.size))
-        options = dict(op.options)
-        if "value_bytes" in getattr(COLLECTIVE_ALGORITHMS.get(op.algorithm), "options", ()):
+        token, chosen = resolve(op.algorithm, op.collective, float(array.nbytes), len(group))
+        options = {**chosen, **op.options}
+        if "value_bytes" in getattr(COLLECTIVE_ALGORITHMS.get(token), "options", ()):
             options.setdefault("value_bytes", array.itemsize)  # sparse values travel in the buffer's precision
-        schedule = build_schedule(op.algorithm, op.collective, len(group), **options)
+        schedule = build_schedule(token, op.collective, len(group), **options)
         buffer = array.copy()
         tracer = self.tracer if self.trace_transfers else None
-        run_schedule(schedule, buffer, self.transport, tracer, group=group, tag=COLLECTIVE_TAG,
-                     workspace=self._workspace)  # fmt: skip
+        run_schedule(schedule, buffer, transport, tracer, group=(*group, *op.helpers), tag=COLLECTIVE_TAG,
+                     workspace=workspace)  # fmt: skip
         if was_torch:
             import torch
 
@@ -167,4 +246,7 @@ class MpiComm(CommOps):
 
 def run_role_program(program: RoleProgram, comm: MpiComm) -> Any:
     """Run one rank's role program to completion on ``comm``; returns the program's return value."""
-    return drive(program, comm.perform)
+    try:
+        return drive(program, comm.perform)
+    finally:
+        comm.close()

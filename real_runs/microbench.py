@@ -386,23 +386,29 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
 
 
 class _StepTimes:
-    """The part of a TraceWriter that ``train`` uses, keeping forward and backward seconds.
+    """The part of a TraceWriter that ``run_algorithm`` uses, keeping each step's forward and backward
+    seconds (a backward in several gradient buckets is summed over them).
 
-    ``flush`` (``train`` calls it after every iteration) waits at a barrier of ``world``, so ranks
+    ``flush`` (called as each step begins, and at the end) waits at a barrier of ``world``, so ranks
     training over one-rank communicators still start each step together, as in a synchronous run.
     """
 
     def __init__(self, world: Any) -> None:
         self.iteration = 0
         self.world = world
-        self.seconds: dict[str, list[float]] = {"forward": [], "backward": []}
+        self._by_step: dict[str, dict[int, float]] = {"forward": {}, "backward": {}}
+
+    @property
+    def seconds(self) -> dict[str, list[float]]:
+        return {op: [steps[key] for key in sorted(steps)] for op, steps in self._by_step.items()}
 
     def start(self, barrier: Any = None) -> None:
         self.world.barrier()
 
     def record(self, op: str, start_ns: int, end_ns: int, **_: Any) -> None:
-        if op in self.seconds:
-            self.seconds[op].append((end_ns - start_ns) * 1e-9)
+        if op in self._by_step:
+            steps = self._by_step[op]
+            steps[self.iteration] = steps.get(self.iteration, 0.0) + (end_ns - start_ns) * 1e-9
 
     def flush(self) -> None:
         self.world.barrier()
@@ -413,9 +419,9 @@ def _training_step_times(
 ) -> tuple[list[float], list[float]] | None:
     """Forward and backward seconds of the harness's own training step, without communication.
 
-    Every rank runs ``real_runs.sync_training.train`` at once, each over a one-rank communicator,
-    so the step runs as in a real run (fresh batches, gradient hooks, the update) and shares the
-    host as a run of this many ranks does. Steps start together (a barrier after each), and each
+    Every rank runs sync SGD (``real_runs.algorithm_runs.run_algorithm``) at once, each over a
+    one-rank communicator, so the step runs as in a real run (fresh batches, gradient hooks, the
+    update) and shares the host as a run of this many ranks does. Steps start together (a barrier after each), and each
     step's times are those of its slowest rank (largest forward + backward), which is what a
     synchronous iteration waits for: with more ranks than cores the ranks sharing a core are slower
     than one alone, and rank 0 need not be among them. None where the transport is not MPI.
@@ -423,13 +429,13 @@ def _training_step_times(
     comm = getattr(transport, "comm", None)
     if comm is None:
         return None
-    from ddlsim.real_runs.sync_training import TrainSettings, train
+    from ddlsim.real_runs.algorithm_runs import RunSettings, run_algorithm
     from ddlsim.real_runs.transport import MpiTransport
 
     alone = MpiTransport(comm.Split(transport.rank, 0))
     times = _StepTimes(transport)
-    settings = TrainSettings(model=model, dataset="synthetic", per_device_batch=batch, iterations=steps)
-    train(settings, alone, times)  # its last flush() waits for every rank
+    settings = RunSettings(algorithm="sync_sgd", model=model, dataset="synthetic", batch=batch, steps=steps)
+    run_algorithm(settings, alone, times)  # its last flush() waits for every rank
     return slowest_steps(transport.allgather_object((times.seconds["forward"], times.seconds["backward"])))
 
 

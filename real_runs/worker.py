@@ -4,8 +4,9 @@ The launcher starts one per rank (under ``mpiexec``, or as gloo processes). Each
 same scenario, and the ranks first compare digests of it (an allgather): a rank started with a
 different scenario stops every rank with a message naming the ranks, exit status 3. Then:
 
-* ``train``: synchronous SGD (``real_runs.sync_training``); every rank writes its trace, rank 0
-  ``results.csv`` (iteration, loss, iteration_s) and ``metadata.json``;
+* ``train``: the scenario's training algorithm, its role programs run for real
+  (``real_runs.algorithm_runs``); every rank writes its trace, rank 0 ``results.csv`` (per step:
+  iteration, the loss averaged over the workers, the first worker's iteration_s) and ``metadata.json``;
 * ``bench``: the microbenchmarks the scenario names (``real_runs.microbench``); rank 0 writes
   ``measurements.csv`` (the measurement schema) and ``layers.csv``.
 """
@@ -39,21 +40,34 @@ def check_scenario(transport: Transport, scenario: dict[str, Any]) -> None:
 
 
 def run_train(transport: Transport, scenario: dict[str, Any], out: Path) -> None:
-    from ddlsim.real_runs.sync_training import TrainSettings, train
+    from ddlsim.real_runs.algorithm_runs import RunSettings, run_algorithm
     from ddlsim.real_runs.trace import TraceWriter
     from ddlsim.simulator.records import write_csv
 
-    settings = TrainSettings(**scenario["train"])
+    settings = RunSettings.from_dict(scenario["train"])
     metadata = {"mode": "train", "ranks": transport.size, "scenario": scenario}
     with TraceWriter(out, transport.rank, metadata) as tracer:
-        result = train(settings, transport, tracer)
+        result = run_algorithm(settings, transport, tracer)
+    everyone = transport.allgather_object((result.role, result.losses, result.step_s, result.buckets))
     if transport.rank == 0:
-        write_csv(out / "results.csv", result.rows, ("iteration", "loss", "iteration_s"))
-        first, last = result.rows[0], result.rows[-1]
+        workers = [(losses, steps) for role, losses, steps, _ in everyone if role == "worker"]
+        steps = len(workers[0][1])
+        rows = [
+            {
+                "iteration": step,
+                "loss": sum(losses[step] for losses, _ in workers if step < len(losses))
+                / sum(1 for losses, _ in workers if step < len(losses)),
+                "iteration_s": workers[0][1][step],
+            }
+            for step in range(steps)
+        ]
+        write_csv(out / "results.csv", rows, ("iteration", "loss", "iteration_s"))
+        buckets = max(count for *_, count in everyone)
+        what = f"{settings.options.collective} all-reduce, {buckets} bucket(s)" if buckets else settings.algorithm
+        median = sorted(row["iteration_s"] for row in rows)[len(rows) // 2]
         print(
-            f"trained {settings.model} on {settings.dataset}, {transport.size} ranks, {settings.algorithm}, "
-            f"{result.buckets} bucket(s): loss {first['loss']:.4f} -> {last['loss']:.4f}; "
-            f"median iteration {sorted(r['iteration_s'] for r in result.rows)[len(result.rows) // 2]:.4f} s; "
+            f"trained {settings.model} on {settings.dataset} with {settings.algorithm}, {transport.size} ranks, "
+            f"{what}: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; median iteration {median:.4f} s; "
             f"wrote {out}",
             flush=True,
         )

@@ -28,7 +28,7 @@ from ddlsim.simulator.records import atomic_open, read_csv
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "gallery"
 IMAGENET_IMAGES = 1_281_167
-KEEP_FILES = ("results.csv", "summary.csv", "scenario.json", "setup.json")
+KEEP_FILES = ("results.csv", "scenario.json", "setup.json")
 
 
 @dataclass(frozen=True)
@@ -108,14 +108,14 @@ def epoch_minutes(rows: list[dict[str, str]], nodes: int, epochs: float) -> floa
     return IMAGENET_IMAGES * epochs / throughput(rows, nodes) / 60
 
 
-PS_OPTIONS = "--algorithm-option servers=4 --algorithm-option placement=colocated"
+PS_OPTIONS = "--collective-option servers=4 --collective-option placement=colocated"
 SIMULATE = "simulate --executor-pool serial"
 
 
 def p40_node(workload: str, algorithm: str, batch: int, nodes: str, extra: str = "") -> str:
     return (
         f"{SIMULATE} --workload {workload} --device p40 --devices-per-node 8 --intra-node pcie3_x16 "
-        f"--network ib_edr --algorithm {algorithm} --per-device-batch {batch} --precision fp16 --nodes {nodes}"
+        f"--network ib_edr --collective {algorithm} --per-device-batch {batch} --precision fp16 --nodes {nodes}"
         + (f" {extra}" if extra else "")
     )
 
@@ -292,7 +292,7 @@ ENTRIES: tuple[Entry, ...] = (
             Run(
                 workload,
                 f"{SIMULATE} --workload {workload} --device knl_7250 --network opa_100 "
-                "--algorithm halving_doubling --per-device-batch 64 --nodes 1,2,4,...,64",
+                "--collective halving_doubling --per-device-batch 64 --nodes 1,2,4,...,64",
             )
             for workload in ("googlenet", "alexnet")
         ),
@@ -313,7 +313,7 @@ ENTRIES: tuple[Entry, ...] = (
         tuple(
             Run(
                 algorithm,
-                f"simulate-algorithm --algorithm {algorithm} --tau 3 --alpha 0.5 --workload alexnet "
+                f"{SIMULATE} --algorithm {algorithm} --tau 3 --alpha 0.5 --workload alexnet "
                 "--device knl_7250 --network opa_100 --nodes 64 --per-device-batch 32 --updates 12"
                 + (" --collective halving_doubling" if algorithm == "sync_easgd" else ""),
             )
@@ -327,7 +327,6 @@ ENTRIES: tuple[Entry, ...] = (
         "The published figures include the authors' system co-design (packing layers into one message); the "
         "model has no stragglers, so only the direction and the rough size are expected to match.",
         plot="none",
-        result_file="summary.csv",
     ),
     Entry(
         "jia2018_resnet50",
@@ -384,7 +383,7 @@ ENTRIES: tuple[Entry, ...] = (
             Run(
                 "hierarchical",
                 f"{SIMULATE} --workload resnet50 --device p100_sxm2 --devices-per-node 8 --intra-node nvlink1 "
-                "--network eth_25g --nics-per-node 2 --algorithm hierarchical --algorithm-option "
+                "--network eth_25g --nics-per-node 2 --collective hierarchical --collective-option "
                 "inner=halving_doubling --per-device-batch 32 --nodes 1,2,4,...,32",
             ),
         ),
@@ -404,7 +403,7 @@ ENTRIES: tuple[Entry, ...] = (
             Run(
                 "torus_2d",
                 f"{SIMULATE} --workload resnet50 --device v100_sxm2 --devices-per-node 4 --intra-node nvlink2 "
-                "--network ib_edr --nics-per-node 2 --algorithm torus_2d --per-device-batch 32 --precision fp16 "
+                "--network ib_edr --nics-per-node 2 --collective torus_2d --per-device-batch 32 --precision fp16 "
                 "--executor analytic --nodes 1,4,16,64,272,544,864",
             ),
         ),
@@ -426,7 +425,7 @@ ENTRIES: tuple[Entry, ...] = (
             Run(
                 f"{workload}_{algorithm}",
                 f"{SIMULATE} --workload {workload} --device p100_pcie --devices-per-node 4 --intra-node pcie3_x16 "
-                f"--network roce_25g --algorithm {algorithm} --per-device-batch 64 --nodes 1,2,4,...,32"
+                f"--network roce_25g --collective {algorithm} --per-device-batch 64 --nodes 1,2,4,...,32"
                 + (f" {PS_OPTIONS}" if algorithm == "parameter_server" else ""),
             )
             for workload in ("inception_v3", "resnet101")
@@ -478,7 +477,7 @@ ENTRIES: tuple[Entry, ...] = (
             Run(
                 "ring",
                 f"{SIMULATE} --workload resnet50 --device xeon_6148 --devices-per-node 2 --intra-node upi "
-                "--network opa_100 --algorithm ring --per-device-batch 32 --nodes 1,2,4,...,128",
+                "--network opa_100 --collective ring --per-device-batch 32 --nodes 1,2,4,...,128",
             ),
         ),
         _dell_skylake,
@@ -495,9 +494,9 @@ ENTRIES: tuple[Entry, ...] = (
         (
             Run(
                 "hybrid_parallel",
-                f"simulate-algorithm --algorithm hybrid_parallel --best-split {SKYLAKE_NODES}",
+                f"{SIMULATE} --algorithm hybrid_parallel --best-split {SKYLAKE_NODES}",
             ),
-            Run("sync_sgd", f"simulate-algorithm --algorithm sync_sgd {SKYLAKE_NODES}"),
+            Run("sync_sgd", f"{SIMULATE} --algorithm sync_sgd {SKYLAKE_NODES}"),
         ),
         _hybrid,
         "Skylake node = 2 sockets (xeon_8160) on UPI, one pipeline stage per socket (the NUMA domains of "
@@ -505,7 +504,6 @@ ENTRIES: tuple[Entry, ...] = (
         "No single published number to compare: the study reports which split wins per node type. KNL in "
         "SNC-4 mode is pending: the catalog has no quarter-KNL (quadrant) device token to place stages on.",
         plot="none",
-        result_file="summary.csv",
     ),
 )
 

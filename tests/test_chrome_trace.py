@@ -13,10 +13,10 @@ from ddlsim.reports.chrome_trace import (
     TID_STRIDE,
     Transfers,
     compute_thread_totals,
-    simulate_timeline,
     trace_events,
 )
 from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.cli.simulate_command import timeline
 from ddlsim.simulator.records import read_csv
 from ddlsim.simulator.scenario import Scenario
 
@@ -144,7 +144,7 @@ def test_durations_per_rank_sum_to_the_simulated_time(traced):
     assert sorted(totals) == list(range(16))  # 2 nodes x 8 devices
     for rank, total in totals.items():
         assert total == pytest.approx(ends[rank], rel=1e-6)
-    iterations = trace["otherData"]["ddlsim"]["iterations"]
+    iterations = trace["otherData"]["ddlsim"]["updates"]
     point = next(r for r in rows if int(r["nodes"]) == 2)
     assert max(ends.values()) / iterations == pytest.approx(float(point["iteration_s"]), rel=1e-6)
     assert trace["otherData"]["iteration_s"] == pytest.approx(float(point["iteration_s"]), rel=1e-12)
@@ -164,8 +164,8 @@ def test_each_iteration_adds_up_on_its_own(traced):
 
 
 def test_message_path_trace_adds_up_too():
-    scenario = Scenario(nodes=(2,), iterations=1, workload="alexnet", devices_per_node=2, intra_node="nvlink1")
-    trace = simulate_timeline(scenario, 2, mode="message")
+    scenario = Scenario(nodes=(2,), updates=1, workload="alexnet", devices_per_node=2, intra_node="nvlink1")
+    trace, _, _ = timeline(scenario, 2, mode="message")
     assert trace["otherData"]["ddlsim"]["execution_path"] == "message"
     ends = trace["otherData"]["rank_end_s"]
     for rank, total in compute_thread_totals(trace).items():
@@ -179,3 +179,23 @@ def test_trace_nodes_must_be_positive(capsys, tmp_path):
     assert main(["simulate", "--nodes", "1,2", "--trace", str(out), "--trace-nodes", "0"]) == 2
     assert "--trace-nodes" in capsys.readouterr().err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("algorithm", ["async_sgd", "easgd", "hybrid_parallel"])
+def test_every_algorithm_traces_and_adds_up(algorithm):
+    """Any training algorithm's timeline: each rank's compute thread tiles its time up to its last
+    compute item (a server ends with a reply, so that may come before the rank's end)."""
+    scenario = Scenario(
+        nodes=(2,), updates=3, workload="alexnet", device="knl_7250", devices_per_node=2, intra_node="upi",
+        network="opa_100", algorithm=algorithm,
+    )  # fmt: skip
+    trace, rows, run = timeline(scenario, 2)
+    last_compute: dict[int, float] = {}
+    for row in rows:
+        if row["kind"] == "compute":
+            last_compute[row["rank"]] = max(last_compute.get(row["rank"], 0.0), row["end_s"])
+    totals = compute_thread_totals(trace)
+    assert sorted(totals) == sorted(last_compute) == list(range(4))
+    for rank, total in totals.items():
+        assert total == pytest.approx(last_compute[rank], rel=1e-9)
+        assert total <= run.finish_s[rank] * (1 + 1e-12)

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, helper_ranks
 from ddlsim.algorithms.double_binary_tree_collective import dtree_parents, tree_height
 from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import FabricCosts, HopCost, Schedule, ScheduleError
@@ -445,3 +445,19 @@ def test_4096_ranks_generate_lazily_and_fast():
         for _ in range(3):
             next(rounds, None)
         assert time.perf_counter() - start < 1.0, (name, collective, options)
+
+
+@pytest.mark.parametrize("name", COLLECTIVE_ALGORITHMS.names())
+@pytest.mark.parametrize(
+    "options", [{}, {"servers": 3, "placement": "dedicated"}, {"servers": 2, "placement": "colocated"}]
+)
+def test_helper_ranks_without_building_the_schedule(name, options):
+    """helper_ranks (what a training plan asks, at any scale) is what the schedule adds to the workers."""
+    impl = COLLECTIVE_ALGORITHMS.get(name)
+    if options and name != "parameter_server":
+        pytest.skip("options of the parameter server only")
+    if "allreduce" not in impl.collectives:
+        pytest.skip("no allreduce")
+    for ranks in (4, 8):
+        schedule = impl.schedule("allreduce", ranks, **options)
+        assert helper_ranks(name, ranks, **options) == schedule.ranks - ranks

@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.training_algorithm import AlgorithmOptions
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
-from ddlsim.simulator.executor.sync_engine import simulate_training
+from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario
 
 IB = load_link("ib_edr")
@@ -87,8 +88,9 @@ def test_training_with_parameter_server_scales_worse_than_ring():
         host_link=None,
         nodes=(8,),
     )
-    ring = simulate_training(base, 8)
-    ps = simulate_training(dataclasses.replace(base, algorithm="parameter_server"), 8)
+    ring = run_des(base, 8).result
+    with_servers = dataclasses.replace(base, options=AlgorithmOptions(collective="parameter_server"))
+    ps = run_des(with_servers, 8).result
     assert ps.iteration_s > ring.iteration_s
-    exact = simulate_training(dataclasses.replace(base, algorithm="parameter_server"), 8, mode="message")
+    exact = run_des(with_servers, 8, mode="message").result
     assert ps.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)

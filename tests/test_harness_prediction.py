@@ -13,7 +13,7 @@ from ddlsim.simulator.calibration.harness import (
     read_layer_times,
     read_runs,
 )
-from ddlsim.simulator.training import LayerTime
+from ddlsim.simulator.training.trainers import LayerTime
 
 HEADER = "workload,layer,phase,per_device_batch,device,median_s,min_s,max_s,repeats,parameter_bytes\n"
 

@@ -53,10 +53,21 @@ def test_missing_mpiexec_override_is_named():
         launcher.find_mpiexec("no-such-mpiexec")
 
 
-def test_bad_input_exits_2_with_one_line(tmp_path):
-    done = ddlsim("run", "-n", "2", "--algorithm", "nope", "--out", str(tmp_path))
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--collective", "nope"], "unknown collective algorithm 'nope'; valid:"),
+        (["--algorithm", "nope"], "unknown training algorithm 'nope'; valid:"),
+        (["--algorithm", "ring"], "'ring' is a collective algorithm, not a training algorithm: use --collective ring"),
+        (["--tau", "3"], "--tau do(es) not apply to --algorithm sync_sgd"),
+        (["--algorithm", "async_sgd", "--servers", "2"], "async_sgd: 2 server(s) leave no worker among 2 rank(s)"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path, argv, message):
+    done = ddlsim("run", "-n", "2", *argv, "--out", str(tmp_path))
     assert done.returncode == 2
-    assert done.stderr.startswith("ddlsim: error: unknown collective algorithm 'nope'; valid:")
+    assert done.stderr.startswith(f"ddlsim: error: {message}"), done.stderr
+    assert done.stderr.count("\n") == 1
     assert not list(tmp_path.iterdir())
 
 

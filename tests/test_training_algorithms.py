@@ -14,17 +14,12 @@ import pytest
 from ddlsim.algorithms.comm import ANY_SOURCE, CommOps
 from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, TrainingAlgorithmError, make_options
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.algorithm_sim import (
-    AlgorithmSetup,
-    Stragglers,
-    balanced_split,
-    best_hybrid_split,
-    simulate_algorithm,
-)
 from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.executor.des import best_hybrid_split, run_des
 from ddlsim.simulator.executor.role_executor import RoleExecutor
-from ddlsim.simulator.scenario import Scenario, ScenarioError
-from ddlsim.simulator.training import layer_times
+from ddlsim.simulator.records import TRACE_COLUMNS
+from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers
+from ddlsim.simulator.training.trainers import balanced_split, layer_times
 
 KNL = Scenario(workload="lenet", device="knl_7250", devices_per_node=1, intra_node=None, network="opa_100", nodes=(4,))
 GPU_NODE = Scenario(
@@ -33,9 +28,34 @@ GPU_NODE = Scenario(
 MODEL_BYTES = 4.0 * KNL.workload_spec.parameter_count
 
 
-def simulate(algorithm: str, nodes: int = 4, updates: int = 8, scenario: Scenario = KNL, **options):
-    setup = AlgorithmSetup(algorithm, scenario, nodes, updates, make_options(algorithm, options))
-    return simulate_algorithm(setup)
+class Run:
+    """A recorded DES run of one point, with the figures these tests read."""
+
+    def __init__(self, scenario: Scenario, nodes: int) -> None:
+        run = run_des(scenario, nodes, record=True)
+        assert run.records is not None
+        self.records = run.records
+        result = run.result
+        self.time_s, self.workers, self.servers = result.time_s, result.workers, result.servers
+        self.comm_share, self.staleness = result.comm_share, result.staleness
+        self.samples = result.samples_per_step * result.steps
+        self.mean_staleness = float(result.staleness.mean()) if result.staleness.size else 0.0
+
+    def trace_rows(self) -> list[dict]:
+        return [{column: getattr(r, {"bytes": "nbytes"}.get(column, column)) for column in TRACE_COLUMNS}
+                for r in self.records]  # fmt: skip
+
+
+def scenario_of(algorithm: str, nodes: int, updates: int, scenario: Scenario = KNL, stragglers: str = "none",
+                seed: int = 0, **options) -> Scenario:  # fmt: skip
+    return dataclasses.replace(
+        scenario, algorithm=algorithm, options=make_options(algorithm, options), updates=updates, nodes=(nodes,),
+        stragglers=stragglers, seed=seed,
+    )  # fmt: skip
+
+
+def simulate(algorithm: str, nodes: int = 4, updates: int = 8, scenario: Scenario = KNL, **options) -> Run:
+    return Run(scenario_of(algorithm, nodes, updates, scenario, **options), nodes)
 
 
 def ops(result, rank: int) -> Counter:
@@ -138,11 +158,10 @@ def test_hybrid_parallel_messages_per_step():
 
 
 def test_best_hybrid_split_is_no_slower_than_balanced():
-    scenario = dataclasses.replace(GPU_NODE, workload="resnet50")
-    setup = AlgorithmSetup("hybrid_parallel", scenario, 2, 2)
-    split, seconds = best_hybrid_split(setup)
-    options = make_options("hybrid_parallel", {"split": balanced_split(layer_times(scenario), 2)})
-    balanced = simulate_algorithm(dataclasses.replace(setup, options=options)).time_s / 2
+    scenario = scenario_of("hybrid_parallel", 2, 2, dataclasses.replace(GPU_NODE, workload="resnet50"))
+    split, seconds = best_hybrid_split(scenario, 2)
+    balanced_scenario = scenario_of("hybrid_parallel", 2, 2, scenario, split=balanced_split(layer_times(scenario), 2))
+    balanced = Run(balanced_scenario, 2).time_s / 2
     assert sum(split) == len(scenario.workload_spec.layers)
     assert seconds <= balanced * (1 + 1e-12)
 
@@ -224,12 +243,12 @@ def test_staleness_is_zero_with_one_worker_and_bounded_by_the_other_workers():
 
 
 def test_same_seed_same_timeline_and_stragglers_change_it():
-    setup = AlgorithmSetup("async_sgd", KNL, 4, 6, stragglers="lognormal:0.3", seed=7)
-    first, again = simulate_algorithm(setup), simulate_algorithm(setup)
+    scenario = scenario_of("async_sgd", 4, 6, stragglers="lognormal:0.3", seed=7)
+    first, again = Run(scenario, 4), Run(scenario, 4)
     assert first.trace_rows() == again.trace_rows()
-    other = simulate_algorithm(dataclasses.replace(setup, seed=8))
+    other = Run(dataclasses.replace(scenario, seed=8), 4)
     assert other.trace_rows() != first.trace_rows()
-    calm = simulate_algorithm(dataclasses.replace(setup, stragglers="none"))
+    calm = Run(dataclasses.replace(scenario, stragglers="none"), 4)
     assert calm.time_s != first.time_s
 
 
@@ -238,9 +257,9 @@ def test_stragglers_hurt_synchronous_training_more_than_asynchronous():
     scenario = dataclasses.replace(KNL, workload="resnet50")
 
     def slowdown(name: str) -> float:
-        noisy = AlgorithmSetup(name, scenario, 8, 20, make_options(name, {}), "lognormal:0.5", seed=1)
+        noisy = scenario_of(name, 8, 20, scenario, "lognormal:0.5", seed=1)
         calm = dataclasses.replace(noisy, stragglers="none")
-        return simulate_algorithm(noisy).time_s / simulate_algorithm(calm).time_s
+        return Run(noisy, 8).time_s / Run(calm, 8).time_s
 
     assert slowdown("sync_sgd") > slowdown("async_easgd")
 
@@ -251,8 +270,7 @@ def test_round_robin_easgd_waits_for_stragglers_async_easgd_does_not():
     scenario = dataclasses.replace(KNL, workload="resnet50")
     times = {}
     for name in ("easgd", "async_easgd"):
-        setup = AlgorithmSetup(name, scenario, 8, 30, make_options(name, {"tau": 1}), "lognormal:0.5", seed=0)
-        times[name] = simulate_algorithm(setup).time_s
+        times[name] = Run(scenario_of(name, 8, 30, scenario, "lognormal:0.5", seed=0, tau=1), 8).time_s
     assert times["easgd"] > 1.2 * times["async_easgd"]
 
 
@@ -302,7 +320,7 @@ def test_more_servers_than_nodes_is_rejected():
     ],
 )
 def test_cli_bad_input_exits_2_with_one_line(capsys, argv):
-    code = main(["simulate-algorithm", "--workload", "resnet50", *argv])
+    code = main(["simulate-algorithm", "--workload", "resnet50", "--executor-pool", "serial", *argv])
     err = capsys.readouterr().err
     assert code == 2
     assert err.startswith("ddlsim: error: ") and err.count("\n") == 1
@@ -312,16 +330,17 @@ def test_cli_writes_results_and_time_to_accuracy(capsys, tmp_path):
     code = main(
         [
             "simulate-algorithm",
-            "--algorithm", "async_easgd", "--tau", "2", "--workload", "lenet", "--nodes", "3",
-            "--updates", "4", "--stragglers", "lognormal:0.2", "--target-accuracy", "0.9", "--out", str(tmp_path),
+            "--algorithm", "async_easgd", "--tau", "2", "--workload", "lenet", "--device", "knl_7250",
+            "--network", "opa_100", "--nodes", "3", "--updates", "4", "--stragglers", "lognormal:0.2",
+            "--target-accuracy", "0.9", "--out", str(tmp_path), "--trace", str(tmp_path / "timeline.json"),
         ]
     )  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0
     assert "time_to_accuracy_s" in out
-    for name in ("summary.csv", "trace.csv", "staleness.csv", "roles.csv", "scenario.json"):
+    for name in ("results.csv", "trace.csv", "staleness.csv", "roles.csv", "scenario.json", "timeline.json"):
         assert (tmp_path / name).exists()
-    assert (tmp_path / "roles.csv").read_text().splitlines()[1] == "0,master,0"
+    assert (tmp_path / "roles.csv").read_text().splitlines()[1:4] == ["3,0,master,0", "3,1,worker,1", "3,2,worker,2"]
 
 
 # --- You, Buluç, Demmel (SC17) -------------------------------------------------------------------------

@@ -4,10 +4,12 @@ import dataclasses
 
 import pytest
 
-from ddlsim.simulator.executor.sync_engine import simulate_training
+from ddlsim.algorithms.training_algorithm import AlgorithmOptions
+from ddlsim.simulator.closed_form.training import closed_form_result
+from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.sweep import parse_counts, run_sweep, simulate_point
-from ddlsim.simulator.training import analytic_point, compute_profile
+from ddlsim.simulator.training.trainers import layer_times, step_profile
 
 SMALL = Scenario(
     workload="resnet50",
@@ -22,16 +24,16 @@ SMALL = Scenario(
 @pytest.mark.parametrize("nodes", [1, 2, 3, 8])
 @pytest.mark.parametrize("overlap", [True, False])
 def test_des_equals_closed_form_without_contention(nodes, overlap):
-    scenario = dataclasses.replace(SMALL, overlap=overlap, iterations=2)
-    des = simulate_training(scenario, nodes)
-    closed = analytic_point(scenario, nodes)
-    assert des.iteration_s == pytest.approx(closed["iteration_s"], rel=1e-6)
+    scenario = dataclasses.replace(SMALL, options=AlgorithmOptions(overlap=overlap), updates=2)
+    des = run_des(scenario, nodes).result
+    closed = closed_form_result(scenario, nodes)
+    assert des.iteration_s == pytest.approx(closed.iteration_s, rel=1e-6)
 
 
 def test_message_level_des_equals_vectorised():
     scenario = dataclasses.replace(SMALL, devices_per_node=2, intra_node="nvlink1")
-    fast = simulate_training(scenario, 3, mode="vectorised")
-    exact = simulate_training(scenario, 3, mode="message")
+    fast = run_des(scenario, 3, mode="vectorised").result
+    exact = run_des(scenario, 3, mode="message").result
     assert fast.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)
 
 
@@ -65,22 +67,26 @@ def test_efficiency_rises_with_network_bandwidth():
 
 def test_overlap_hides_communication():
     on = simulate_point(SMALL, 8)["iteration_s"]
-    off = simulate_point(dataclasses.replace(SMALL, overlap=False), 8)["iteration_s"]
+    off = simulate_point(dataclasses.replace(SMALL, options=AlgorithmOptions(overlap=False)), 8)["iteration_s"]
     assert on < off
 
 
+def _profile(scenario):
+    return step_profile(scenario, layer_times(scenario), momentum=True)
+
+
 def test_buckets_cover_all_gradients():
-    profile = compute_profile(SMALL)
+    profile = _profile(SMALL)
     total = SMALL.workload_spec.parameter_bytes(4.0)
     assert sum(profile.bucket_bytes) == pytest.approx(total)
     assert (
-        max(profile.bucket_bytes) < SMALL.bucket_bytes + 20e6
+        max(profile.bucket_bytes) < SMALL.options.bucket_bytes + 20e6
     )  # a bucket closes at the first layer past the size
 
 
 def test_fp16_halves_gradient_bytes():
-    fp32 = compute_profile(SMALL)
-    fp16 = compute_profile(dataclasses.replace(SMALL, precision="fp16"))
+    fp32 = _profile(SMALL)
+    fp16 = _profile(dataclasses.replace(SMALL, precision="fp16"))
     assert sum(fp16.bucket_bytes) == pytest.approx(sum(fp32.bucket_bytes) / 2)
 
 

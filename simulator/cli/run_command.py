@@ -1,9 +1,13 @@
-"""``ddlsim run``: synchronous data-parallel SGD for real, on N ranks, traced.
+"""``ddlsim run``: a training algorithm for real, on N ranks, traced: the role programs the simulator
+runs, with torch compute and MPI (or gloo) messages.
 
-    ddlsim run -n 4 --model resnet_small --dataset digits --algorithm ring --iterations 50 --out runs/real
+    ddlsim run -n 4 --model resnet_small --dataset digits --collective ring --updates 50 --out runs/real
+    ddlsim run -n 4 --algorithm async_easgd --tau 2 --model small_cnn --out runs/easgd
 
-Writes ``trace.rank{r}.jsonl`` (the simulator's trace schema), ``metadata.json`` and
-``results.csv`` (iteration, loss, iteration_s) into ``--out``. See ``docs/real_runs.md``.
+Takes the algorithm flags of ``ddlsim simulate`` (``--algorithm``, default sync_sgd, ``--collective``,
+``--bucket-bytes``, ``--tau``...). Writes ``trace.rank{r}.jsonl`` (the simulator's trace schema),
+``metadata.json`` and ``results.csv`` (iteration, loss, iteration_s) into ``--out``.
+See ``docs/real_runs.md``.
 """
 
 from __future__ import annotations
@@ -12,8 +16,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ddlsim.hardware_models.units import parse_bytes
-from ddlsim.simulator.cli.common import parse_options
+from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_from_args
 
 DEFAULT_OUT = Path("runs/real")
 
@@ -56,52 +59,51 @@ def register(subparsers: Any) -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     add_launch_arguments(parser)
+    add_algorithm_arguments(parser)
     training = parser.add_argument_group("training")
-    training.add_argument("--model", default="small_cnn", help="small_cnn or resnet_small")
+    training.add_argument("--model", default="small_cnn", help="small_cnn, resnet_small or digits_mlp")
     training.add_argument("--dataset", default="digits", help="digits (scikit-learn) or synthetic")
-    training.add_argument("--algorithm", default="ring", help="a registered all-reduce algorithm")
-    training.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE", help="algorithm option")
     training.add_argument("--per-device-batch", type=int, default=32)
-    training.add_argument("--iterations", type=int, default=30)
-    training.add_argument("--learning-rate", type=float, default=0.1)
-    training.add_argument("--bucket-bytes", default="25MB", help="gradient bucket size (default 25MB)")
-    training.add_argument("--no-overlap", action="store_true", help="all-reduce only after backward")
+    training.add_argument("--updates", "--iterations", dest="updates", type=int, default=30,
+                          help="gradient steps per worker (default 30)")  # fmt: skip
+    training.add_argument(
+        "--learning-rate", type=float, default=1.0,
+        help="SGD step (algorithms with momentum 0.9 take learning_rate x (1 - 0.9) per heavy-ball step, "
+        "so that every algorithm's steady step has this size)",
+    )  # fmt: skip
     training.add_argument("--gradient-precision", choices=("fp32", "fp16"), default="fp32")
     training.add_argument("--seed", type=int, default=0)
     training.add_argument("--samples", type=int, default=0, help="dataset samples (0: the dataset's default)")
     training.add_argument("--image-size", type=int, default=0, help="synthetic image side (0: default)")
     debug = parser.add_argument_group("debugging the harness")
     debug.add_argument("--fail-rank", type=int, default=-1, help="this rank kills itself (SIGKILL)...")
-    debug.add_argument("--fail-at-iteration", type=int, default=-1, help="...when it reaches this iteration")
+    debug.add_argument("--fail-at-iteration", type=int, default=-1, help="...when it reaches this step")
     parser.set_defaults(func=run)
 
 
 def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
-    """The training settings from the arguments, validated here (unknown names fail before launching)."""
-    from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+    """The run's settings from the arguments, validated here (unknown names fail before launching)."""
+    from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
+    from ddlsim.real_runs.algorithm_runs import MODELS, RunSettings
     from ddlsim.real_runs.data import DATASETS
-    from ddlsim.real_runs.models import MODELS
-    from ddlsim.real_runs.schedule_executor import build_schedule
     from ddlsim.simulator.cli.common import InputError
 
+    options = options_from_args(args)
     MODELS.get(args.model)
     DATASETS.get(args.dataset)
-    COLLECTIVE_ALGORITHMS.get(args.algorithm)
-    options = parse_options(args.algorithm_option)
-    build_schedule(args.algorithm, "allreduce", args.ranks, **options)
-    for name in ("per_device_batch", "iterations"):
+    for name in ("per_device_batch", "updates"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
-    bucket_bytes = parse_bytes(args.bucket_bytes, "--bucket-bytes")
-    if not bucket_bytes > 0:
-        raise InputError(f"--bucket-bytes must be positive, got {args.bucket_bytes!r}")
-    return {
-        "model": args.model, "dataset": args.dataset, "algorithm": args.algorithm, "algorithm_options": options,
-        "per_device_batch": args.per_device_batch, "iterations": args.iterations,
-        "learning_rate": args.learning_rate, "bucket_bytes": bucket_bytes, "overlap": not args.no_overlap,
-        "gradient_precision": args.gradient_precision, "seed": args.seed, "samples": args.samples,
-        "image_size": args.image_size, "fail_rank": args.fail_rank, "fail_at_iteration": args.fail_at_iteration,
-    }  # fmt: skip
+    if not args.learning_rate > 0:
+        raise InputError(f"--learning-rate must be positive, got {args.learning_rate}")
+    TRAINING_ALGORITHMS.get(args.algorithm).plan_exactly(args.ranks, args.updates, options)  # roles fit the ranks
+    settings = RunSettings(
+        algorithm=args.algorithm, options=options, steps=args.updates, model=args.model, dataset=args.dataset,
+        batch=args.per_device_batch, learning_rate=args.learning_rate, seed=args.seed,
+        gradient_precision=args.gradient_precision, samples=args.samples, image_size=args.image_size,
+        fail_rank=args.fail_rank, fail_at_step=args.fail_at_iteration,
+    )  # fmt: skip
+    return settings.to_dict()
 
 
 def run(args: argparse.Namespace) -> int:

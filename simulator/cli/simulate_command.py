@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
+from typing import Any
 
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_from_args
@@ -145,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
         raise ScenarioError(f"--trace-nodes must be a positive integer, got {trace_nodes}")
     from ddlsim.simulator.training.setup import setup_of
 
-    setups = {nodes: setup_of(scenario, nodes) for nodes in scenario.nodes}  # refuse any bad point up front
+    for nodes in scenario.nodes:  # refuse any impossible point before simulating the others
+        setup_of(scenario, nodes)
     if args.best_split:
         from ddlsim.simulator.executor.des import best_hybrid_split
 
@@ -170,25 +172,17 @@ def run(args: argparse.Namespace) -> int:
     )
     print_table(rows, columns)
     if args.out is not None:
-        write_outputs(args.out, scenario, rows, setups, columns, args.plot)
+        write_outputs(args.out, scenario, rows, columns, args.plot)
     if args.trace is not None:
         write_timeline(args.trace, scenario, trace_nodes, args.out)
     return 0
 
 
-def write_outputs(out: Path, scenario: Scenario, rows: list[dict], setups: dict, columns: tuple[str, ...],
-                  plot: bool) -> None:  # fmt: skip
+def write_outputs(out: Path, scenario: Scenario, rows: list[dict], columns: tuple[str, ...], plot: bool) -> None:
     extra = tuple(column for column in columns if column not in RESULT_COLUMNS)
     write_csv(out / "results.csv", rows, RESULT_COLUMNS + extra)
     write_json(out / "scenario.json", scenario.resolved())
     written = ["results.csv", "scenario.json"]
-    roles = [
-        {"nodes": nodes, "rank": rank, "role": setup.role(rank), "fabric_rank": int(setup.placement[rank])}
-        for nodes, setup in setups.items()
-        for rank in range(setup.plan.ranks)
-    ]
-    write_csv(out / "roles.csv", roles, ("nodes", "rank", "role", "fabric_rank"))
-    written.append("roles.csv")
     if plot:
         from ddlsim.reports.plots import plot_scaling
 
@@ -197,13 +191,14 @@ def write_outputs(out: Path, scenario: Scenario, rows: list[dict], setups: dict,
     print(f"# wrote {', '.join(str(out / name) for name in written)}")
 
 
-def write_timeline(path: Path, scenario: Scenario, nodes: int, out: Path | None) -> None:
-    """Simulate one point with every operation recorded: a Chrome/Perfetto trace (and trace.csv and
-    staleness.csv in ``out``)."""
-    from ddlsim.reports.chrome_trace import Transfers, trace_events, write_trace
+def timeline(scenario: Scenario, nodes: int, mode: str = "auto") -> tuple[dict, list[dict], Any]:
+    """Simulate one point with every operation recorded: (the Chrome/Perfetto trace object, the trace
+    rows, the DES run). ``otherData`` holds the simulated ``iteration_s`` and each rank's end time
+    ``rank_end_s`` (seconds)."""
+    from ddlsim.reports.chrome_trace import Transfers, trace_events
     from ddlsim.simulator.executor.des import run_des
 
-    run = run_des(scenario, nodes, record=True, log_transfers=True)
+    run = run_des(scenario, nodes, mode, record=True, log_transfers=True)
     assert run.records is not None and run.transfer_log is not None
     rows = [
         {"rank": r.rank, "iteration": r.iteration, "op": r.op, "kind": r.kind, "peer": r.peer, "bytes": r.nbytes,
@@ -217,12 +212,29 @@ def write_timeline(path: Path, scenario: Scenario, nodes: int, out: Path | None)
             "nodes": nodes, "updates": scenario.steps, "execution_path": run.result.path,
         },
         "iteration_s": run.result.iteration_s,
+        "rank_end_s": {str(rank): float(end) for rank, end in enumerate(run.finish_s)},
     }  # fmt: skip
-    transfers = Transfers.from_log(run.transfer_log)
-    write_trace(path, trace_events(rows, scenario.devices_per_node, transfers, other_data=other))
+    trace = trace_events(rows, scenario.devices_per_node, Transfers.from_log(run.transfer_log), other_data=other)
+    return trace, rows, run
+
+
+def write_timeline(path: Path, scenario: Scenario, nodes: int, out: Path | None) -> None:
+    """A Chrome/Perfetto trace of one point (and its trace.csv, roles.csv and staleness.csv in ``out``)."""
+    from ddlsim.reports.chrome_trace import write_trace
+
+    trace, rows, run = timeline(scenario, nodes)
+    write_trace(path, trace)
     print(f"# wrote {path} (timeline of {nodes} nodes, {scenario.steps} update(s) per worker)")
     if out is not None:
         write_csv(out / "trace.csv", rows, TRACE_COLUMNS)
+        placement = run.setup.placement()
+        roles = [
+            {"nodes": nodes, "rank": rank, "role": run.setup.role(rank), "fabric_rank": int(placement[rank])}
+            for rank in range(run.setup.plan.ranks)
+        ]
+        write_csv(out / "roles.csv", roles, ("nodes", "rank", "role", "fabric_rank"))
+        written = ["trace.csv", "roles.csv"]
         if run.result.servers:
             write_csv(out / "staleness.csv", run.result.staleness_histogram(), ("nodes", "staleness", "count"))
-        print(f"# wrote {out / 'trace.csv'}")
+            written.append("staleness.csv")
+        print(f"# wrote {', '.join(str(out / name) for name in written)}")

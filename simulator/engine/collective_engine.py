@@ -310,28 +310,36 @@ class VectorisedExecutor:
 
         Its flow joins the link state that collectives use; ``ContentionDetected`` when it may share
         a link with another flow, or when the sender may still have flows of its own in flight
-        (its clock is past ``start_s``: a collective it takes part in has not finished).
+        (its clock is past ``start_s``: a collective it takes part in has not finished). Scalar
+        arithmetic over the route's few links: a training run sends millions of these.
         """
         pair = self._pairs.get((src, dst))
         if pair is None:
             a, b = np.array([src]), np.array([dst])
             routes, alpha, bottleneck = self.fabric.path_properties(a, b)
-            links = routes[0][routes[0] >= 0]
+            links = tuple(int(link) for link in routes[0] if link >= 0)
             pair = (links, float(alpha[0]), float(bottleneck[0]), float(self.fabric.overheads(a, b)[0]))
             self._pairs[(src, dst)] = pair
         links, alpha, bottleneck, overhead = pair
-        if start_s < self.clock[src]:
+        clock, busy, senders = self.clock, self.busy_until, self.link_sender
+        if start_s < clock[src]:
             raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
-        self.clock[src] = start_s
-        self._claim(links, np.full(links.size, src, dtype=np.int64))
+        clock[src] = start_s
         begin = start_s + overhead
         flow = nbytes / bottleneck if nbytes > 0 else 0.0
-        shared = links[self.link_sender[links] == -2]
-        if shared.size:
-            if np.any(begin < self.busy_until[shared]):
-                raise ContentionDetected("a point-to-point message may overlap another flow on a link")
-            self.busy_until[shared] = begin + flow
-        self.clock[src] = begin + flow
+        for link in links:
+            sender = int(senders[link])
+            if sender == -1:
+                senders[link] = src
+            elif sender != src:
+                if sender >= 0:  # a second sender: the first one's clock bounds its flows (see _claim)
+                    busy[link] = max(busy[link], clock[sender])
+                    senders[link] = -2
+                    self._shared_version += 1
+                if begin < busy[link]:
+                    raise ContentionDetected("a point-to-point message may overlap another flow on a link")
+                busy[link] = begin + flow
+        clock[src] = begin + flow
         self.transfers += 1
         return start_s + alpha + flow
 

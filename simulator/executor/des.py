@@ -32,6 +32,7 @@ class DesRun:
     result: TrainingResult
     records: list[OpRecord] | None  # every operation of every rank, when asked for
     transfer_log: TransferLog | None  # every transfer of every collective and message, when asked for
+    finish_s: np.ndarray  # when each rank finished its role program
 
 
 def run_des(
@@ -42,9 +43,10 @@ def run_des(
     setup = setup_of(scenario, nodes)
     fabric = Fabric(scenario.fabric_spec(setup.fabric_nodes))
     modes = MODES if mode == "auto" else (mode,)
+    placement = setup.placement()
     for attempt, current in enumerate(modes):
         log = TransferLog([], [], [], [], []) if log_transfers else None
-        executor = RoleExecutor(fabric, setup.placement, current, record=record, transfer_log=log)
+        executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log)
         trainers = build_trainers(scenario, setup.algorithm, setup.plan)
         try:
             returns = executor.run(partial(_program, setup, trainers))
@@ -53,7 +55,7 @@ def run_des(
                 raise
             continue
         result = summarise(setup, executor, returns, trainers[setup.plan.workers[0]].buckets(), current)
-        return DesRun(setup, result, executor.records, log)
+        return DesRun(setup, result, executor.records, log, executor.finish_s)
     raise AssertionError("unreachable")
 
 

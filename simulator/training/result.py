@@ -116,9 +116,10 @@ class TrainingResult:
             "comm_share": self.comm_share,
             "server_utilisation": self.server_utilisation if has_servers else None,
             "server_queue_s": self.server_queue_s if has_servers else None,
-            "staleness_mean": float(staleness.mean()) if has_servers and staleness.size else None,
-            "staleness_p99": float(np.percentile(staleness, 99)) if has_servers and staleness.size else None,
-            "staleness_max": int(staleness.max()) if has_servers and staleness.size else None,
+            # a synchronous parameter server applies no stale gradient: 0, not "does not apply"
+            "staleness_mean": (float(staleness.mean()) if staleness.size else 0.0) if has_servers else None,
+            "staleness_p99": (float(np.percentile(staleness, 99)) if staleness.size else 0.0) if has_servers else None,
+            "staleness_max": (int(staleness.max()) if staleness.size else 0) if has_servers else None,
             "buckets": self.buckets,
             "executor": self.executor,
             "execution_path": self.path,

@@ -29,8 +29,21 @@ class TrainingSetup:
     nodes: int  # nodes of the scenario point (helpers may need more: ``fabric_nodes``)
     algorithm: TrainingAlgorithm
     plan: Plan
-    placement: np.ndarray  # fabric rank of each rank
-    fabric_nodes: int
+
+    @property
+    def fabric_nodes(self) -> int:
+        per_node = self.scenario.devices_per_node
+        return max(self.nodes, -(-(self.nodes * per_node + len(self.plan.helpers)) // per_node))
+
+    def placement(self) -> np.ndarray:
+        """The fabric rank of each rank (built on demand: the closed form never needs it)."""
+        per_node = self.scenario.devices_per_node
+        devices = self.nodes * per_node
+        servers = np.arange(len(self.plan.servers), dtype=np.int64) * per_node
+        free = np.ones(devices, dtype=bool)
+        free[servers] = False
+        helpers = devices + np.arange(len(self.plan.helpers), dtype=np.int64)
+        return np.concatenate([servers, np.flatnonzero(free), helpers])
 
     def role(self, rank: int) -> str:
         if self.plan.is_helper(rank):
@@ -50,10 +63,4 @@ def setup_of(scenario: Scenario, nodes: int) -> TrainingSetup:
     options.validate()
     check_server_placement(algorithm, options, nodes)
     plan = algorithm.plan(nodes * per_node, scenario.steps, options, per_node)
-    servers = [j * per_node for j in range(len(plan.servers))]
-    taken = set(servers)
-    workers = [device for device in range(nodes * per_node) if device not in taken]
-    helpers = [nodes * per_node + index for index in range(len(plan.helpers))]
-    placement = np.asarray(servers + workers + helpers, dtype=np.int64)
-    fabric_nodes = max(nodes, -(-(int(placement.max()) + 1) // per_node))
-    return TrainingSetup(scenario, nodes, algorithm, plan, placement, fabric_nodes)
+    return TrainingSetup(scenario, nodes, algorithm, plan)

@@ -125,7 +125,7 @@ class SimTrainer:
         self._factor = 1.0  # this step's straggler multiplier, shared by its forward and backward
 
     def _work(self, name: str, duration_s: float, result: Any = None) -> SimWork:
-        return SimWork(name, duration_s, result, self.iteration)
+        return SimWork(name, duration_s, result, max(self.iteration - 1, 0))  # steps count from 0
 
     # worker compute
     def gradient(self) -> SimWork:

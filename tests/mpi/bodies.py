@@ -187,14 +187,21 @@ def check_trace(transport: Transport) -> None:
 
 
 def check_training(transport: Transport) -> None:
-    """A few steps of bucketed, overlapped sync SGD leave every rank with the same parameters."""
-    from ddlsim.real_runs.sync_training import TrainSettings, train
+    """A few steps of bucketed, overlapped sync SGD (the role program the simulator runs) leave every
+    rank with the same parameters, with and without overlap."""
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.real_runs.algorithm_runs import RunSettings, run_algorithm
 
-    settings = TrainSettings(model="resnet_small", iterations=3, per_device_batch=16, bucket_bytes=20_000)
-    result = train(settings, transport)
-    digests = transport.allgather_object(result.parameter_digest)
-    assert len(set(digests)) == 1, digests
-    assert result.buckets > 1
+    digests = []
+    for overlap in (True, False):
+        options = make_options("sync_sgd", {"bucket_bytes": 20_000, "overlap": overlap})
+        settings = RunSettings(algorithm="sync_sgd", options=options, model="resnet_small", steps=3, batch=16)
+        result = run_algorithm(settings, transport)
+        everyone = transport.allgather_object(result.weights_digest)
+        assert len(set(everyone)) == 1, everyone
+        assert result.buckets > 1
+        digests.append(everyone[0])
+    assert digests[0] == digests[1]
 
 
 BODIES: dict[str, Callable[[Transport], object]] = {

@@ -1,0 +1,130 @@
+"""How fast the one training model runs: the issue-12 targets, measured and printed.
+
+    python benchmarks/training_speed.py                 # all three tables
+    python benchmarks/training_speed.py --nodes 1024    # a smaller cluster for the per-algorithm table
+
+1. The You et al. (SC17) setting: 64 KNL 7250 nodes on Omni-Path 100, AlexNet, batch 32, tau 3,
+   12 updates per worker, the default collective (ring): easgd, sync_easgd, async_sgd and
+   async_easgd, one after another in one process. Target: under 5 s together.
+2. Every training algorithm at 4096 nodes (the same KNL cluster; hybrid_parallel on two-socket
+   Skylake nodes, one pipeline stage per socket), 20 updates per worker: each in a fresh process,
+   its simulation seconds, the whole process's seconds and its peak memory. Target: under 30 s and
+   2 GB each.
+3. The closed form at a million nodes: ``ddlsim simulate --executor analytic --nodes 1000000`` as a
+   whole command (interpreter start included). Target: under 0.5 s and 200 MB.
+
+Times are wall-clock on this machine (2 cores, shared): repeat and compare medians.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+KNL = {"workload": "alexnet", "device": "knl_7250", "devices_per_node": 1, "intra_node": None, "network": "opa_100"}
+SKYLAKE = {**KNL, "device": "xeon_8160", "devices_per_node": 2, "intra_node": "upi"}
+YOU_ET_AL = (("easgd", {"tau": 3}), ("sync_easgd", {"tau": 3}), ("async_sgd", {}), ("async_easgd", {"tau": 3}))
+
+
+def _scenario(algorithm: str, nodes: int, updates: int, options: dict | None = None):
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.simulator.scenario import Scenario
+
+    hardware = SKYLAKE if algorithm == "hybrid_parallel" else KNL
+    return Scenario(
+        **hardware, algorithm=algorithm, options=make_options(algorithm, options or {}), nodes=(nodes,), updates=updates
+    )
+
+
+def one(algorithm: str, nodes: int, updates: int) -> dict:
+    """Simulate one point here; its seconds, path and this process's peak memory."""
+    from ddlsim.simulator.executor.des import run_des
+
+    scenario = _scenario(algorithm, nodes, updates)
+    started = time.perf_counter()
+    result = run_des(scenario, nodes).result
+    return {
+        "algorithm": algorithm,
+        "simulate_s": time.perf_counter() - started,
+        "path": result.path,
+        "iteration_s": result.iteration_s,
+        "peak_MB": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    }
+
+
+def you_et_al() -> None:
+    from ddlsim.simulator.executor.des import run_des
+
+    print("# 1. You et al. setting: 64 KNL 7250 on opa_100, AlexNet, tau 3, 12 updates/worker, ring (target < 5 s)")
+    print(f"{'algorithm':14s} {'seconds':>8s} {'path':>11s} {'simulated_s':>12s}")
+    total = 0.0
+    for algorithm, options in YOU_ET_AL:
+        started = time.perf_counter()
+        result = run_des(_scenario(algorithm, 64, 12, options), 64).result
+        elapsed = time.perf_counter() - started
+        total += elapsed
+        print(f"{algorithm:14s} {elapsed:8.2f} {result.path:>11s} {result.time_s:12.3f}")
+    print(f"{'together':14s} {total:8.2f}  {'meets' if total < 5 else 'MISSES'} the 5 s target")
+
+
+def every_algorithm(nodes: int, updates: int) -> None:
+    from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
+
+    print(f"\n# 2. every algorithm at {nodes} nodes, {updates} updates/worker, each in a fresh process "
+          "(targets: < 30 s, < 2048 MB)")  # fmt: skip
+    print(f"{'algorithm':16s} {'simulate_s':>10s} {'process_s':>10s} {'peak_MB':>8s} {'path':>11s}  target")
+    for algorithm in TRAINING_ALGORITHMS.names():
+        started = time.perf_counter()
+        done = subprocess.run(
+            [sys.executable, __file__, "--one", algorithm, "--nodes", str(nodes), "--updates", str(updates)],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        process_s = time.perf_counter() - started
+        if done.returncode != 0:
+            print(f"{algorithm:16s} failed: {done.stderr.strip().splitlines()[-1:]}")
+            continue
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        ok = row["simulate_s"] < 30 and row["peak_MB"] < 2048
+        print(f"{algorithm:16s} {row['simulate_s']:10.2f} {process_s:10.2f} {row['peak_MB']:8.0f} "
+              f"{row['path']:>11s}  {'meets' if ok else 'MISSES'}")  # fmt: skip
+
+
+def million_nodes() -> None:
+    print("\n# 3. ddlsim simulate --executor analytic --nodes 1000000, whole command (targets: < 0.5 s, < 200 MB)")
+    code = (
+        "import resource, sys; from ddlsim.simulator.cli.main import main; "
+        "code = main(['simulate', '--executor', 'analytic', '--nodes', '1000000']); "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr); sys.exit(code)"
+    )
+    times, peaks = [], []
+    for _ in range(5):
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        times.append(time.perf_counter() - started)
+        peaks.append(float(done.stderr.strip().splitlines()[-1]))
+    times.sort()
+    print(f"seconds: min {times[0]:.3f}, median {times[2]:.3f}; peak memory {max(peaks):.0f} MB  "
+          f"{'meets' if times[2] < 0.5 and max(peaks) < 200 else 'MISSES'} the targets")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=4096, help="nodes of the per-algorithm table")
+    parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one algorithm, JSON on stdout
+    args = parser.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.one, args.nodes, args.updates)))
+        return 0
+    you_et_al()
+    every_algorithm(args.nodes, args.updates)
+    million_nodes()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

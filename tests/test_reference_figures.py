@@ -1,0 +1,81 @@
+"""The one training model reproduces what the two simulators it replaced computed (git 76f5821).
+
+tests/data/reference_figures/README.md says how the figures were made; the scenarios are the lists
+of make_reference_figures.py, read here so that both sides use the same settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions
+from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.sweep import simulate_point
+
+DATA = Path(__file__).parent / "data" / "reference_figures"
+REFERENCE = json.loads((DATA / "reference_figures.json").read_text())
+_spec = importlib.util.spec_from_file_location("make_reference_figures", DATA / "make_reference_figures.py")
+assert _spec is not None and _spec.loader is not None
+SETTINGS = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(SETTINGS)
+
+
+def _scenario(values: dict) -> Scenario:
+    """The old Scenario keywords in today's terms: the collective and bucket settings are options."""
+    values = dict(values)
+    options = {
+        new: values.pop(old)
+        for old, new in (("algorithm", "collective"), ("algorithm_options", "collective_options"),
+                         ("bucket_bytes", "bucket_bytes"), ("overlap", "overlap"))
+        if old in values
+    }  # fmt: skip
+    if "iterations" in values:
+        values["updates"] = values.pop("iterations")
+    return Scenario(**values, options=AlgorithmOptions(**options))
+
+
+SYNC_CASES = [
+    (label, values, nodes, executor) for label, values, nodes in SETTINGS.SYNC for executor in ("des", "analytic")
+]
+
+
+@pytest.mark.parametrize(("label", "values", "nodes", "executor"), SYNC_CASES)
+def test_sync_sgd_keeps_the_figures_of_the_bucketed_engine(label, values, nodes, executor):
+    scenario = dataclasses.replace(_scenario(values), nodes=tuple(nodes), executor=executor)
+    for count, old in zip(nodes, REFERENCE["sync"][f"{label}/{executor}"], strict=True):
+        new = simulate_point(scenario, count)
+        for key in ("iteration_s", "compute_s", "exposed_comm_s", "comm_s", "scaling_efficiency", "buckets"):
+            assert new[key] == pytest.approx(old[key], rel=1e-9, abs=1e-15), (count, key)
+
+
+ALGORITHM_CASES = [
+    (key, setting)
+    for setting in SETTINGS.ALGORITHMS
+    for key in REFERENCE["algorithms"]
+    if key.startswith(setting[0] + "/") and not key.endswith("/sync_sgd")
+]
+
+
+@pytest.mark.parametrize(("key", "setting"), ALGORITHM_CASES, ids=[key for key, _ in ALGORITHM_CASES])
+def test_every_other_algorithm_keeps_the_figures_of_the_role_program_simulator(key, setting):
+    _, _, _, nodes, updates, stragglers, values = setting
+    old = REFERENCE["algorithms"][key]
+    name = old["algorithm"]
+    reads = TRAINING_ALGORITHMS.get(name).options
+    default = AlgorithmOptions()
+    options = {k: v for k, v in old["options"].items() if k in reads and k != "split" and v != getattr(default, k)}
+    scenario = Scenario(
+        **values, nodes=(nodes,), algorithm=name, options=AlgorithmOptions(**options), updates=updates,
+        stragglers=stragglers, seed=1,
+    )  # fmt: skip
+    new = simulate_point(scenario, nodes)
+    for field in ("time_s", "comm_share", "throughput_samples_per_s"):
+        assert new[field] == pytest.approx(old[field], rel=1e-9), field
+    if old["servers"]:
+        for field in ("server_utilisation", "server_queue_s", "staleness_mean", "staleness_max"):
+            assert new[field] == pytest.approx(old[field], rel=1e-9), field
