@@ -212,3 +212,17 @@ def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabri
     assert defaults(Scenario) == fabric and defaults(CollectiveSetup) == fabric
     for command in ("simulate", "collective"):
         assert topology_options(build_parser().parse_args([command])) == fabric, command
+
+
+@pytest.mark.parametrize("library", ["nccl", "mpich", "mlsl", "openmpi"])
+def test_simulate_takes_library_selectors_as_collective_does(capsys, tmp_path, library):
+    """A library picks per bucket size and rank count; the DES and the closed form agree on its picks
+    (one device per node: no two ranks share a NIC, so nothing contends)."""
+    for executor in ("des", "analytic"):
+        argv = ["simulate", "--nodes", "2,4", "--devices-per-node", "1", "--collective", library]
+        out = tmp_path / executor
+        assert run(capsys, *argv, "--executor", executor, "--executor-pool", "serial", "--out", str(out))[0] == 0
+    des, closed = read_csv(tmp_path / "des" / "results.csv"), read_csv(tmp_path / "analytic" / "results.csv")
+    for a, b in zip(des, closed, strict=True):
+        assert a["collective"] == library
+        assert float(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-9)
