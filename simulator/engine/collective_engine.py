@@ -97,7 +97,7 @@ class VectorisedExecutor:
         self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
         self._shared_version = 0
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
-        self._pairs: dict[tuple[int, int], tuple[np.ndarray, float, float, float]] = {}
+        self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
         self.transfers = 0
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:

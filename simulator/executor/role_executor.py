@@ -34,6 +34,8 @@ No wall clock, no randomness: identical inputs give identical timelines.
 
 from __future__ import annotations
 
+import signal
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -238,7 +240,7 @@ class RoleExecutor:
         """Start ``program_of(comm)`` on every rank, run to the end, return each rank's return value."""
         for rank in range(self.ranks):
             self.env.process(self._rank_process(rank, program_of(SimComm(self, rank))))
-        self.env.run()
+        _run_interruptibly(self.env)
         unfinished = [rank for rank in range(self.ranks) if rank not in self.returns]
         if unfinished:
             raise RuntimeError(f"deadlock: ranks {unfinished} never finished their role programs")
@@ -490,6 +492,30 @@ class RoleExecutor:
         now = env.now
         for event, end in zip(instance.done, finish.tolist(), strict=True):
             _succeed_after(env, event, max(end - now, 0.0))
+
+
+def _run_interruptibly(env: simpy.Environment) -> None:
+    """``env.run()``, stopping at the next event once SIGINT arrives.
+
+    A KeyboardInterrupt raised inside a process's generator becomes that process's failure, which
+    SimPy raises only when the failed event comes up (seconds to minutes later in a large run).
+    Here the signal only sets a flag, checked between events, so Ctrl-C stops the run at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        env.run()
+        return
+    interrupted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda number, _frame: interrupted.append(number))
+    try:
+        step = env.step
+        while not interrupted:
+            try:
+                step()
+            except simpy.core.EmptySchedule:
+                return
+        raise KeyboardInterrupt
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _succeed_after(env: simpy.Environment, event: simpy.Event, delay: float) -> None:
