@@ -43,6 +43,8 @@ RANK_ENV_KEYS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "RANK")
 INSTALL_HINT = "pip install 'ddlsim[real]'"
 STDERR_TAIL_LINES = 12
 STATUS_GLOB = "status.rank*.json"
+# what a run or a bench writes into its directory (and a rerun there removes first)
+RUN_FILES = (STATUS_GLOB, "trace.rank*.jsonl", "metadata.json", "results.csv", "measurements.csv", "layers.csv")
 
 
 class LaunchError(RuntimeError):
@@ -208,8 +210,11 @@ def launch(
         return run(mode, dict(scenario), out)
     check_requirements(backend)
     out.mkdir(parents=True, exist_ok=True)
-    for old in out.glob(STATUS_GLOB):
+    stale = [path for pattern in RUN_FILES for path in sorted(out.glob(pattern))]
+    for old in stale:  # an earlier run's files would mix with this run's (more ranks then, say)
         old.unlink()
+    if stale:
+        print(f"# removed {len(stale)} file(s) of an earlier run in {out}", file=sys.stderr)
     command = wrapped(worker_command(mode, scenario, out), out)
     env = rank_env(ranks)
     if emulate_network:
@@ -262,6 +267,10 @@ def _finish(processes: Sequence[subprocess.Popen], out: Path, ranks: int, timeou
     report = failure_report(out, ranks)
     if report:
         print(f"ddlsim: error: {report}", file=sys.stderr)
+        kept = write_finished_steps(out)
+        if kept:
+            print(f"# wrote {out / 'results.csv'}: the {kept} step(s) every rank finished, from the traces "
+                  "(iteration_s only: the losses were lost with the ranks)", file=sys.stderr)  # fmt: skip
         return 1
     if any(codes):
         print(f"ddlsim: error: the launcher's processes exited with status {codes}", file=sys.stderr)
@@ -311,6 +320,36 @@ def failure_report(out: Path, ranks: int) -> str:
     if missing:
         lines.append(f"rank(s) {', '.join(map(str, missing))} were stopped before reporting")
     return "\n".join(lines)
+
+
+def write_finished_steps(out: Path) -> int:
+    """After a failed training run: ``results.csv`` (iteration, loss empty, iteration_s) of the steps
+    every rank's trace shows finished, timed as the first rank that trains (the lowest rank with a
+    ``forward`` or ``gradient``). A step counts once the rank's next step began. Returns the steps
+    written (0: none, nothing written; not a training run)."""
+    from ddlsim.real_runs.trace import read_trace
+    from ddlsim.simulator.records import write_csv
+
+    with contextlib.suppress(ValueError, OSError):
+        rows = read_trace(out)
+        starts: dict[int, dict[int, float]] = {}
+        for row in rows:
+            if row["op"] in ("forward", "gradient"):
+                mine = starts.setdefault(row["rank"], {})
+                mine[row["iteration"]] = min(mine.get(row["iteration"], row["start_s"]), row["start_s"])
+        if not starts:
+            return 0
+        first = starts[min(starts)]
+        done = min(max(steps) for steps in starts.values())  # each rank's last step may be unfinished
+        table = [
+            {"iteration": step, "loss": "", "iteration_s": first[step + 1] - first[step]}
+            for step in range(done)
+            if step in first and step + 1 in first
+        ]
+        if table:
+            write_csv(out / "results.csv", table, ("iteration", "loss", "iteration_s"))
+        return len(table)
+    return 0
 
 
 def timeout_report(out: Path, ranks: int, timeout_s: float | None) -> str:

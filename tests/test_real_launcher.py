@@ -90,6 +90,23 @@ def test_a_killed_rank_is_named_and_its_finished_iterations_survive(tmp_path):
     for iteration in range(3):
         ops = [row["op"] for row in rows if row["iteration"] == iteration]
         assert {"forward", "backward", "update"} <= set(ops) and ops.count("allreduce") > 1, ops
+    # the finished steps are kept as results (steps 0 and 1: step 2's end is step 3's start, never reached)
+    results = (tmp_path / "results.csv").read_text().splitlines()
+    assert results[0] == "iteration,loss,iteration_s" and [line.split(",")[0] for line in results[1:]] == ["0", "1"]
+    assert all(float(line.split(",")[2]) > 0 for line in results[1:])
+    assert "wrote" in done.stderr and "2 step(s) every rank finished" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_a_rerun_into_the_same_directory_removes_the_earlier_runs_files(tmp_path):
+    first = ddlsim("run", "-n", "3", "--model", "small_cnn", "--iterations", "2", "--out", str(tmp_path))
+    assert first.returncode == 0, first.stderr
+    second = ddlsim("run", "-n", "2", "--model", "small_cnn", "--iterations", "2", "--out", str(tmp_path))
+    assert second.returncode == 0, second.stderr
+    assert "removed" in second.stderr and "of an earlier run" in second.stderr
+    traces = sorted(path.name for path in tmp_path.glob("trace.rank*.jsonl"))
+    assert traces == ["trace.rank0.jsonl", "trace.rank1.jsonl"]
 
 
 @pytest.mark.slow
