@@ -14,7 +14,10 @@ and waited for later (``results = yield comm.wait(handle, ...)``): that is how a
 overlaps the all-reduce of its gradient buckets. Each rank has one communication stream: the
 collectives it starts run one after another in the order started, each entering once it was started
 and the previous one finished (as Horovod's background thread and PyTorch DDP's NCCL stream do).
-A blocking collective is a start followed by a wait.
+A blocking collective is a start followed by a wait. Sends and receives can be started too
+(``MPI_Isend``/``MPI_Irecv``): they begin at once, beside the stream, and a pipeline stage that
+starts its send before its receive cannot deadlock with its neighbour; waiting for a started
+receive gives its payload.
 
 Executors interpret the operations:
 
@@ -96,9 +99,10 @@ class Collective:
 
 @dataclass(frozen=True)
 class Start:
-    """Start ``operation`` on the rank's communication stream and go on; the result is a handle."""
+    """Start ``operation`` and go on; the result is a handle. A collective goes on the rank's
+    communication stream; a send or a receive begins at once."""
 
-    operation: Collective
+    operation: Collective | Send | Recv
 
 
 @dataclass(frozen=True)
@@ -156,7 +160,7 @@ class CommOps:
         return Collective(collective, payload, algorithm, options, group)
 
     @staticmethod
-    def start(operation: Collective) -> Start:
+    def start(operation: Collective | Send | Recv) -> Start:
         return Start(operation)
 
     @staticmethod

@@ -9,10 +9,12 @@
 * ``Collective``: the registered algorithm's schedule (or a library selector's choice) over
   ``op.group`` (all ranks by default, then ``op.helpers``), run by ``run_schedule`` on a copy of
   the payload; the result has the payload's type (numpy array or torch tensor).
-* ``Start``: the collective is queued on the rank's communication stream, a thread of its own over a
+* ``Start``: a collective is queued on the rank's communication stream, a thread of its own over a
   duplicate of the transport (as Horovod's background thread), which runs started collectives one
-  after another in order; the result is a handle. ``Wait`` blocks until the handles' collectives are
-  done and returns their results (re-raising an error of the stream in the caller).
+  after another in order; a send is posted at once (``isend`` of its header and bytes); a receive
+  is taken when waited for (its sender's send is posted, so nothing waits on it). The result is a
+  handle. ``Wait`` blocks until the handles are done and returns their results (re-raising an error
+  of the stream in the caller).
 
 Payloads are numpy arrays, torch tensors (received as numpy arrays) or any picklable object.
 The name says MPI, but any ``Transport`` works (``make_transport("gloo")`` too); receiving from
@@ -59,12 +61,15 @@ def _to_numpy(payload: Any) -> tuple[np.ndarray | None, bool]:
 
 
 class Handle:
-    """A collective started on the communication stream."""
+    """A started operation: a collective on the communication stream, or a point-to-point one
+    (``requests`` of a posted send; ``receive`` to take when waited for)."""
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.requests: list[Any] = []
+        self.receive: Recv | None = None
 
 
 class CommStream:
@@ -148,13 +153,32 @@ class MpiComm(CommOps):
             self._record(op.collective, start, nbytes=nbytes)
             return result
         if isinstance(op, Start):
-            return self._communication_stream().start(op.operation)
+            operation = op.operation
+            if isinstance(operation, Collective):
+                return self._communication_stream().start(operation)
+            handle = Handle()
+            if isinstance(operation, Send):
+                handle.requests, nbytes = self._post_send(operation)
+                self._record("send", start, peer=operation.dst, nbytes=nbytes)
+            else:
+                handle.receive = operation
+            handle.done.set()
+            return handle
         if isinstance(op, Wait):
+            # receives first: a neighbour's posted send of a large message completes only once this
+            # rank receives it, and that neighbour may be waiting for its own send just the same
+            for handle in op.handles:
+                if handle.receive is not None:
+                    handle.result = self.perform(handle.receive)
+                    handle.receive = None
             results = []
             for handle in op.handles:
                 handle.done.wait()
                 if handle.error is not None:
                     raise handle.error
+                if handle.requests:
+                    self.transport.wait_all(handle.requests)
+                    handle.requests = []
                 results.append(handle.result)
             return results
         raise CommExecutorError(f"unknown operation {op!r}; valid: Compute, Send, Recv, Collective, Start, Wait")
@@ -185,6 +209,12 @@ class MpiComm(CommOps):
     # --- point to point ----------------------------------------------------------------------
 
     def _send(self, op: Send) -> int:
+        requests, nbytes = self._post_send(op)
+        self.transport.wait_all(requests)
+        return nbytes
+
+    def _post_send(self, op: Send) -> tuple[list[Any], int]:
+        """Post a message (its header, then its bytes); the requests and the payload's bytes."""
         array, _ = _to_numpy(op.payload)
         header = np.zeros(HEADER_SLOTS, dtype=np.int64)
         if array is None or array.ndim > MAX_DIMS:
@@ -194,8 +224,7 @@ class MpiComm(CommOps):
         header[2] = array.ndim
         header[3 : 3 + array.ndim] = array.shape
         requests = [self.transport.isend(header, op.dst, op.tag), self.transport.isend(array, op.dst, op.tag)]
-        self.transport.wait_all(requests)
-        return int(array.nbytes)
+        return requests, int(array.nbytes)
 
     def _recv(self, op: Recv) -> tuple[int, Any]:
         header = np.zeros(HEADER_SLOTS, dtype=np.int64)

@@ -224,6 +224,25 @@ def test_any_source_takes_the_first_arrival_and_reports_its_sender():
     assert got == [2, 1]
 
 
+@pytest.mark.parametrize("mode", ["vectorised", "message"])
+def test_started_sends_and_receives_cross_without_waiting(mode):
+    """Each rank starts a send to its right neighbour and a receive from its left one, then waits for
+    both: every message takes one hop's cost, on both execution paths, and the payloads arrive."""
+    fabric = _two_nodes()
+    got = {}
+
+    def program(comm):
+        right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+        sent = yield comm.start(comm.send(right, Payload(1e8)))
+        receiving = yield comm.start(comm.recv(left))
+        _, payload = yield comm.wait(sent, receiving)
+        got[comm.rank] = (payload.nbytes, comm.now())
+
+    RoleExecutor(fabric, [0, 1, 2], mode).run(program)
+    hop = fabric.hop_cost(0, 1)
+    assert got == {rank: (1e8, pytest.approx(hop.alpha_s + 1e8 / hop.beta_Bps)) for rank in range(3)}
+
+
 def test_a_deadlock_is_reported():
     def program(comm):
         yield CommOps.recv(1 - comm.rank if comm.rank < 2 else 0)

@@ -124,7 +124,7 @@ class _Mailbox:
 
 @dataclass
 class _Handle:
-    """A started collective: ``done`` fires when this rank's part is over."""
+    """A started operation: ``done`` fires when this rank's part is over (a receive's payload is set then)."""
 
     done: simpy.Event
     payload: Any
@@ -233,6 +233,7 @@ class RoleExecutor:
         self._sequence: dict[tuple[int, int], int] = {}  # (group index, rank) -> collectives started
         self._tail: list[simpy.Event | None] = [None] * self.ranks  # last collective on each stream
         self._in_flight = np.zeros(self.ranks, dtype=np.int64)  # started collectives not done
+        self._sends_in_flight = np.zeros(self.ranks, dtype=np.int64)  # started sends not delivered
         self._iteration = [0] * self.ranks
 
     # --- driver ----------------------------------------------------------------------------------
@@ -288,7 +289,11 @@ class RoleExecutor:
                 yield handle.done
                 result = handle.payload
             elif isinstance(op, Start):
-                result = self._start(rank, op.operation)
+                operation = op.operation
+                if isinstance(operation, Collective):
+                    result = self._start(rank, operation)
+                else:
+                    result = self._start_p2p(rank, operation)
                 continue
             elif isinstance(op, Wait):
                 pending = [handle.done for handle in op.handles if not handle.done.processed]
@@ -337,6 +342,26 @@ class RoleExecutor:
             yield env.timeout(latency)
             self.transfers += 1
         self._deliver(op.dst, _Message(rank, op.tag, op.payload, float(env.now)))
+
+    def _start_p2p(self, rank: int, op: Send | Recv) -> _Handle:
+        """A started send or receive: a process of its own; the handle's payload is the received one."""
+        handle = _Handle(self.env.event(), None)
+        handle.done = self.env.process(self._p2p(rank, op, handle))
+        return handle
+
+    def _p2p(self, rank: int, op: Send | Recv, handle: _Handle):
+        start = self.env.now
+        if isinstance(op, Send):
+            self._sends_in_flight[rank] += 1
+            try:
+                yield from self._send(rank, op)
+            finally:
+                self._sends_in_flight[rank] -= 1
+            self._log(rank, "send", "send", op.dst, float(op.payload.nbytes), start)
+            return
+        message = yield from self._recv(rank, op)
+        handle.payload = message.payload if op.src != ANY_SOURCE else (message.src, message.payload)
+        self._log(rank, "recv", "recv", message.src, float(message.payload.nbytes), start)
 
     def _deliver(self, dst: int, message: _Message) -> None:
         box = self.mailboxes[dst]
@@ -475,6 +500,9 @@ class RoleExecutor:
 
     def _enter(self, instance: _Instance, position: int) -> None:
         env = self.env
+        if self.vectorised is not None and self._sends_in_flight[instance.members[position]]:
+            # its message's flow and the collective's could share the rank's port: not provable
+            raise ContentionDetected("a rank enters a collective while its started send is in flight")
         instance.entered_s[position] = env.now
         instance.entered += 1
         if instance.ready is not None:

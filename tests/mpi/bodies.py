@@ -160,6 +160,26 @@ def check_comm_executor(transport: Transport) -> None:
     assert ops.count("allreduce") == 2 and ops.count("compute") == 1, ops
 
 
+def exchange_program(comm, nbytes: int):
+    """Every rank starts a send of ``nbytes`` to its right neighbour and a receive from its left one
+    before waiting for either: with blocking sends of rendezvous-sized messages every rank would wait
+    for its neighbour to receive, and none would (a pipeline's forward and backward cross like this)."""
+    right, left = (comm.rank + 1) % comm.size, (comm.rank - 1) % comm.size
+    payload = np.full(nbytes // 4, comm.rank, dtype=np.float32)
+    sent = yield comm.start(comm.send(right, payload, tag=7))
+    receiving = yield comm.start(comm.recv(left, tag=7, like=np.empty_like(payload)))
+    _, got = yield comm.wait(sent, receiving)
+    return got
+
+
+def check_started_point_to_point(transport: Transport) -> None:
+    if transport.size < 2:
+        return
+    comm = MpiComm(transport)
+    got = run_role_program(exchange_program(comm, 8 << 20), comm)
+    np.testing.assert_array_equal(got, np.full((8 << 20) // 4, (transport.rank - 1) % transport.size, np.float32))
+
+
 def check_trace(transport: Transport) -> None:
     """Rows carry exactly the shared trace schema; a flushed iteration survives an unflushed one."""
     with tempfile.TemporaryDirectory() as directory:
@@ -208,6 +228,7 @@ BODIES: dict[str, Callable[[Transport], object]] = {
     "point_to_point": check_point_to_point,
     "collectives": check_collectives,
     "comm_executor": check_comm_executor,
+    "started_point_to_point": check_started_point_to_point,
     "trace": check_trace,
     "training": check_training,
 }
