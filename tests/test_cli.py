@@ -72,7 +72,7 @@ def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
         (["--device", "p9000"], "unknown device 'p9000'; valid: "),
         (["--workload", "resnet5"], "unknown workload 'resnet5'; valid: "),
         (["--algorithm", "rign"], "unknown collective algorithm 'rign'; valid: "),
-        (["--network", "ib_xdr"], "unknown link or network 'ib_xdr'; valid: "),
+        (["--network", "ib_gdr"], "unknown link or network 'ib_gdr'; valid: "),
         (["--per-device-batch", "0"], "per-device-batch must be a positive integer"),
         (["--nodes", "0,1"], "counts must be positive"),
         (["--nodes", "1,2,banana"], "cannot parse '1,2,banana'"),
