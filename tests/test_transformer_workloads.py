@@ -240,3 +240,23 @@ def test_moe_top_k_above_experts_is_refused(tmp_path: Path) -> None:
     text = catalog_text("mixtral_8x7b").replace("top_k = { value = 2,", "top_k = { value = 9,")
     with pytest.raises(TransformerConfigError, match=r"moe.top_k \(9\) must not exceed moe.experts \(8\)"):
         load_text(tmp_path, text)
+
+
+def test_user_catalog_adds_models_in_both_formats(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A DDLSIM_CATALOG directory's transformers/ folder: a catalog TOML and a config.json, read as they are."""
+    from ddlsim.hardware_models.catalog import CATALOG_ENVIRONMENT_VARIABLE
+
+    folder = tmp_path / "transformers"
+    folder.mkdir()
+    (folder / "my_llama.toml").write_text(catalog_text(), encoding="utf-8")
+    (folder / "my_mixtral.json").write_text((HF_DIR / "mixtral_8x7b" / "config.json").read_text(), encoding="utf-8")
+    monkeypatch.setenv(CATALOG_ENVIRONMENT_VARIABLE, str(tmp_path))
+    assert {"my_llama", "my_mixtral", "llama2_7b"} <= set(transformer_names())
+    assert parameters("my_llama") == PUBLISHED_EXACT["llama2_7b"]
+    assert parameters("my_mixtral") == PUBLISHED_EXACT["mixtral_8x7b"]
+    clash = tmp_path / "clash" / "transformers"
+    clash.mkdir(parents=True)
+    (clash / "gpt2.toml").write_text(catalog_text("gpt2"), encoding="utf-8")
+    monkeypatch.setenv(CATALOG_ENVIRONMENT_VARIABLE, f"{tmp_path}:{clash.parent}")
+    with pytest.raises(TransformerConfigError, match=r"model 'gpt2' is already defined by .*gpt2\.toml"):
+        transformer_names()

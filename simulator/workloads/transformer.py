@@ -8,8 +8,13 @@ parameters, saved activations, communication sizes) are computed from it in
 ``transformer_costs.py``; nothing is tabulated.
 
 Catalog files: ``simulator/workloads/transformers/<token>.toml``, one model per file, the token
-is the file name. Every setting is ``{ value = ..., source = "..." }`` so that its origin stays
-beside it (as in the hardware datasheets); ``description`` is a plain string. Unknown keys,
+is the file name. User catalog directories (``DDLSIM_CATALOG``, ``--catalog DIR``; see
+``hardware_models/catalog.py``) add ``transformers/<token>.toml`` in this format and
+``transformers/<token>.json`` Hugging Face config.json files read as they are. A directory is
+listed once per process (per set of directories).
+
+Every setting is ``{ value = ..., source = "..." }`` so that its origin stays beside it (as in
+the hardware datasheets); ``description`` is a plain string. Unknown keys,
 missing keys and impossible values are rejected with a message naming the file, the key and
 what is allowed. Settings with a default (below) may be left out.
 """
@@ -23,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.hardware_models.catalog import catalog_files
 
 CATALOG_DIR = Path(__file__).parent / "transformers"
 
@@ -314,9 +320,21 @@ def _parse_latent(table: Any, where: str, sources: dict[str, str]) -> LatentAtte
     return LatentAttention(**values)
 
 
+def _catalog() -> dict[str, Path]:
+    files = {path.stem: path for path in sorted(CATALOG_DIR.glob("*.toml"))}
+    for token, path in catalog_files("transformers", (".toml", ".json")).items():
+        if token in files:
+            raise TransformerConfigError(
+                f"{path}: model {token!r} is already defined by {files[token]}; "
+                "a user catalog may add models, not redefine them"
+            )
+        files[token] = path
+    return files
+
+
 def transformer_names() -> list[str]:
-    """The built-in transformer catalog tokens (file stems), sorted."""
-    return sorted(path.stem for path in CATALOG_DIR.glob("*.toml"))
+    """The transformer catalog tokens (built-in and user catalog files), sorted."""
+    return sorted(_catalog())
 
 
 def load_transformer_file(path: Path | str) -> TransformerConfig:
@@ -332,10 +350,18 @@ def load_transformer_file(path: Path | str) -> TransformerConfig:
     return parse_transformer(path.stem, data, str(path))
 
 
-@cache
 def load_transformer(name: str) -> TransformerConfig:
-    """The built-in model ``name``; an unknown name raises UnknownNameError listing the valid ones."""
-    names = transformer_names()
-    if name not in names:
-        raise UnknownNameError(f"unknown transformer model {name!r}; valid: {', '.join(names)}")
-    return load_transformer_file(CATALOG_DIR / f"{name}.toml")
+    """The model ``name``; an unknown name raises UnknownNameError listing the valid ones."""
+    files = _catalog()
+    if name not in files:
+        raise UnknownNameError(f"unknown transformer model {name!r}; valid: {', '.join(sorted(files))}")
+    return _load(name, files[name])
+
+
+@cache
+def _load(name: str, path: Path) -> TransformerConfig:
+    if path.suffix == ".json":
+        from ddlsim.simulator.workloads.huggingface import read_huggingface_config
+
+        return read_huggingface_config(path, name=name)
+    return load_transformer_file(path)
