@@ -50,6 +50,9 @@ class SavedActivations:
     - ``score_masks``: 1-byte score dropout masks, kept like ``scores``.
     - ``flash_fp32``: 4-byte elements kept only with FlashAttention (log-sum-exp per query and head).
     - ``fp32``: 4-byte elements split by TP (the loss's softmax over the vocabulary, router probabilities).
+    - ``gemm_replicated``, ``gemm_split``: the part of ``replicated`` and ``split`` that are inputs of
+      linear layers, kept for the weight gradient; under fp8 Transformer Engine keeps them as their
+      fp8 casts (1 byte), the other activations stay 16-bit.
     """
 
     replicated: float = 0.0
@@ -59,6 +62,8 @@ class SavedActivations:
     score_masks: float = 0.0
     flash_fp32: float = 0.0
     fp32: float = 0.0
+    gemm_replicated: float = 0.0
+    gemm_split: float = 0.0
 
     def __add__(self, other: SavedActivations) -> SavedActivations:
         return SavedActivations(**{f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self)})
@@ -73,15 +78,20 @@ class SavedActivations:
         flash_attention: bool = False,
         keep_scores: bool = True,
         activation_bytes: float = 2.0,
+        gemm_input_bytes: float | None = None,
     ) -> float:
         """Bytes per sample on one tensor-parallel rank.
 
         ``keep_scores`` is False under selective recomputation (the attention core is recomputed).
+        ``gemm_input_bytes`` (1 under fp8) replaces ``activation_bytes`` for the linear layers' inputs.
         Example (Korthikanti eq. 2): a GPT layer with TP t and no SP keeps s h (10 + 24/t + 5 a s/(h t)) bytes.
         """
         t = float(tensor_parallel)
         replicated_divisor = t if sequence_parallel else 1.0
         total = activation_bytes * (self.replicated / replicated_divisor + self.split / t)
+        if gemm_input_bytes is not None:
+            gemm_elements = self.gemm_replicated / replicated_divisor + self.gemm_split / t
+            total += (gemm_input_bytes - activation_bytes) * gemm_elements
         total += self.masks / replicated_divisor + 4.0 * self.fp32 / t
         if flash_attention:
             total += 4.0 * self.flash_fp32 / t
@@ -202,13 +212,19 @@ def _mlp_parts(config: TransformerConfig, prefix: str, tokens: float, width: int
     second = _linear(f"{prefix}_out", "row", routed_tokens, width, h, config.linear_bias, **common)
     first_saved = SavedActivations(split=_activation_saved(config, routed_tokens, width) * executed)
     if expert:  # the experts keep the tokens dispatched to them (and gathered over TP ranks)
-        first_saved = first_saved + SavedActivations(replicated=routed_tokens * h * executed)
+        first_saved = first_saved + _gemm_input(replicated=routed_tokens * h * executed)
     elif keep_input:
-        first_saved = first_saved + SavedActivations(replicated=tokens * h)
+        first_saved = first_saved + _gemm_input(replicated=tokens * h)
     a2a = routed_tokens * h * executed if expert else 0.0
     first = _replace(first, copies, first_saved, a2a)
-    second = _replace(second, copies, SavedActivations(split=routed_tokens * width * executed, masks=mask), 0.0)
+    second = _replace(second, copies, _gemm_input(split=routed_tokens * width * executed, masks=mask), 0.0)
     return first, second
+
+
+def _gemm_input(replicated: float = 0.0, split: float = 0.0, masks: float = 0.0) -> SavedActivations:
+    """Saved elements that are a linear layer's input (see ``SavedActivations.gemm_replicated``)."""
+    return SavedActivations(replicated=replicated, split=split, masks=masks, gemm_replicated=replicated,
+                            gemm_split=split)
 
 
 def _replace(part: Part, copies: int, saved: SavedActivations, a2a: float) -> Part:
@@ -242,8 +258,10 @@ def _attention_parts(config: TransformerConfig, prefix: str, query_tokens: int, 
         down = _linear(f"{prefix}_latent", "replicated", query_tokens, h, q_rank + kv_rank + rope, bias)
         # kept: the normed input, each latent before and after its RMS norm, the rotary key part
         latent_saved = query_tokens * (h + 2 * q_rank + 2 * kv_rank + rope)
+        gemm_inputs = query_tokens * (h + q_rank + kv_rank)  # the normed input, each normed latent
+        saved = SavedActivations(replicated=latent_saved, gemm_replicated=gemm_inputs)
         parts.append(Part(down.name, "replicated", down.parameters + q_rank + kv_rank, down.forward_flops,
-                          down.backward_flops, SavedActivations(replicated=latent_saved)))
+                          down.backward_flops, saved))
         q_in = q_rank or h
         q_up = _linear("q", "column", query_tokens, q_in, a * qk_dim, bias)
         kv_up = _linear("kv", "column", query_tokens, kv_rank, a * (latent.qk_nope_head_dim + v_dim), bias)
@@ -256,12 +274,12 @@ def _attention_parts(config: TransformerConfig, prefix: str, query_tokens: int, 
         key_heads = k
         if cross:
             parts.append(_linear(f"{prefix}_q", "column", query_tokens, h, a * qk_dim, bias,
-                                 saved=SavedActivations(replicated=query_tokens * h)))
+                                 saved=_gemm_input(replicated=query_tokens * h)))
             # The encoder output feeding every decoder layer's K/V is saved once, by the encoder's output block.
             parts.append(_linear(f"{prefix}_kv", "column", key_tokens, h, 2 * k * qk_dim, bias))
         else:
             parts.append(_linear(f"{prefix}_qkv", "column", query_tokens, h, (a + 2 * k) * qk_dim, bias,
-                                 saved=SavedActivations(replicated=query_tokens * h)))
+                                 saved=_gemm_input(replicated=query_tokens * h)))
     score_elements = float(a) * query_tokens * key_tokens
     core_saved = SavedActivations(
         split=query_tokens * a * qk_dim + key_tokens * key_heads * (qk_dim + v_dim),
@@ -274,7 +292,7 @@ def _attention_parts(config: TransformerConfig, prefix: str, query_tokens: int, 
     parts.append(Part(f"{prefix}_core", "heads", bias_parameters, core_flops, 2.0 * core_flops, core_saved))
     output = _linear(f"{prefix}_output", "row", query_tokens, a * v_dim, h, bias)
     masks = query_tokens * h if config.dropout else 0.0
-    parts.append(_replace(output, 1, SavedActivations(split=query_tokens * a * v_dim, masks=masks), 0.0))
+    parts.append(_replace(output, 1, _gemm_input(split=query_tokens * a * v_dim, masks=masks), 0.0))
     return parts
 
 
