@@ -173,40 +173,40 @@ class _RankContents:
     all_to_all_bytes: float = 0.0  # one MoE layer's dispatch plus combine buffers
 
 
-def _rank_contents(config: TransformerConfig, blocks: tuple[Block, ...], ranks: list[int], rank: int,
-                   layout: ParallelLayout, settings: MemorySettings) -> _RankContents:
-    contents = _RankContents()
+def _rank_contents(config: TransformerConfig, blocks: tuple[Block, ...], ranks: list[int],
+                   layout: ParallelLayout, settings: MemorySettings) -> list[_RankContents]:
+    """What each pipeline rank holds, in one pass over the blocks."""
+    contents = [_RankContents() for _ in range(layout.pp)]
     owner_of_table = ranks[0]  # the (first) embedding block owns the token table
     act = settings.activation_bytes
     gemm_bytes = settings.fp8_gemm_input_bytes if layout.precision == "fp8" else None
     per_micro = layout.micro_batch / layout.cp
-    for index, block in enumerate(blocks):
-        if ranks[index] != rank:
-            continue
+    for block, rank in zip(blocks, ranks, strict=True):
+        held = contents[rank]
         block_parameters = 0.0
         for part in block.parts:
             on_rank = _parameters_on_rank(part, layout)
             if part.expert:
-                contents.expert_parameters += on_rank
+                held.expert_parameters += on_rank
             else:
-                contents.dense_parameters += on_rank
+                held.dense_parameters += on_rank
             if part.shared_parameters and owner_of_table != rank:
-                contents.dense_parameters += part.shared_parameters / layout.tp  # a tied table kept twice
+                held.dense_parameters += part.shared_parameters / layout.tp  # a tied table kept twice
             block_parameters += on_rank
-        contents.largest_block_parameters = max(contents.largest_block_parameters, block_parameters)
+        held.largest_block_parameters = max(held.largest_block_parameters, block_parameters)
         saved = per_micro * block.saved.bytes(layout.tp, layout.sequence_parallel, layout.flash_attention,
                                               layout.recompute != "selective", act, gemm_bytes)
         if block.kind == "layer" and layout.recompute == "full":
             layer_input = act * block.tokens * config.hidden * per_micro
-            contents.activations_per_micro_batch += layer_input / (layout.tp if layout.sequence_parallel else 1)
-            contents.recompute_working = max(contents.recompute_working, saved)
+            held.activations_per_micro_batch += layer_input / (layout.tp if layout.sequence_parallel else 1)
+            held.recompute_working = max(held.recompute_working, saved)
         else:
-            contents.activations_per_micro_batch += saved
+            held.activations_per_micro_batch += saved
         if block.name == "output":
-            contents.logits_bytes = act * block.tokens * config.vocabulary * per_micro / layout.tp
+            held.logits_bytes = act * block.tokens * config.vocabulary * per_micro / layout.tp
         if block.kind == "layer":
-            contents.all_to_all_bytes = max(contents.all_to_all_bytes,
-                                            2.0 * expert_all_to_all_elements(block) * act * per_micro)
+            held.all_to_all_bytes = max(held.all_to_all_bytes,
+                                        2.0 * expert_all_to_all_elements(block) * act * per_micro)
     return contents
 
 
@@ -237,8 +237,7 @@ def stage_memory(
     weight_bytes = settings.weight_bytes + (settings.fp8_weight_copy_bytes if layout.precision == "fp8" else 0.0)
     optimizer_bytes = settings.master_weight_bytes + settings.optimizer_state_bytes
     results = []
-    for rank in range(layout.pp):
-        contents = _rank_contents(config, blocks, ranks, rank, layout, settings)
+    for rank, contents in enumerate(_rank_contents(config, blocks, ranks, layout, settings)):
         dense, expert = contents.dense_parameters, contents.expert_parameters
         sharded_count = dense / dense_shards + expert / expert_shards
 

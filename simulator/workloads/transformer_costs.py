@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from ddlsim.simulator.workloads.transformer import TransformerConfig
 
@@ -156,16 +157,21 @@ class Block:
 
     @property
     def saved(self) -> SavedActivations:
-        total = NOTHING_SAVED
-        for part in self.parts:
-            total = total + part.saved
-        return total
+        return _sum_saved(self.parts)
 
     def part(self, name: str) -> Part:
         for part in self.parts:
             if part.name == name:
                 return part
         raise KeyError(f"block {self.name!r} has no part {name!r}; parts: {', '.join(p.name for p in self.parts)}")
+
+
+@lru_cache(maxsize=4096)
+def _sum_saved(parts: tuple[Part, ...]) -> SavedActivations:
+    total = NOTHING_SAVED
+    for part in parts:
+        total = total + part.saved
+    return total
 
 
 def _linear(name: str, kind: str, tokens: float, inputs: int, outputs: int, bias: bool, **extra) -> Part:
@@ -364,6 +370,7 @@ def _output(config: TransformerConfig, tokens: int) -> Block:
                  tuple(parts))
 
 
+@lru_cache(maxsize=64)
 def transformer_blocks(config: TransformerConfig) -> tuple[Block, ...]:
     """The model as blocks in forward order, each block's parts per sample at the config's sequence lengths.
 
@@ -371,7 +378,8 @@ def transformer_blocks(config: TransformerConfig) -> tuple[Block, ...]:
     Encoder-decoder (T5): ``encoder_embedding``, ``encoder_layer_*``, ``encoder_output`` (final
     norm; keeps the encoder output that every cross-attention reads), ``embedding`` (the
     decoder's, sharing the table), ``layer_*``, ``output``. Change the sequence length with
-    ``dataclasses.replace(config, seq_len=...)``.
+    ``dataclasses.replace(config, seq_len=...)``. Cached per config (configs and blocks are
+    immutable): a planner asks for the same model many times.
     """
     blocks: list[Block] = []
     tokens = config.seq_len
