@@ -7,10 +7,17 @@ the file, the key and what is allowed.
 
 Files: ``hardware_models/devices/<token>.toml`` and ``hardware_models/links/<token>.toml``; the
 token is the file name. A calibration profile (later) uses the same keys.
+
+User catalogs: directories holding ``devices/``, ``links/`` (and ``transformers/`` for models)
+in the same format, named by ``register_catalog_directory`` (the ``--catalog DIR`` flag) or by
+the ``DDLSIM_CATALOG`` environment variable (directories joined by ``os.pathsep``, ":" on
+Linux). Their files are validated exactly like the built-ins; they add tokens and may not
+redefine one (a duplicate token is an error naming both files).
 """
 
 from __future__ import annotations
 
+import os
 import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,14 +31,32 @@ from ddlsim.hardware_models.units import UnitError, parse_bandwidth, parse_bytes
 HERE = Path(__file__).parent
 DEVICE_DIR = HERE / "devices"
 LINK_DIR = HERE / "links"
+BUILT_IN = {"devices": DEVICE_DIR, "links": LINK_DIR}
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-DEVICE_KINDS = ("gpu", "cpu", "manycore")
+PRECISIONS = ("fp32", "fp16", "bf16")  # training precisions of the data-parallel scenarios and measurements
+PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")  # datasheet peaks (dense, no sparsity)
+DEVICE_KINDS = ("gpu", "cpu", "manycore", "accelerator")
 LINK_KINDS = ("intra_node", "network")
+LINK_TOPOLOGIES = ("switch", "full_mesh", "torus_3d", "point_to_point")
+CATALOG_ENVIRONMENT_VARIABLE = "DDLSIM_CATALOG"
+CATALOG_KINDS = ("devices", "links", "transformers")
 
 
 class CatalogError(ValueError):
     """A datasheet is malformed; the message names file, key and the allowed values."""
+
+
+@dataclass(frozen=True)
+class DeviceSystem:
+    """The usual server (or rack) of a device: devices per node, its scale-up link, its network and NICs.
+
+    A default for planners and commands that are given only a device; every value can be overridden.
+    """
+
+    devices_per_node: int
+    intra_node_link: str  # link token, kind intra_node
+    network: str  # link token, kind network
+    nics_per_node: int
 
 
 @dataclass(frozen=True)
@@ -49,17 +74,24 @@ class Device:
     memory_efficiency: float  # fraction of memory bandwidth reached by memory-bound layers
     layer_efficiency: dict[str, float] = field(default_factory=dict)  # layer type -> compute efficiency
     sources: dict[str, str] = field(default_factory=dict)
+    system: DeviceSystem | None = None
 
     def peak_flops_for(self, precision: str) -> float:
-        """Peak FLOP/s for training at ``precision``.
+        """Peak FLOP/s of matrix products at ``precision`` (one of PEAK_PRECISIONS).
 
         Mixed precision (fp16, bf16) runs at the faster of the reduced-precision and fp32 peaks:
-        frameworks keep fp32 arithmetic on parts without a fast fp16 path (P40, K80, KNL).
+        frameworks keep fp32 arithmetic on parts without a fast fp16 path (P40, K80, KNL). fp8
+        on a part without fp8 tensor cores (A100) runs at its 16-bit peak; tf32 without a tf32
+        path at fp32.
         """
-        if precision not in PRECISIONS:
-            raise CatalogError(f"unknown precision {precision!r}; valid: {', '.join(PRECISIONS)}")
+        if precision not in PEAK_PRECISIONS:
+            raise CatalogError(f"unknown precision {precision!r}; valid: {', '.join(PEAK_PRECISIONS)}")
         fp32 = self.peak_flops["fp32"]
-        return max(fp32, self.peak_flops.get(precision, fp32))
+        fallbacks = ("bf16", "fp16") if precision == "fp8" else ()
+        for key in (precision, *fallbacks):
+            if key in self.peak_flops:
+                return max(fp32, self.peak_flops[key])
+        return fp32
 
     def efficiency_for(self, layer_type: str) -> float:
         return self.layer_efficiency.get(layer_type, self.compute_efficiency)
@@ -82,6 +114,8 @@ class Link:
     efficiency: float
     links_per_device: int = 1
     sources: dict[str, str] = field(default_factory=dict)
+    domain_size: int = 0  # devices one scale-up domain joins at the port bandwidth (0: not stated)
+    topology: str = ""  # switch | full_mesh | torus_3d | point_to_point ("": not stated)
 
     @property
     def port_bandwidth_Bps(self) -> float:
@@ -123,7 +157,7 @@ def _read(path: Path) -> dict[str, Any]:
         raise CatalogError(f"{path}: not valid TOML: {error}") from None
 
 
-def _quantity(data: dict[str, Any], key: str, path: Path, check, sources: dict[str, str]) -> float:
+def _quantity(data: dict[str, Any], key: str, path: Path, check, sources: dict[str, str]) -> Any:
     where = f"{path}: key {key!r}"
     entry = data[key]
     if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
@@ -164,14 +198,14 @@ _DEVICE_QUANTITIES = {
 def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
     """Validate a device datasheet's parsed TOML into a Device."""
     required = {"description", "kind", "peak_flops", *_DEVICE_QUANTITIES}
-    _check_keys(data, path, required, {"layer_efficiency"})
+    _check_keys(data, path, required, {"layer_efficiency", "system"})
     sources: dict[str, str] = {}
     values = {key: _quantity(data, key, path, check, sources) for key, check in _DEVICE_QUANTITIES.items()}
     peaks_table = data["peak_flops"]
     if not isinstance(peaks_table, dict) or "fp32" not in peaks_table:
         raise CatalogError(f"{path}: key 'peak_flops' must be a table with at least fp32")
     _check_keys(
-        peaks_table, path.with_name(f"{path.name} [peak_flops]"), {"fp32"}, set(PRECISIONS) - {"fp32"}
+        peaks_table, path.with_name(f"{path.name} [peak_flops]"), {"fp32"}, set(PEAK_PRECISIONS) - {"fp32"}
     )
     peaks = {
         precision: _quantity(peaks_table, precision, path, _positive(parse_flops), sources)
@@ -195,6 +229,40 @@ def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
         memory_efficiency=values["memory_efficiency"],
         layer_efficiency=layer_efficiency,
         sources=sources,
+        system=_parse_system(data.get("system"), path, sources),
+    )
+
+
+def _token(kind: str) -> Callable[[Any, str], str]:
+    def check(value: Any, where: str) -> str:
+        if not isinstance(value, str):
+            raise CatalogError(f"{where}: must be a link token (a string), got {value!r}")
+        names = link_names(kind)
+        if value not in names:
+            raise CatalogError(f"{where}: {value!r} is not a {kind} link; valid: {', '.join(names)}")
+        return value
+
+    return check
+
+
+def _parse_system(table: Any, path: Path, sources: dict[str, str]) -> DeviceSystem | None:
+    if table is None:
+        return None
+    where = path.with_name(f"{path.name} [system]")
+    if not isinstance(table, dict):
+        raise CatalogError(f"{path}: key 'system' must be a table")
+    keys = {"devices_per_node", "intra_node_link", "network", "nics_per_node"}
+    _check_keys(table, where, keys, set())
+    found: dict[str, str] = {}
+    checks = {"devices_per_node": _count, "nics_per_node": _count,
+              "intra_node_link": _token("intra_node"), "network": _token("network")}  # fmt: skip
+    values = {key: _quantity(table, key, where, check, found) for key, check in checks.items()}
+    sources.update({f"system.{key}": source for key, source in found.items()})
+    return DeviceSystem(
+        devices_per_node=int(values["devices_per_node"]),
+        intra_node_link=values["intra_node_link"],
+        network=values["network"],
+        nics_per_node=int(values["nics_per_node"]),
     )
 
 
@@ -208,53 +276,141 @@ _LINK_QUANTITIES = {
 
 def parse_link(token: str, data: dict[str, Any], path: Path) -> Link:
     """Validate a link datasheet's parsed TOML into a Link."""
-    _check_keys(data, path, {"description", "kind", *_LINK_QUANTITIES}, {"links_per_device"})
+    optional = {"links_per_device", "domain_size", "topology"}
+    _check_keys(data, path, {"description", "kind", *_LINK_QUANTITIES}, optional)
     sources: dict[str, str] = {}
     values = {key: _quantity(data, key, path, check, sources) for key, check in _LINK_QUANTITIES.items()}
+    kind = _text(data, "kind", path, LINK_KINDS)
     links = 1
     if "links_per_device" in data:
         links = int(_quantity(data, "links_per_device", path, _count, sources))
+    for key in ("domain_size", "topology"):
+        if key in data and kind != "intra_node":
+            raise CatalogError(f"{path}: key {key!r} describes a scale-up domain: only for kind 'intra_node' links")
+    domain = int(_quantity(data, "domain_size", path, _count, sources)) if "domain_size" in data else 0
+    topology = _quantity(data, "topology", path, _choice(LINK_TOPOLOGIES), sources) if "topology" in data else ""
     return Link(
         token=token,
         description=_text(data, "description", path),
-        kind=_text(data, "kind", path, LINK_KINDS),
+        kind=kind,
         bandwidth_Bps=values["bandwidth"],
         latency_s=values["latency"],
         per_message_overhead_s=values["per_message_overhead"],
         efficiency=values["efficiency"],
         links_per_device=links,
         sources=sources,
+        domain_size=domain,
+        topology=topology,
     )
 
 
-def _names(directory: Path) -> list[str]:
-    return sorted(path.stem for path in directory.glob("*.toml"))
+def _choice(allowed: tuple[str, ...]) -> Callable[[Any, str], str]:
+    def check(value: Any, where: str) -> str:
+        if value not in allowed:
+            raise CatalogError(f"{where}: must be one of {', '.join(allowed)}, got {value!r}")
+        return value
+
+    return check
+
+
+# --- where the datasheets live: the package, then the user's catalog directories -------------------
+
+_registered_directories: list[Path] = []
+
+
+def _check_directory(path: Path, named_by: str) -> Path:
+    if not path.is_dir():
+        raise CatalogError(f"{named_by}: catalog directory {str(path)!r} does not exist or is not a directory")
+    if not any((path / kind).is_dir() for kind in CATALOG_KINDS):
+        raise CatalogError(
+            f"{named_by}: catalog directory {str(path)!r} holds none of {', '.join(k + '/' for k in CATALOG_KINDS)}"
+        )
+    return path.resolve()
+
+
+def register_catalog_directory(path: Path | str) -> Path:
+    """Add a user catalog directory (``--catalog DIR``), searched after the built-ins; returns it resolved."""
+    resolved = _check_directory(Path(path), "--catalog")
+    if resolved not in _registered_directories:
+        _registered_directories.append(resolved)
+    return resolved
+
+
+def forget_catalog_directories() -> None:
+    """Drop the directories given to ``register_catalog_directory`` (the environment variable stays)."""
+    _registered_directories.clear()
+
+
+def catalog_directories() -> tuple[Path, ...]:
+    """User catalog directories in search order: registered ones, then ``DDLSIM_CATALOG``'s."""
+    from_environment = [
+        _check_directory(Path(entry), f"environment variable {CATALOG_ENVIRONMENT_VARIABLE}")
+        for entry in os.environ.get(CATALOG_ENVIRONMENT_VARIABLE, "").split(os.pathsep)
+        if entry.strip()
+    ]
+    ordered: list[Path] = []
+    for directory in (*_registered_directories, *from_environment):
+        if directory not in ordered:
+            ordered.append(directory)
+    return tuple(ordered)
+
+
+@cache
+def _catalog_files(kind: str, directories: tuple[Path, ...], suffixes: tuple[str, ...] = (".toml",)) -> dict[str, Path]:
+    built_in = BUILT_IN.get(kind)
+    files = {path.stem: path for path in sorted(built_in.glob("*.toml"))} if built_in else {}
+    for directory in directories:
+        for path in sorted((directory / kind).glob("*")):
+            if path.suffix not in suffixes or not path.is_file():
+                continue
+            if path.stem in files:
+                raise CatalogError(
+                    f"{path}: token {path.stem!r} is already defined by {files[path.stem]}; "
+                    "a user catalog may add tokens, not redefine them"
+                )
+            files[path.stem] = path
+    return files
+
+
+def catalog_files(kind: str, suffixes: tuple[str, ...] = (".toml",)) -> dict[str, Path]:
+    """Token -> file of one catalog kind (``devices``, ``links``; ``transformers`` has only user files here)."""
+    return _catalog_files(kind, catalog_directories(), suffixes)
 
 
 def device_names() -> list[str]:
-    return _names(DEVICE_DIR)
+    return sorted(catalog_files("devices"))
 
 
 def link_names(kind: str | None = None) -> list[str]:
-    names = _names(LINK_DIR)
+    names = sorted(catalog_files("links"))
     if kind is None:
         return names
     return [name for name in names if load_link(name).kind == kind]
 
 
-@cache
 def load_device(token: str) -> Device:
-    path = DEVICE_DIR / f"{token}.toml"
-    if not path.is_file():
+    """The device ``token`` (built-in or from a user catalog); unknown tokens list the valid ones."""
+    path = catalog_files("devices").get(token)
+    if path is None:
         raise UnknownNameError(f"unknown device {token!r}; valid: {', '.join(device_names())}")
+    return _load_device(token, path)
+
+
+def load_link(token: str) -> Link:
+    """The link or network ``token`` (built-in or from a user catalog); unknown tokens list the valid ones."""
+    path = catalog_files("links").get(token)
+    if path is None:
+        raise UnknownNameError(f"unknown link or network {token!r}; valid: {', '.join(link_names())}")
+    return _load_link(token, path)
+
+
+@cache
+def _load_device(token: str, path: Path) -> Device:
     return parse_device(token, _read(path), path)
 
 
 @cache
-def load_link(token: str) -> Link:
-    path = LINK_DIR / f"{token}.toml"
-    if not path.is_file():
-        raise UnknownNameError(f"unknown link or network {token!r}; valid: {', '.join(link_names())}")
+def _load_link(token: str, path: Path) -> Link:
     return parse_link(token, _read(path), path)
 
 

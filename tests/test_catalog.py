@@ -12,16 +12,20 @@ import pytest
 
 from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.hardware_models.catalog import (
+    CATALOG_ENVIRONMENT_VARIABLE,
     DEVICE_KINDS,
     LINK_KINDS,
-    PRECISIONS,
+    PEAK_PRECISIONS,
     CatalogError,
+    catalog_directories,
     device_names,
+    forget_catalog_directories,
     link_names,
     load_device,
     load_device_file,
     load_link,
     load_link_file,
+    register_catalog_directory,
 )
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hardware.md"
@@ -30,18 +34,23 @@ REQUIRED_DEVICES = [
     "knl_7250", "knl_7230", "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h",
     "k20x", "k40", "k80", "m40", "titanx_pascal", "p40", "p100_pcie", "p100_sxm2",
     "v100_pcie", "v100_sxm2", "v100_sxm3", "v100_sxm3_h", "v100s_pcie", "a100_sxm4", "h100_sxm5",
+    # large-model era (issue 14)
+    "a100_sxm4_80gb", "h100_pcie", "h200_sxm", "b200", "gb200", "gb300", "mi300x", "gaudi2", "tpu_v4", "tpu_v5p",
 ]  # fmt: skip
 REQUIRED_INTRA_NODE = [
     "pcie3_x16", "pcie4_x16", "nvlink1", "nvlink2", "nvlink3", "nvswitch", "nvswitch2", "upi",
+    "pcie5_x16", "nvlink4", "nvlink5", "nvswitch3", "nvswitch4", "nvl72", "infinity_fabric_mi300x", "gaudi2_roce",
+    "tpu_v4_ici", "tpu_v5p_ici",
 ]  # fmt: skip
 REQUIRED_NETWORKS = [
-    "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr",
-    "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g",
+    "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr", "ib_xdr",
+    "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g", "roce_200g", "roce_400g",
 ]  # fmt: skip
 
 DEVICE_QUANTITIES = {"memory_bandwidth", "memory_capacity", "on_chip_memory", "compute_efficiency",
                      "memory_efficiency"}  # fmt: skip
 LINK_QUANTITIES = {"bandwidth", "latency", "per_message_overhead", "efficiency"}
+SYSTEM_KEYS = ("devices_per_node", "intra_node_link", "network", "nics_per_node")
 
 
 # --- every shipped datasheet ---------------------------------------------------------------------
@@ -63,10 +72,11 @@ def test_device_loads_with_a_source_for_every_number(token: str) -> None:
     assert device.token == token
     assert device.description.strip()
     assert device.kind in DEVICE_KINDS
-    assert set(device.sources) == DEVICE_QUANTITIES | set(device.peak_flops) | set(device.layer_efficiency)
+    system = {f"system.{key}" for key in SYSTEM_KEYS} if device.system else set()
+    assert set(device.sources) == DEVICE_QUANTITIES | set(device.peak_flops) | set(device.layer_efficiency) | system
     for key, source in device.sources.items():
         assert len(source.strip()) > 20, f"{token}: source of {key!r} does not name a document"
-    assert set(device.peak_flops) <= set(PRECISIONS)
+    assert set(device.peak_flops) <= set(PEAK_PRECISIONS)
     for precision, peak in device.peak_flops.items():
         assert peak >= device.peak_flops["fp32"], f"{token}: {precision} peak below fp32"
     assert device.memory_capacity_bytes > device.on_chip_memory_bytes
@@ -79,6 +89,7 @@ def test_link_loads_with_a_source_for_every_number(token: str) -> None:
     assert link.description.strip()
     assert link.kind in LINK_KINDS
     expected = LINK_QUANTITIES | ({"links_per_device"} if link.links_per_device > 1 else set())
+    expected |= ({"domain_size"} if link.domain_size else set()) | ({"topology"} if link.topology else set())
     assert set(link.sources) >= expected
     for key, source in link.sources.items():
         assert len(source.strip()) > 20, f"{token}: source of {key!r} does not name a document"
@@ -185,9 +196,51 @@ def test_fp16_falls_back_to_fp32_without_a_fast_path() -> None:
     assert p40.peak_flops_for("bf16") == 12e12
 
 
+def test_dense_peaks_of_this_era() -> None:
+    """Datasheets quote sparsity; dense is half: H100 SXM fp8 3958/2 = 1979 TF; B200 fp8 72 PF / 8 GPUs / 2 = 4.5 PF;
+    GB200 bf16 360 PF / 72 / 2 = 2.5 PF; MI300X bf16 2614.9/2 = 1307.4 TF; TPU v5p bf16 459 TF."""
+    assert load_device("h100_sxm5").peak_flops_for("fp8") == 1979e12
+    assert load_device("h200_sxm").peak_flops_for("bf16") == 989e12
+    assert load_device("b200").peak_flops_for("fp8") == 4.5e15
+    assert load_device("gb200").peak_flops_for("bf16") == 2.5e15
+    assert load_device("mi300x").peak_flops_for("bf16") == pytest.approx(1307.4e12)
+    assert load_device("tpu_v5p").peak_flops_for("bf16") == 459e12
+    assert load_device("tpu_v4").memory_capacity_bytes == 32 * 2**30  # GiB, as Google states it
+
+
+def test_precision_fallbacks() -> None:
+    """fp8 on an A100 (no fp8 tensor cores) runs at its 16-bit peak, 312 TF; tf32 on a V100 at fp32, 15.7 TF."""
+    assert load_device("a100_sxm4_80gb").peak_flops_for("fp8") == 312e12
+    assert load_device("a100_sxm4").peak_flops_for("tf32") == 156e12
+    assert load_device("v100_sxm2").peak_flops_for("tf32") == 15.7e12
+    assert load_device("gaudi2").peak_flops_for("fp16") == load_device("gaudi2").peak_flops["fp32"]
+
+
+@pytest.mark.parametrize("token", [name for name in device_names() if load_device(name).system is not None])
+def test_device_system_fits_its_links(token: str) -> None:
+    """A device's usual node: its scale-up link joins at least devices_per_node devices, NICs at most one per device."""
+    system = load_device(token).system
+    assert system is not None
+    link = load_link(system.intra_node_link)
+    assert link.kind == "intra_node" and load_link(system.network).kind == "network"
+    assert link.domain_size >= system.devices_per_node
+    assert 1 <= system.nics_per_node <= system.devices_per_node
+
+
+def test_scale_up_domains_by_hand() -> None:
+    """NVL72: 18 links x 50e9 B/s = 900e9 B/s raw per GPU per direction (1.8 TB/s bidirectional), 72 GPUs;
+    HGX H100: 18 x 25e9 = 450e9 B/s, 8 GPUs; TPU v5p: 6 links x 100e9 = 600e9 B/s (1200 GB/s bidirectional)."""
+    nvl72, hgx, tpu = load_link("nvl72"), load_link("nvswitch3"), load_link("tpu_v5p_ici")
+    assert (nvl72.bandwidth_Bps * nvl72.links_per_device, nvl72.domain_size, nvl72.topology) == (900e9, 72, "switch")
+    assert (hgx.bandwidth_Bps * hgx.links_per_device, hgx.domain_size) == (450e9, 8)
+    assert (tpu.bandwidth_Bps * tpu.links_per_device, tpu.topology) == (600e9, "torus_3d")
+    assert load_link("ib_xdr").bandwidth_Bps == 100e9
+    assert load_link("roce_400g").bandwidth_Bps == 50e9
+
+
 def test_unknown_precision_is_rejected() -> None:
-    with pytest.raises(CatalogError, match=r"'fp8'; valid: fp32, fp16, bf16"):
-        load_device("p40").peak_flops_for("fp8")
+    with pytest.raises(CatalogError, match=r"'fp4'; valid: fp32, tf32, fp16, bf16, fp8"):
+        load_device("p40").peak_flops_for("fp4")
 
 
 # --- the loader rejects broken datasheets ---------------------------------------------------------
@@ -265,11 +318,29 @@ BROKEN_DEVICES: Broken = {
     "missing_source": ({"on_chip_memory": line("on_chip_memory", "4 MB", None)}, "on_chip_memory", "source"),
     "empty_source": ({"on_chip_memory": line("on_chip_memory", "4 MB", " ")}, "on_chip_memory", "source"),
     "unknown_precision": (
-        {"peak_flops": f"peak_flops = {{ {line('fp32', '1 TFLOP/s')}, {line('fp8', '2 TFLOP/s')} }}"},
-        "fp8",
-        "allowed keys: bf16, fp16, fp32",
+        {"peak_flops": f"peak_flops = {{ {line('fp32', '1 TFLOP/s')}, {line('fp4', '2 TFLOP/s')} }}"},
+        "fp4",
+        "allowed keys: bf16, fp16, fp32, fp8, tf32",
     ),
-    "bad_kind": ({"kind": 'kind = "fpga"'}, "kind", "one of gpu, cpu, manycore"),
+    "bad_kind": ({"kind": 'kind = "fpga"'}, "kind", "one of gpu, cpu, manycore, accelerator"),
+    "system_unknown_link": (
+        {"system": "[system]\n" + "\n".join([line("devices_per_node", 8), line("intra_node_link", "nvlink9"),
+                                              line("network", "ib_ndr"), line("nics_per_node", 8)])},
+        "intra_node_link",
+        "is not a intra_node link; valid:",
+    ),
+    "system_network_as_scale_up": (
+        {"system": "[system]\n" + "\n".join([line("devices_per_node", 8), line("intra_node_link", "ib_ndr"),
+                                              line("network", "ib_ndr"), line("nics_per_node", 8)])},
+        "intra_node_link",
+        "is not a intra_node link",
+    ),
+    "system_zero_devices": (
+        {"system": "[system]\n" + "\n".join([line("devices_per_node", 0), line("intra_node_link", "nvswitch3"),
+                                              line("network", "ib_ndr"), line("nics_per_node", 8)])},
+        "devices_per_node",
+        ">= 1",
+    ),
 }
 
 BROKEN_LINKS: Broken = {
@@ -282,6 +353,10 @@ BROKEN_LINKS: Broken = {
     "missing_key": ({"per_message_overhead": None}, "per_message_overhead", "missing"),
     "negative_latency": ({"latency": line("latency", "-1 us")}, "latency", ">= 0"),
     "zero_links": ({"links": line("links_per_device", 0)}, "links_per_device", ">= 1"),
+    "domain_on_a_network": ({"domain": line("domain_size", 8)}, "domain_size", "only for kind 'intra_node'"),
+    "zero_domain": ({"kind": 'kind = "intra_node"', "domain": line("domain_size", 0)}, "domain_size", ">= 1"),
+    "bad_topology": ({"kind": 'kind = "intra_node"', "topology": line("topology", "ring")}, "topology",
+                     "one of switch, full_mesh, torus_3d, point_to_point"),
 }
 
 
@@ -329,7 +404,66 @@ def test_unknown_device_lists_valid_tokens() -> None:
 
 def test_unknown_link_lists_valid_tokens() -> None:
     with pytest.raises(UnknownNameError) as raised:
-        load_link("ib_xdr")
+        load_link("ib_gdr")
     message = str(raised.value)
-    assert "'ib_xdr'" in message
+    assert "'ib_gdr'" in message
     assert all(token in message for token in REQUIRED_INTRA_NODE + REQUIRED_NETWORKS)
+
+
+# --- user catalog directories ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def clean_search_path(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.delenv(CATALOG_ENVIRONMENT_VARIABLE, raising=False)
+    forget_catalog_directories()
+    yield
+    forget_catalog_directories()
+
+
+def user_catalog(root: Path, device: str = "my_gpu", link: str = "my_fabric") -> Path:
+    (root / "devices").mkdir(parents=True)
+    (root / "links").mkdir()
+    write(root / "devices", device, DEVICE_LINES, {})
+    write(root / "links", link, LINK_LINES, {})
+    return root
+
+
+def test_environment_variable_adds_user_tokens(tmp_path: Path, monkeypatch, clean_search_path) -> None:
+    first, second = user_catalog(tmp_path / "a"), user_catalog(tmp_path / "b", "other_gpu", "other_fabric")
+    monkeypatch.setenv(CATALOG_ENVIRONMENT_VARIABLE, f"{first}:{second}")
+    assert catalog_directories() == (first.resolve(), second.resolve())
+    assert {"my_gpu", "other_gpu", "a100_sxm4"} <= set(device_names())
+    assert load_device("my_gpu").peak_flops_for("fp32") == 10e12
+    assert load_link("other_fabric").port_bandwidth_Bps == pytest.approx(11.25e9)
+    assert "my_fabric" in link_names("network")
+
+
+def test_registered_directory_is_searched_and_validated(tmp_path: Path, clean_search_path) -> None:
+    root = user_catalog(tmp_path / "mine")
+    write(root / "devices", "broken_gpu", DEVICE_LINES, {"compute_efficiency": line("compute_efficiency", 2)})
+    register_catalog_directory(root)
+    assert load_device("my_gpu").token == "my_gpu"
+    with pytest.raises(CatalogError, match=r"broken_gpu\.toml: key 'compute_efficiency': must be a number in \(0, 1\]"):
+        load_device("broken_gpu")
+    forget_catalog_directories()
+    with pytest.raises(UnknownNameError, match="unknown device 'my_gpu'"):
+        load_device("my_gpu")
+
+
+def test_user_catalog_may_not_redefine_a_built_in(tmp_path: Path, clean_search_path) -> None:
+    root = user_catalog(tmp_path / "mine", device="a100_sxm4")
+    register_catalog_directory(root)
+    with pytest.raises(CatalogError, match=r"token 'a100_sxm4' is already defined by .*a100_sxm4\.toml"):
+        device_names()
+
+
+def test_bad_catalog_directories_are_named(tmp_path: Path, monkeypatch, clean_search_path) -> None:
+    with pytest.raises(CatalogError, match=r"--catalog: catalog directory '.*nowhere' does not exist"):
+        register_catalog_directory(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CatalogError, match=r"holds none of devices/, links/, transformers/"):
+        register_catalog_directory(tmp_path / "empty")
+    monkeypatch.setenv(CATALOG_ENVIRONMENT_VARIABLE, str(tmp_path / "gone"))
+    with pytest.raises(CatalogError, match=r"environment variable DDLSIM_CATALOG: catalog directory"):
+        device_names()

@@ -79,7 +79,7 @@ def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
         (["--algorithm", "easgd", "--executor", "analytic"], "algorithm 'easgd' has no closed form"),
         (["--algorithm", "async_sgd", "--servers", "3"], "3 servers but only 1 node(s)"),
         (["--updates", "0"], "updates must be a positive integer"),
-        (["--network", "ib_xdr"], "unknown link or network 'ib_xdr'; valid: "),
+        (["--network", "ib_gdr"], "unknown link or network 'ib_gdr'; valid: "),
         (["--per-device-batch", "0"], "per-device-batch must be a positive integer"),
         (["--nodes", "0,1"], "counts must be positive"),
         (["--nodes", "1,2,banana"], "cannot parse '1,2,banana'"),

@@ -1,4 +1,9 @@
-"""``ddlsim list devices|networks|links|workloads|algorithms``: what the catalog and registries hold."""
+"""``ddlsim list devices|networks|links|workloads|algorithms``: what the catalog and registries hold.
+
+Workloads are the CNN layer tables (kind ``table``) and the transformer catalog (kind
+``decoder``, ``encoder``, ``encoder_decoder``, with ``_moe`` for a mixture of experts), both with
+user catalog directories' entries (``DDLSIM_CATALOG``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,12 @@ import sys
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import device_names, link_names, load_device, load_link
 from ddlsim.simulator.workloads import load_workload, workload_names
+from ddlsim.simulator.workloads.transformer import load_transformer, transformer_names
+from ddlsim.simulator.workloads.transformer_costs import (
+    model_flops_per_token,
+    parameter_count,
+    transformer_blocks,
+)
 
 KINDS = ("devices", "networks", "links", "workloads", "algorithms", "training-algorithms")
 
@@ -24,25 +35,36 @@ def run(args: argparse.Namespace) -> int:
     if args.kind == "devices":
         for name in device_names():
             device = load_device(name)
+            peaks = "  ".join(
+                f"{device.peak_flops[p] / 1e12:7.1f}" if p in device.peak_flops else f"{'-':>7s}"
+                for p in ("fp32", "bf16", "fp8")
+            )
             print(
-                f"{name:14s} {device.peak_flops['fp32'] / 1e12:7.2f} TFLOP/s fp32  "
+                f"{name:16s} {peaks} TFLOP/s fp32/bf16/fp8  "
                 f"{device.memory_capacity_bytes / 1e9:6.1f} GB  {device.description}"
             )
     elif args.kind in ("networks", "links"):
         kind = "network" if args.kind == "networks" else None
         for name in link_names(kind):
             link = load_link(name)
+            domain = f"domain {link.domain_size:5d}" if link.domain_size else " " * 12
             print(
-                f"{name:12s} {link.kind:10s} {link.port_bandwidth_Bps / 1e9:7.2f} GB/s per port  "
-                f"{link.latency_s * 1e6:6.2f} us  {link.description}"
+                f"{name:22s} {link.kind:10s} {link.port_bandwidth_Bps / 1e9:7.2f} GB/s per port  "
+                f"{link.latency_s * 1e6:6.2f} us  {domain}  {link.description}"
             )
     elif args.kind == "workloads":
+        rows = []
         for name in workload_names():
             workload = load_workload(name)
-            print(
-                f"{name:16s} {workload.parameter_count / 1e6:8.2f} M params  "
-                f"{workload.forward_flops / 1e9:8.2f} GFLOP fwd/sample  {len(workload.layers):4d} layers"
-            )
+            detail = f"{workload.forward_flops / 1e9:.2f} GFLOP fwd/sample, {len(workload.layers)} layers"
+            rows.append((name, "table", workload.parameter_count, detail))
+        for name in transformer_names():
+            config = load_transformer(name)
+            blocks = transformer_blocks(config)
+            detail = f"seq {config.seq_len}, {model_flops_per_token(blocks) / 1e9:.1f} GFLOP/token (model, fwd+bwd)"
+            rows.append((name, config.kind, parameter_count(blocks), detail))
+        for name, kind, parameters, detail in sorted(rows):
+            print(f"{name:18s} {kind:16s} {_count(parameters):>9s} params  {detail}")
     elif args.kind == "training-algorithms":
         from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
@@ -56,3 +78,10 @@ def run(args: argparse.Namespace) -> int:
             algorithm = COLLECTIVE_ALGORITHMS.get(name)
             print(f"{name:20s} {', '.join(algorithm.collectives)}")
     return 0
+
+
+def _count(parameters: int) -> str:
+    """124439808 -> '124.4 M', 70553706496 -> '70.55 B'."""
+    if parameters >= 1e9:
+        return f"{parameters / 1e9:.2f} B"
+    return f"{parameters / 1e6:.1f} M"

@@ -1,0 +1,427 @@
+"""The published large-model training runs (``llm_dev.csv``), read row by row and mapped onto ddlsim.
+
+``load_llm_runs`` reads the file as it is (its columns exactly) into ``LlmRun`` records; a
+malformed row is one error line naming the file, the row id and the column. ``map_run`` maps
+one row onto a catalog transformer, a device, links and a ``ParallelLayout`` (a ``MappedRun``),
+or says in one sentence why it cannot (an ``Unmapped``). Every value the source leaves open and
+this mapping fills in is listed in ``MappedRun.assumptions``.
+
+Why here (``simulator/workloads``): a row is a workload under a layout; mapping it needs the
+transformer catalog and the layout rules beside it, and the calibration and validation commands
+(``simulator/calibration``) read the mapped records without knowing the sources' conventions.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.memory import MemorySettings, settings_for, stage_memory
+from ddlsim.simulator.workloads.flops_formulas import model_flops_utilization, narayanan_flops_per_iteration
+from ddlsim.simulator.workloads.parallel_layout import LayoutError, ParallelLayout, check_layout
+from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
+from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
+
+DATA_FILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / "llm_dev.csv"
+
+COLUMNS = (
+    "id", "source", "model", "params_b", "layers", "hidden", "heads", "seq_len", "global_batch", "micro_batch",
+    "gpus", "gpu_type", "interconnect", "tp", "pp", "dp", "cp_or_sp", "ep", "zero_stage", "recompute", "precision",
+    "metric", "value", "notes",
+)  # fmt: skip
+METRICS = ("tflops_per_gpu", "mfu", "iteration_s", "time_to_train_min")
+_INTEGERS = ("layers", "hidden", "heads", "seq_len", "global_batch", "micro_batch", "gpus", "tp", "pp", "dp", "ep")
+
+
+class LlmRunsError(ValueError):
+    """A malformed row; the message names the file, the row id and the column."""
+
+
+@dataclass(frozen=True)
+class LlmRun:
+    """One row of llm_dev.csv as published: integers parsed, open fields None or ''."""
+
+    id: str
+    source: str
+    model: str
+    params_b: float | None
+    layers: int | None
+    hidden: int | None
+    heads: int | None
+    seq_len: int | None
+    global_batch: int | None
+    micro_batch: int | None
+    gpus: int | None
+    gpu_type: str
+    interconnect: str
+    tp: int | None
+    pp: int | None
+    dp: int | None
+    cp_or_sp: str
+    ep: int | None
+    zero_stage: str
+    recompute: str
+    precision: str
+    metric: str
+    value: float
+    notes: str
+    line: int
+
+    @property
+    def source_family(self) -> str:
+        """``narayanan``, ``korthikanti``, ``zero``, ``nemo`` or ``megatron_readme``: the unit left out together."""
+        for prefix, family in (("Narayanan", "narayanan"), ("Korthikanti", "korthikanti"), ("ZeRO", "zero"),
+                               ("NVIDIA NeMo", "nemo"), ("Megatron-LM README", "megatron_readme")):  # fmt: skip
+            if self.source.startswith(prefix):
+                return family
+        return "other"
+
+
+def load_llm_runs(path: Path | str = DATA_FILE) -> list[LlmRun]:
+    """Read ``path`` (the llm_dev.csv columns exactly) into records, in file order."""
+    path = Path(path)
+    with path.open(newline="", encoding="utf-8") as handle:
+        reader = csv.DictReader(handle)
+        if tuple(reader.fieldnames or ()) != COLUMNS:
+            raise LlmRunsError(f"{path}: the header must be exactly {','.join(COLUMNS)}")
+        runs: list[LlmRun] = []
+        seen: set[str] = set()
+        for row in reader:
+            line = reader.line_num
+            row_id = row["id"].strip()
+            if not row_id or row_id in seen:
+                raise LlmRunsError(f"{path}: line {line}, column 'id': empty or repeated id {row_id!r}")
+            seen.add(row_id)
+
+            def fail(column: str, message: str, row_id: str = row_id, line: int = line) -> LlmRunsError:
+                return LlmRunsError(f"{path}: row {row_id!r} (line {line}), column {column!r}: {message}")
+
+            values: dict[str, object] = {}
+            for column in _INTEGERS:
+                text = row[column].strip()
+                if text and not re.fullmatch(r"[1-9][0-9]*", text):
+                    raise fail(column, f"must be a whole number >= 1 or empty, got {text!r}")
+                values[column] = int(text) if text else None
+            for column in ("params_b", "value"):
+                text = row[column].strip()
+                try:
+                    number = float(text) if text else None
+                except ValueError:
+                    raise fail(column, f"must be a number, got {text!r}") from None
+                if number is not None and not number > 0:
+                    raise fail(column, f"must be > 0, got {text!r}")
+                values[column] = number
+            if values["value"] is None:
+                raise fail("value", "must not be empty")
+            if row["metric"] not in METRICS:
+                raise fail("metric", f"must be one of {', '.join(METRICS)}, got {row['metric']!r}")
+            text_columns = ("id", "source", "model", "gpu_type", "interconnect", "cp_or_sp", "zero_stage",
+                            "recompute", "precision", "metric", "notes")  # fmt: skip
+            values.update({column: row[column].strip() for column in text_columns})
+            runs.append(LlmRun(line=line, **values))  # type: ignore[arg-type]
+    return runs
+
+
+# --- mapping onto the catalog ---------------------------------------------------------------------
+
+# Published model names -> catalog tokens (and the row-level changes the source states).
+_MODELS = {
+    "GPT (Megatron) 22B": "megatron_22b",
+    "GPT-3": "gpt3_175b",
+    "MT-NLG 530B": "megatron_530b",
+    "GPT (Megatron) 1T": "megatron_1t",
+    "GPT3-5B": "nemo_gpt3_5b",
+    "GPT3-20B": "nemo_gpt3_20b",
+    "Llama 2 7B": "llama2_7b",
+    "Llama 2 13B": "llama2_13b",
+    "Llama 2 70B": "llama2_70b",
+    "Llama 2 70B SFT": "llama2_70b",
+    "Llama 3 8B": "llama3_8b",
+    "Llama 3 70B": "llama3_70b",
+    "Nemotron-8B": "nemotron_8b",
+    "Nemotron-22B": "nemotron_22b",
+    "GPT-3 175B (vocab 131072)": "gpt3_175b",
+}
+_UNMODELLED = {
+    "Llama 2 70B LoRA": "LoRA fine-tuning (frozen base weights, adapters only) is not modelled",
+    "GPT-like 100B+": "the architecture is not in the row (layers, hidden and heads are empty)",
+}
+_DEVICES = {"A100-80GB": "a100_sxm4_80gb", "H100-80GB SXM (DGX H100)": "h100_sxm5", "H100-80GB": "h100_sxm5",
+            "V100-32GB (DGX-2)": "v100_sxm3"}  # fmt: skip
+# interconnect text -> (intra-node link, network or None, NICs per node, assumption or '')
+_INTERCONNECTS = {
+    "NVLink3/NVSwitch 600GB/s; 8x HDR IB 200Gb/s per node (Selene)": ("nvswitch2", "ib_hdr", 8, ""),
+    "NVLink3/NVSwitch; 8x HDR IB (Selene)": ("nvswitch2", "ib_hdr", 8, ""),
+    "NVLink3/NVSwitch; HDR IB (Selene)": ("nvswitch2", "ib_hdr", 8, "8 HDR NICs per node, as Selene's DGX A100"),
+    "NVLink4/NVSwitch; IB NDR400": ("nvswitch3", "ib_ndr", 8, "8 NDR NICs per node, as the DGX H100"),
+    "NVLink4/NVSwitch; IB": ("nvswitch3", "ib_ndr", 8, "NDR InfiniBand with 8 NICs per node, as the DGX H100"),
+    "NVLink4/NVSwitch": ("nvswitch3", None, 8, ""),
+    "NVLink4; IB (NVIDIA Eos-class)": ("nvswitch3", "ib_ndr", 8, "DGX H100 nodes (NVSwitch, 8 NDR NICs), as Eos"),
+    "NVSwitch intra (16 GPU/node); 800 Gbps IB inter": ("nvswitch", "ib_edr", 8, "800 Gb/s = 8 EDR NICs per DGX-2"),
+}
+_PRECISIONS = {"fp16 mixed": "fp16", "fp8": "fp8", "bf16 (FP8 not stated)": "bf16"}
+
+
+@dataclass(frozen=True)
+class MappedRun:
+    """A row in ddlsim's terms. ``flops_per_iteration`` counts as the source counts (None if it does not say)."""
+
+    run: LlmRun
+    model: TransformerConfig
+    device: str
+    intra_node_link: str
+    network: str | None
+    nics_per_node: int
+    layout: ParallelLayout | None  # None when the row gives no complete layout
+    memory_settings: MemorySettings
+    assumptions: tuple[str, ...]
+    layout_missing: str = ""  # why ``layout`` is None
+
+    @property
+    def memory_unchecked(self) -> str:
+        """Why this row's memory cannot be checked ('' when it can)."""
+        if self.layout is None:
+            return self.layout_missing
+        if not self.run.zero_stage and not self.run.recompute:
+            return "the source states neither the optimizer sharding nor the recomputation (fine-tuning table)"
+        return ""
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float | None:
+        """The NeMo rows' published tokens/s per GPU, from the notes."""
+        match = re.search(r"([0-9][0-9.]*) tokens/s/GPU", self.run.notes)
+        return float(match.group(1)) if match else None
+
+    def flops_per_iteration(self) -> float | None:
+        """FLOPs of one iteration as the source counts them, or None where its convention is not known.
+
+        Narayanan et al. SC21 count hardware FLOPs with full recomputation (their eq. 3);
+        Korthikanti et al. and NeMo count model FLOPs (no recomputation). The exact per-part
+        counts equal the GPT formulas, so the exact counts serve for both.
+        """
+        family, run, model = self.run.source_family, self.run, self.model
+        if run.global_batch is None or family not in ("narayanan", "korthikanti", "nemo"):
+            return None
+        if family == "narayanan":
+            return narayanan_flops_per_iteration(run.global_batch, model.seq_len, model.layers, model.hidden,
+                                                 model.vocabulary, recompute=True)  # fmt: skip
+        return model_flops_per_sample(transformer_blocks(model)) * run.global_batch
+
+
+@dataclass(frozen=True)
+class Unmapped:
+    run: LlmRun
+    reason: str
+
+
+def _megatron_by_dimensions(run: LlmRun) -> str | None:
+    for name in transformer_names():
+        if name.startswith("megatron_"):
+            config = load_transformer(name)
+            if (config.layers, config.hidden, config.heads) == (run.layers, run.hidden, run.heads):
+                return name
+    return None
+
+
+def map_run(run: LlmRun) -> MappedRun | Unmapped:
+    """Map one row, or say why it cannot be mapped."""
+    if run.model in _UNMODELLED:
+        return Unmapped(run, _UNMODELLED[run.model])
+    token = _megatron_by_dimensions(run) if run.model == "GPT (Megatron)" else _MODELS.get(run.model)
+    if token is None:
+        return Unmapped(run, f"model {run.model!r} (layers {run.layers}, hidden {run.hidden}) is not in the catalog")
+    if run.gpu_type not in _DEVICES:
+        return Unmapped(run, f"gpu_type {run.gpu_type!r} has no device token")
+    if run.interconnect not in _INTERCONNECTS:
+        return Unmapped(run, f"interconnect {run.interconnect!r} has no link tokens")
+    assumptions: list[str] = []
+    model = load_transformer(token)
+    changes: dict[str, Any] = {}
+    if run.seq_len is not None and run.seq_len != model.seq_len:
+        changes["seq_len"] = run.seq_len
+    vocabulary = re.search(r"vocab (\d+)", run.model)
+    if vocabulary:
+        changes["vocabulary"] = int(vocabulary.group(1))
+    if run.source_family == "korthikanti" and token == "gpt3_175b":
+        changes["vocabulary"] = 51200
+        assumptions.append("vocabulary 51200 (Megatron's padded GPT-2 vocabulary, as in Korthikanti et al.'s MFU)")
+    if "max_positions" not in changes and changes.get("seq_len", 0) > model.max_positions > 0:
+        changes["max_positions"] = changes["seq_len"]
+    model = dataclasses.replace(model, **changes) if changes else model
+    for column in ("layers", "hidden", "heads"):
+        published = getattr(run, column)
+        if published is not None and published != getattr(model, column):
+            return Unmapped(run, f"{column} {published} differs from catalog entry {token} ({getattr(model, column)})")
+    if run.layers is None:
+        assumptions.append(f"architecture from the catalog entry {token} (the row leaves it open)")
+    intra, network, nics, note = _INTERCONNECTS[run.interconnect]
+    if note:
+        assumptions.append(note)
+    layout, missing, settings = _layout(run, model, assumptions)
+    return MappedRun(run, model, _DEVICES[run.gpu_type], intra, network, nics, layout, settings,
+                     tuple(assumptions), missing)  # fmt: skip
+
+
+def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
+    """The row's ParallelLayout (or None and why), and the memory settings of its software stack."""
+    family = run.source_family
+    precision = _PRECISIONS.get(run.precision, "bf16")
+    if family == "nemo":
+        # NeMo-Framework-Launcher performance configs: distributed_fused_adam with bf16 gradient sync
+        # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp.
+        settings = settings_for(precision, gradient_bytes=2.0, master_weight_bytes=2.0)
+        assumptions.append("optimizer: NeMo distributed_fused_adam, bf16 gradients and master remainders "
+                           "(NeMo-Framework-Launcher configs)")
+    else:
+        settings = settings_for(precision)
+    if run.tp is None or run.pp is None or run.dp is None:
+        return None, "tp, pp or dp is not in the row", settings
+    cp, sequence_parallel = 1, False
+    if run.cp_or_sp.startswith("cp="):
+        cp = int(run.cp_or_sp[3:])
+    elif run.cp_or_sp.startswith("sp="):
+        sequence_parallel = True
+    if family == "nemo" and run.tp > 1 and not sequence_parallel:
+        sequence_parallel = True
+        assumptions.append("sequence parallelism on with TP > 1 (NeMo performance configs)")
+    zero = {"0": 0, "2": 2, "": 0}.get(run.zero_stage, 1 if run.zero_stage.startswith("dist-opt") else 0)
+    if family == "nemo" and run.zero_stage == "":
+        zero = 1
+        assumptions.append("distributed optimizer (ZeRO-1), NeMo's default (the fine-tuning table leaves it open)")
+    recompute = run.recompute or "none"
+    if not run.recompute:
+        assumptions.append("no activation recomputation (the source leaves it open)")
+    micro = run.micro_batch
+    if micro is None:
+        micro = 1
+        assumptions.append("micro-batch 1 (not in the source's table)")
+    virtual = 1
+    match = re.search(r"VP=(\d+)", run.notes)
+    if match:
+        virtual = int(match.group(1))
+    elif "Calculon config uses 3 chunks" in run.notes:
+        virtual = 3
+        assumptions.append("3 interleaved chunks per stage (Calculon's configuration of this run)")
+    elif run.pp > 1 and "interleaved" in run.notes:
+        assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
+    flash = family in ("nemo", "megatron_readme")
+    assumptions.append("FlashAttention" if flash else "no FlashAttention (it postdates the source)")
+    layout = ParallelLayout(
+        tp=run.tp, pp=run.pp, dp=run.dp, cp=cp, ep=run.ep or 1, micro_batch=micro, global_batch=run.global_batch,
+        virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
+        flash_attention=flash, precision=precision,
+    )  # fmt: skip
+    try:
+        check_layout(layout, model, run.gpus)
+    except LayoutError as error:
+        return None, f"the published layout breaks a rule: {error}", settings
+    return layout, "", settings
+
+
+def mapped_runs(path: Path | str = DATA_FILE) -> tuple[list[MappedRun], list[Unmapped]]:
+    """All rows of ``path``: those mapped, and those that cannot be, each with its reason."""
+    mapped: list[MappedRun] = []
+    unmapped: list[Unmapped] = []
+    for run in load_llm_runs(path):
+        result = map_run(run)
+        (mapped if isinstance(result, MappedRun) else unmapped).append(result)  # type: ignore[arg-type]
+    return mapped, unmapped
+
+
+# --- the checks of the FLOPs and memory models against the rows ----------------------------------
+
+
+@dataclass(frozen=True)
+class FlopsCheck:
+    """Our FLOPs against a row's own: ``published`` and ``modelled`` in the row's unit; ``what`` names it."""
+
+    run_id: str
+    what: str
+    published: float
+    modelled: float
+
+    @property
+    def relative_error(self) -> float:
+        return self.modelled / self.published - 1.0
+
+
+def flops_checks(mapped: list[MappedRun]) -> tuple[list[FlopsCheck], list[tuple[str, str]]]:
+    """Rows where both our FLOPs and the source's can be compared, and the others with the reason.
+
+    - NeMo rows: model FLOPs per token (ours) against TFLOP/s per GPU / tokens/s per GPU (theirs).
+    - Korthikanti et al. rows with an MFU in the notes: ours per iteration / (time x GPUs x peak).
+    - Narayanan et al. rows: the parameter count (billions) against table 1.
+    """
+    checks: list[FlopsCheck] = []
+    skipped: list[tuple[str, str]] = []
+    for row in mapped:
+        run, family = row.run, row.run.source_family
+        if family == "nemo" and run.metric == "tflops_per_gpu" and row.tokens_per_s_per_gpu:
+            if "SFT" in run.model:
+                skipped.append((run.id, "packed fine-tuning sequences: the source counts attention per packed sample"))
+                continue
+            blocks = transformer_blocks(row.model)
+            ours = model_flops_per_sample(blocks) / row.model.seq_len
+            published = run.value * 1e12 / row.tokens_per_s_per_gpu
+            checks.append(FlopsCheck(run.id, "model FLOPs per token", published, ours))
+        elif family == "korthikanti" and run.metric == "iteration_s" and "MFU" in run.notes:
+            mfu = float(re.search(r"MFU ([0-9.]+)%", run.notes).group(1)) / 100.0  # type: ignore[union-attr]
+            flops = row.flops_per_iteration()
+            peak = load_device(row.device).peak_flops_for(row.layout.precision if row.layout else "bf16")
+            assert flops is not None and run.gpus is not None
+            checks.append(FlopsCheck(run.id, "MFU", mfu, model_flops_utilization(flops, run.value, run.gpus, peak)))
+        elif family == "narayanan" and run.params_b is not None:
+            parameters = sum(block.parameters for block in transformer_blocks(row.model)) / 1e9
+            checks.append(FlopsCheck(run.id, "parameters (billions)", run.params_b, parameters))
+        else:
+            skipped.append((run.id, "the row gives no second FLOPs figure to compare with"))
+    return checks, skipped
+
+
+@dataclass(frozen=True)
+class MemoryCheck:
+    """The fullest pipeline rank of a row: its bytes before the allowances and the device's capacity."""
+
+    run_id: str
+    stage: int
+    before_allowances_bytes: float
+    capacity_bytes: float
+    total_bytes: float  # with the default allowances
+
+    @property
+    def fits(self) -> bool:
+        return self.total_bytes <= self.capacity_bytes
+
+
+def memory_checks(
+    mapped: list[MappedRun], settings_changes: dict | None = None
+) -> tuple[list[MemoryCheck], list[tuple[str, str]]]:
+    """Every row whose memory can be checked, at the fullest rank; the others with the reason."""
+    checks: list[MemoryCheck] = []
+    skipped: list[tuple[str, str]] = []
+    for row in mapped:
+        if row.memory_unchecked or row.layout is None:
+            skipped.append((row.run.id, row.memory_unchecked))
+            continue
+        settings = dataclasses.replace(row.memory_settings, **(settings_changes or {}))
+        bare = dataclasses.replace(settings, fragmentation=0.0, runtime_reserve_bytes=0.0)
+        stages = stage_memory(row.model, row.layout, bare)
+        full = stage_memory(row.model, row.layout, settings)
+        worst = max(range(len(stages)), key=lambda i: full[i].total)
+        capacity = load_device(row.device).memory_capacity_bytes
+        checks.append(MemoryCheck(row.run.id, worst, stages[worst].total, capacity, full[worst].total))
+    return checks, skipped
+
+
+def largest_fragmentation(checks: list[MemoryCheck], reserve_bytes: float) -> float:
+    """The largest fragmentation fraction that refuses none of the rows, rounded down to 0.01.
+
+    Each row that ran bounds it: before x (1 + f) + reserve <= capacity.
+    """
+    bound = min((check.capacity_bytes - reserve_bytes) / check.before_allowances_bytes - 1.0 for check in checks)
+    return int(bound * 100.0) / 100.0

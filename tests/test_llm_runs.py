@@ -1,0 +1,141 @@
+"""The published large-model runs: read as they are, mapped onto the catalog with every assumption stated, and
+used to check the FLOPs counts and the memory model (no run that really ran is refused)."""
+
+from __future__ import annotations
+
+import csv
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ddlsim.hardware_models.memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
+from ddlsim.simulator.workloads.llm_runs import (
+    COLUMNS,
+    DATA_FILE,
+    LlmRunsError,
+    MappedRun,
+    flops_checks,
+    largest_fragmentation,
+    load_llm_runs,
+    map_run,
+    mapped_runs,
+    memory_checks,
+)
+
+SHARED = Path("/work/shared/data/llm_dev.csv")
+
+
+def test_the_packaged_copy_keeps_the_columns_and_rows() -> None:
+    runs = load_llm_runs()
+    assert len(runs) == 27
+    with DATA_FILE.open(newline="", encoding="utf-8") as handle:
+        assert tuple(csv.DictReader(handle).fieldnames or ()) == COLUMNS
+    assert {run.source_family for run in runs} == {"narayanan", "korthikanti", "zero", "nemo", "megatron_readme"}
+
+
+@pytest.mark.skipif(not SHARED.is_file(), reason="the workspace's shared data set is not on this machine")
+def test_the_packaged_copy_equals_the_shared_data_set() -> None:
+    assert DATA_FILE.read_bytes() == SHARED.read_bytes()
+
+
+def test_every_row_is_mapped_or_says_why() -> None:
+    mapped, unmapped = mapped_runs()
+    assert {item.run.id: item.reason for item in unmapped} == {
+        "LLM-041": "the architecture is not in the row (layers, hidden and heads are empty)",
+        "LLM-065": "LoRA fine-tuning (frozen base weights, adapters only) is not modelled",
+    }
+    assert len(mapped) == 25
+    without_layout = {row.run.id: row.layout_missing for row in mapped if row.layout is None}
+    assert without_layout == {"LLM-067": "tp, pp or dp is not in the row"}
+
+
+def by_id(run_id: str) -> MappedRun:
+    result = map_run(next(run for run in load_llm_runs() if run.id == run_id))
+    assert isinstance(result, MappedRun)
+    return result
+
+
+def test_mapping_of_a_narayanan_row() -> None:
+    """LLM-006: Megatron 76.1B on 1024 A100-80GB of Selene, TP 8, PP 4, DP 32; micro-batch not in table 1."""
+    row = by_id("LLM-006")
+    assert (row.model.name, row.device, row.intra_node_link, row.network, row.nics_per_node) == (
+        "megatron_76b", "a100_sxm4_80gb", "nvswitch2", "ib_hdr", 8)
+    assert row.layout is not None
+    assert (row.layout.tp, row.layout.pp, row.layout.dp, row.layout.gpus) == (8, 4, 32, 1024)
+    assert (row.layout.recompute, row.layout.precision, row.layout.flash_attention) == ("full", "fp16", False)
+    assert "micro-batch 1 (not in the source's table)" in row.assumptions
+
+
+def test_mapping_of_nemo_rows_reads_the_notes() -> None:
+    """LLM-064: Llama 3 70B, TP 4, PP 4, CP 2, VP=5 in the notes, fp8, distributed optimizer."""
+    row = by_id("LLM-064")
+    assert row.layout is not None
+    assert (row.layout.cp, row.layout.virtual_stages, row.layout.zero_stage, row.layout.precision) == (2, 5, 1, "fp8")
+    assert row.layout.sequence_parallel and row.layout.flash_attention
+    assert row.tokens_per_s_per_gpu == 1524
+    assert by_id("LLM-067").model.vocabulary == 131072 and by_id("LLM-067").model.seq_len == 4096
+
+
+def test_flops_agree_with_every_source_that_gives_a_second_figure() -> None:
+    """NeMo: our model FLOPs per token within 0.5% of TFLOP/s / tokens/s; Korthikanti et al.: MFU within
+    0.2 points of the paper's (56.0%, 56.3%); Narayanan et al.: parameters round to table 1."""
+    mapped, _ = mapped_runs()
+    checks, skipped = flops_checks(mapped)
+    kinds = {check.what for check in checks}
+    assert kinds == {"model FLOPs per token", "MFU", "parameters (billions)"}
+    for check in checks:
+        if check.what == "model FLOPs per token":
+            assert abs(check.relative_error) < 0.005, check
+        elif check.what == "MFU":
+            assert abs(check.modelled - check.published) < 0.002, check
+        else:
+            assert round(check.modelled, 1) == check.published, check
+    assert len(checks) == 17
+    assert dict(skipped)["LLM-066"].startswith("packed fine-tuning sequences")
+
+
+def test_no_run_that_ran_is_refused_for_memory() -> None:
+    mapped, _ = mapped_runs()
+    checks, skipped = memory_checks(mapped)
+    assert len(checks) == 23
+    refused = [check.run_id for check in checks if not check.fits]
+    assert refused == []
+    assert {run_id for run_id, _ in skipped} == {"LLM-066", "LLM-067"}
+
+
+def test_the_fragmentation_allowance_is_the_calibrated_one() -> None:
+    """The default allowance is the largest (to 0.01) that refuses none of the runs; a larger one refuses one."""
+    mapped, _ = mapped_runs()
+    checks, _ = memory_checks(mapped)
+    assert largest_fragmentation(checks, RUNTIME_RESERVE_BYTES) == FRAGMENTATION
+    stricter, _ = memory_checks(mapped, {"fragmentation": FRAGMENTATION + 0.02})
+    assert any(not check.fits for check in stricter)
+
+
+def write_copy(tmp_path: Path, edit) -> Path:
+    path = tmp_path / "llm.csv"
+    shutil.copyfile(DATA_FILE, path)
+    text = path.read_text(encoding="utf-8")
+    path.write_text(edit(text), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda t: t.replace("id,source,model", "id,origin,model", 1), "the header must be exactly id,source,model"),
+        (lambda t: t.replace("LLM-002,", "LLM-001,", 1), "empty or repeated id 'LLM-001'"),
+        (lambda t: t.replace(",tflops_per_gpu,140,", ",petaflops,140,", 1),
+         "row 'LLM-006' (line 7), column 'metric': must be one of tflops_per_gpu, mfu, iteration_s"),
+        (lambda t: t.replace("LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,60,",
+                             "LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,sixty,", 1),
+         "row 'LLM-006' (line 7), column 'layers': must be a whole number >= 1 or empty, got 'sixty'"),
+    ],
+)
+def test_malformed_rows_name_file_row_and_column(tmp_path: Path, edit, message: str) -> None:
+    path = write_copy(tmp_path, edit)
+    with pytest.raises(LlmRunsError) as caught:
+        load_llm_runs(path)
+    assert message in str(caught.value)
+    assert str(path) in str(caught.value)
