@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ddlsim.algorithms.registry import Registry
 from ddlsim.algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
+from ddlsim.registry import Registry
 
 
 class CollectiveAlgorithm(Protocol):

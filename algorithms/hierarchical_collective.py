@@ -28,8 +28,8 @@ import numpy as np
 
 from ddlsim.algorithms.binomial_tree_collective import broadcast_pairs, reduce_pairs
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, CollectiveAlgorithm, check_collective, reject_options
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.registry import UnknownNameError
 
 INTRA = ("reduce", "reduce_scatter")
 

@@ -44,8 +44,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ddlsim.algorithms.registry import Registry
 from ddlsim.algorithms.schedule import COLLECTIVES, ScheduleError
+from ddlsim.registry import Registry
 
 KiB = 1024
 MiB = 1024 * KiB

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 from ddlsim.algorithms.collective import collective_tokens, is_collective_token
 from ddlsim.algorithms.comm import RoleProgram
 from ddlsim.algorithms.gradient_buckets import StepProfile
-from ddlsim.algorithms.registry import Registry
 from ddlsim.algorithms.schedule import ScheduleError
+from ddlsim.registry import Registry
 
 # Message tags, one per kind of message, shared by every algorithm.
 TAG_PUSH = 11  # worker -> server: gradient, weight delta or worker weights (EASGD)

@@ -5,7 +5,7 @@
 Prints, row by row: how each row maps onto ddlsim (or why it cannot), our FLOPs against the
 source's own second figure (NeMo: TFLOP/s / tokens/s; Korthikanti et al.: MFU; Narayanan et al.:
 parameters), the memory of the fullest pipeline rank against the device, and the largest
-fragmentation allowance that refuses none of the runs (the one ``hardware_models/memory.py``
+fragmentation allowance that refuses none of the runs (the one ``simulator/workloads/transformer_memory.py``
 uses). Exits 1 if a run that ran is refused.
 """
 
@@ -18,7 +18,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddlsim.hardware_models.memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 from ddlsim.simulator.workloads.llm_runs import (
     DATA_FILE,
     flops_checks,
@@ -26,6 +25,7 @@ from ddlsim.simulator.workloads.llm_runs import (
     mapped_runs,
     memory_checks,
 )
+from ddlsim.simulator.workloads.transformer_memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ The one import name of the project. Its parts live in the top-level folders of t
     ddlsim.simulator         the executors (event engine, closed form), calibration, the CLI
     ddlsim.real_runs         the same role programs on MPI/gloo ranks with torch
     ddlsim.reports           plots and reports, reading result files only
+    ddlsim.registry          the extension-point registries every part uses (this folder's own module)
 """
 
 from importlib.metadata import PackageNotFoundError, version

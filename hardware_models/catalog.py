@@ -25,8 +25,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.hardware_models.units import UnitError, parse_bandwidth, parse_bytes, parse_flops, parse_seconds
+from ddlsim.registry import UnknownNameError
 
 HERE = Path(__file__).parent
 DEVICE_DIR = HERE / "devices"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddlsim.algorithms.registry import Registry
+from ddlsim.registry import Registry
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ddlsim.algorithms.registry import Registry
+from ddlsim.registry import Registry
 
 
 def _torch():

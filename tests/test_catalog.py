@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.hardware_models.catalog import (
     CATALOG_ENVIRONMENT_VARIABLE,
     DEVICE_KINDS,
@@ -27,6 +26,7 @@ from ddlsim.hardware_models.catalog import (
     load_link_file,
     register_catalog_directory,
 )
+from ddlsim.registry import UnknownNameError
 
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hardware.md"
 

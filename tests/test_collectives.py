@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, helper_ranks
 from ddlsim.algorithms.double_binary_tree_collective import dtree_parents, tree_height
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import FabricCosts, HopCost, Schedule, ScheduleError
 from ddlsim.algorithms.selectors import LIBRARIES, select
 from ddlsim.algorithms.symbolic import check_schedule
+from ddlsim.registry import UnknownNameError
 
 VARIANTS: dict[str, list[dict]] = {
     "chain": [{}, {"chunks": 3}],

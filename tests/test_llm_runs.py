@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.hardware_models.memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 from ddlsim.simulator.workloads.llm_runs import (
     COLUMNS,
     DATA_FILE,
@@ -22,6 +21,7 @@ from ddlsim.simulator.workloads.llm_runs import (
     mapped_runs,
     memory_checks,
 )
+from ddlsim.simulator.workloads.transformer_memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 
 SHARED = Path("/work/shared/data/llm_dev.csv")
 

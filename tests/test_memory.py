@@ -8,10 +8,10 @@ import dataclasses
 import pytest
 
 from ddlsim.hardware_models.catalog import load_device
-from ddlsim.hardware_models.memory import MemorySettings, peak_memory, settings_for, stage_memory
 from ddlsim.simulator.workloads.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer
 from ddlsim.simulator.workloads.transformer_costs import parameter_count, transformer_blocks
+from ddlsim.simulator.workloads.transformer_memory import MemorySettings, peak_memory, settings_for, stage_memory
 
 BARE = MemorySettings(fragmentation=0.0, runtime_reserve_bytes=0.0)
 

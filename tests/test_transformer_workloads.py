@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.workloads.huggingface import read_huggingface_config
 from ddlsim.simulator.workloads.transformer import (
     CATALOG_DIR,

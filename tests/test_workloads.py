@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.workloads import (
     COLUMNS,
     DATA_DIR,

@@ -29,12 +29,12 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.algorithms.training_algorithm import AlgorithmOptions
 from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.hardware_models.units import UnitError
+from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
 from ddlsim.simulator.engine.fabric import FabricError

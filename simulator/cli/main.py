@@ -11,10 +11,10 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.hardware_models.catalog import CatalogError
 from ddlsim.hardware_models.units import UnitError
+from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.cli.common import InputError
 from ddlsim.simulator.engine.fabric import FabricError
 from ddlsim.simulator.scenario import ScenarioError

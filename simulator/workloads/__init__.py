@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from ddlsim.algorithms.registry import UnknownNameError
+from ddlsim.registry import UnknownNameError
 
 DATA_DIR = Path(__file__).parent / "data"
 

@@ -27,8 +27,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from ddlsim.algorithms.registry import UnknownNameError
 from ddlsim.hardware_models.catalog import catalog_files
+from ddlsim.registry import UnknownNameError
 
 CATALOG_DIR = Path(__file__).parent / "transformers"
 
