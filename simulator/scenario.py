@@ -248,8 +248,10 @@ class Scenario:
         if needed > device.memory_capacity_bytes:
             raise ScenarioError(
                 f"does not fit: {self.workload} at per-device batch {self.per_device_batch} ({self.precision}) "
-                f"needs {needed / 1e9:.1f} GB, {self.device} has {device.memory_capacity_bytes / 1e9:.1f} GB; "
-                "lower --per-device-batch"
+                f"needs {needed / 1e9:.1f} GB, {self.device} has {device.memory_capacity_bytes / 1e9:.1f} GB "
+                "(assumed: fp32 weights, gradients and momentum, fp16 copies under mixed precision, every "
+                "layer's activations kept for backward, no recomputation); lower --per-device-batch, or "
+                "--no-memory-check if the run did fit"
             )
 
     def with_nodes(self, nodes: tuple[int, ...]) -> Scenario:

@@ -1,5 +1,6 @@
 """The command line as a user meets it: tables, files, exit codes, one-line errors."""
 
+import json
 import subprocess
 import sys
 
@@ -226,3 +227,66 @@ def test_simulate_takes_library_selectors_as_collective_does(capsys, tmp_path, l
     for a, b in zip(des, closed, strict=True):
         assert a["collective"] == library
         assert float(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-9)
+
+
+def test_a_saved_scenario_reruns_and_flags_change_it(capsys, tmp_path):
+    first = tmp_path / "first"
+    argv = ["simulate", "--algorithm", "easgd", "--tau", "2", "--device", "knl_7250", "--network", "opa_100"]
+    assert run(capsys, *argv, "--nodes", "2,4", "--updates", "6", "--out", str(first))[0] == 0
+    again = tmp_path / "again"
+    assert run(capsys, "simulate", "--scenario", str(first / "scenario.json"), "--out", str(again))[0] == 0
+    assert (again / "results.csv").read_bytes() == (first / "results.csv").read_bytes()
+    changed = tmp_path / "changed"
+    assert run(capsys, "simulate", "--scenario", str(first / "scenario.json"), "--alpha", "0.25", "--nodes", "4",
+               "--out", str(changed))[0] == 0  # fmt: skip
+    saved = json.loads((changed / "scenario.json").read_text())["scenario"]
+    assert saved["options"]["alpha"] == 0.25 and saved["options"]["tau"] == 2 and saved["nodes"] == [4]
+    assert saved["algorithm"] == "easgd" and saved["device"] == "knl_7250"
+
+
+def test_a_scenario_in_toml(capsys, tmp_path):
+    path = tmp_path / "cluster.toml"
+    path.write_text('workload = "alexnet"\ndevice = "knl_7250"\ndevices_per_node = 1\nintra_node = ""\n'
+                    'network = "opa_100"\nnodes = [2]\n[options]\ncollective = "halving_doubling"\n')  # fmt: skip
+    code, out, err = run(capsys, "simulate", "--scenario", str(path))
+    assert code == 0, err
+    assert "halving_doubling all-reduce: alexnet on knl_7250 x 1/node" in out
+
+
+@pytest.mark.parametrize(
+    ("content", "suffix", "message"),
+    [
+        ("{not json", ".json", "not valid JSON"),
+        ("[1, 2]", ".json", "expected a table of scenario fields"),
+        ('{"scenario": {"wrkload": "alexnet"}}', ".json", "unknown scenario key(s) wrkload; valid:"),
+        ("workload = ", ".toml", "not valid TOML"),
+    ],
+)
+def test_a_bad_scenario_file_is_one_line(capsys, tmp_path, content, suffix, message):
+    path = tmp_path / f"bad{suffix}"
+    path.write_text(content)
+    code, _, err = run(capsys, "simulate", "--scenario", str(path), "--out", str(tmp_path / "o"))
+    assert code == 2 and message in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_device_takes_its_systems_node_shape_unless_told_otherwise(capsys, tmp_path):
+    assert run(capsys, "simulate", "--device", "h100_sxm5", "--nodes", "2", "--out", str(tmp_path / "a"))[0] == 0
+    scenario = json.loads((tmp_path / "a" / "scenario.json").read_text())["scenario"]
+    assert (scenario["devices_per_node"], scenario["intra_node"], scenario["network"], scenario["nics_per_node"]) == (
+        8, "nvswitch3", "ib_ndr", 8,
+    )  # fmt: skip
+    argv = ["simulate", "--device", "h100_sxm5", "--devices-per-node", "4", "--network", "ib_hdr", "--nodes", "2"]
+    assert run(capsys, *argv, "--out", str(tmp_path / "b"))[0] == 0
+    scenario = json.loads((tmp_path / "b" / "scenario.json").read_text())["scenario"]
+    assert (scenario["devices_per_node"], scenario["intra_node"], scenario["network"], scenario["nics_per_node"]) == (
+        4, "nvswitch3", "ib_hdr", 1,
+    )  # fmt: skip
+
+
+def test_the_memory_check_can_be_turned_off(capsys):
+    code, _, err = run(capsys, "simulate", "--workload", "vgg16", "--per-device-batch", "4096", "--nodes", "1")
+    assert code == 2 and "does not fit" in err and "--no-memory-check" in err
+    code, out, _ = run(capsys, "simulate", "--workload", "vgg16", "--per-device-batch", "4096", "--nodes", "1",
+                       "--no-memory-check")  # fmt: skip
+    assert code == 0 and "vgg16" in out

@@ -24,6 +24,7 @@ ALLOWED = {
     "simulator.engine": ("simulator.engine", "algorithms", "hardware_models"),
     "simulator.training": (
         "simulator.training",
+        "simulator.records",
         "simulator.scenario",
         "simulator.workloads",
         "simulator.engine",

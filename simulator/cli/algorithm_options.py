@@ -63,12 +63,20 @@ def options_from_args(args: argparse.Namespace, extra_flags: dict[str, set[str]]
 
     ``extra_flags``: a command's own algorithm-specific flags, {dest: algorithms that read it}.
     """
-    if args.algorithm not in TRAINING_ALGORITHMS and args.algorithm in COLLECTIVE_ALGORITHMS:
+    return make_options(args.algorithm, options_values(args, args.algorithm, extra_flags))
+
+
+def options_values(
+    args: argparse.Namespace, name: str, extra_flags: dict[str, set[str]] | None = None
+) -> dict[str, Any]:
+    """The ``AlgorithmOptions`` fields the user gave as flags for algorithm ``name`` (checked as
+    ``options_from_args`` says)."""
+    if name not in TRAINING_ALGORITHMS and name in COLLECTIVE_ALGORITHMS:
         raise InputError(
-            f"{args.algorithm!r} is a collective algorithm, not a training algorithm: use --collective "
-            f"{args.algorithm} (with --algorithm sync_sgd, the default)"
+            f"{name!r} is a collective algorithm, not a training algorithm: use --collective "
+            f"{name} (with --algorithm sync_sgd, the default)"
         )
-    algorithm = TRAINING_ALGORITHMS.get(args.algorithm)
+    algorithm = TRAINING_ALGORITHMS.get(name)
     extra = extra_flags or {}
     given = [dest for dest in OPTION_FLAGS if getattr(args, dest) is not None]
     unused = [dest for dest in given if OPTION_FLAGS[dest] not in algorithm.options]
@@ -90,4 +98,4 @@ def options_from_args(args: argparse.Namespace, extra_flags: dict[str, set[str]]
         elif dest == "no_overlap":
             value = not value
         values[OPTION_FLAGS[dest]] = value
-    return make_options(args.algorithm, values)
+    return values

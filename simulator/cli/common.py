@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import copy
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -55,6 +57,21 @@ class Progress:
         if done == total:
             sys.stderr.write("\n")
         sys.stderr.flush()
+
+
+def given_flags(args: argparse.Namespace) -> set[str]:
+    """The destinations of the options the user typed (not those left at their defaults), found by
+    parsing the command line again with every default suppressed."""
+    parser = getattr(args, "command_parser", None)
+    line = getattr(args, "command_line", None)
+    if parser is None or line is None:
+        return set()
+    quiet = copy.deepcopy(parser)
+    for action in quiet._actions:
+        action.default = argparse.SUPPRESS
+    position = line.index(args.command) if args.command in line else -1
+    namespace, _ = quiet.parse_known_args(line[position + 1 :])
+    return set(vars(namespace))
 
 
 def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option") -> dict[str, Any]:

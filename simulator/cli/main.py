@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = list(sys.argv[1:] if argv is None else argv)  # what the user typed, for given_flags
     try:
         return int(args.func(args) or 0)
     except (*USER_ERRORS, InputError) as error:
@@ -58,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ddlsim: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output went away (ddlsim simulate | head): not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

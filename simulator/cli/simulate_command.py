@@ -18,9 +18,17 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ddlsim.algorithms.training_algorithm import make_options
 from ddlsim.hardware_models.catalog import load_device
-from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_from_args
-from ddlsim.simulator.cli.common import InputError, Progress, add_topology_arguments, print_table, topology_options
+from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_values
+from ddlsim.simulator.cli.common import (
+    InputError,
+    Progress,
+    add_topology_arguments,
+    given_flags,
+    print_table,
+    topology_options,
+)
 from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
 from ddlsim.simulator.scenario import EXECUTORS, STRAGGLER_FORMS, Scenario, ScenarioError
 from ddlsim.simulator.sweep import POOLS, parse_counts, run_sweep
@@ -28,14 +36,13 @@ from ddlsim.simulator.training.result import RESULT_COLUMNS, SCALING_COLUMNS
 
 DEFAULT = Scenario()
 
-# Intra-node link of each SXM part's usual server, for --device without --intra-node
+# Intra-node link of each SXM part's usual server, for --device without --intra-node (parts whose
+# datasheet has a [system] table take its link instead)
 SXM_INTRA_NODE = {
     "p100_sxm2": "nvlink1",
     "v100_sxm2": "nvlink2",
     "v100_sxm3": "nvswitch",
     "v100_sxm3_h": "nvswitch",
-    "a100_sxm4": "nvswitch2",
-    "h100_sxm5": "nvswitch2",
 }
 SERVER_COLUMNS = ("comm_share", "server_utilisation", "server_queue_s", "staleness_mean", "staleness_p99")
 TTA_COLUMNS = ("steps_to_target", "time_to_accuracy_s")
@@ -84,37 +91,112 @@ def register(subparsers) -> None:
         help="also report steps and time to this accuracy (statistical-efficiency model, docs/training_algorithms.md)",
     )
     p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr")
-    p.set_defaults(func=run)
+    p.add_argument(
+        "--scenario", type=Path, default=None, metavar="FILE",
+        help="start from a saved scenario (a run's scenario.json, or JSON/TOML of its fields); flags given change it",
+    )  # fmt: skip
+    p.add_argument(
+        "--memory-check", action=argparse.BooleanOptionalAction, default=True,
+        help="refuse a batch whose weights, optimizer state and activations exceed the device's memory",
+    )  # fmt: skip
+    p.set_defaults(func=run, command_parser=p)
+
+
+def load_scenario_file(path: Path) -> dict[str, Any]:
+    """The scenario fields of a file: a ``scenario.json`` that simulate wrote (its ``scenario``), or
+    a JSON or TOML file of the same fields (top level, or under ``scenario``)."""
+    import json
+    import tomllib
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise InputError(f"--scenario {path}: cannot read it ({error.strerror})") from None
+    toml = path.suffix == ".toml"
+    try:
+        data = tomllib.loads(text) if toml else json.loads(text)
+    except ValueError as error:  # tomllib.TOMLDecodeError and json's errors are ValueErrors
+        raise InputError(f"--scenario {path}: not valid {'TOML' if toml else 'JSON'}: {error}") from None
+    if not isinstance(data, dict):
+        raise InputError(f"--scenario {path}: expected a table of scenario fields")
+    data = data.get("scenario", data)
+    if not isinstance(data, dict):
+        raise InputError(f"--scenario {path}: 'scenario' must be a table of scenario fields")
+    return data
+
+
+# flag (argparse destination) -> Scenario field, for the flags that set one field as they are
+PLAIN_FLAGS = {
+    "workload": "workload", "device": "device", "devices_per_node": "devices_per_node", "intra_node": "intra_node",
+    "host_link": "host_link", "network": "network", "algorithm": "algorithm", "per_device_batch": "per_device_batch",
+    "precision": "precision", "updates": "updates", "stragglers": "stragglers", "seed": "seed",
+    "executor": "executor",
+}  # fmt: skip
 
 
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
-    options = options_from_args(args, {"best_split": {"hybrid_parallel"}})
-    device = load_device(args.device)
-    devices_per_node = args.devices_per_node
-    if devices_per_node is None:
-        devices_per_node = 8 if device.kind == "gpu" else 1
-    intra = args.intra_node
-    if intra is None and devices_per_node > 1:
+    """The scenario of the command line: a ``--scenario`` file (or the defaults), then every flag given.
+
+    A device given without its node's shape takes its catalog system's (devices per node, intra-node
+    link, network, NICs: an H100 SXM5 comes in DGX nodes of 8 on NVSwitch with 8 NDR NICs); a device
+    without one takes 8 per node for a GPU (on NVLink for the SXM parts, PCIe otherwise), 1 otherwise.
+    """
+    given = given_flags(args) if args.scenario is None else given_flags(args) | {"scenario"}
+    base = Scenario().to_dict() | (load_scenario_file(args.scenario) if args.scenario is not None else {})
+    values = {key: value for key, value in base.items() if key != "profile"}
+    for flag, field in PLAIN_FLAGS.items():
+        if flag in given:
+            values[field] = getattr(args, flag)
+    if "host_link" in given and args.host_link == "none":
+        values["host_link"] = None
+    if "nodes" in given or args.scenario is None:
+        values["nodes"] = list(parse_counts(args.nodes))
+    topology = topology_options(args)
+    for field in topology:
+        flag = "torus_dims" if field == "torus_dims" else field
+        if flag in given:
+            values[field] = topology[field]
+    if "device" in given:
+        _device_defaults(values, given)
+    options = dict(values.get("options") or {}) if args.scenario is not None else {}
+    if "algorithm" in given and args.scenario is not None and values["algorithm"] != base.get("algorithm"):
+        options = {}  # another algorithm: the file's options were the old one's
+    options.update(options_values(args, values["algorithm"], {"best_split": {"hybrid_parallel"}}))
+    values["options"] = make_options(values["algorithm"], _applicable(values["algorithm"], options)).to_dict()
+    if not args.memory_check:
+        values["enforce_memory"] = False
+    return Scenario.from_dict(values)
+
+
+def _applicable(algorithm: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The options ``algorithm`` reads (a saved scenario carries every option, at its defaults too)."""
+    from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions
+
+    reads = TRAINING_ALGORITHMS.get(algorithm).options
+    default = AlgorithmOptions().to_dict()
+    return {key: value for key, value in options.items() if key in reads and value != default.get(key)}
+
+
+def _device_defaults(values: dict[str, Any], given: set[str]) -> None:
+    """The node shape of ``values["device"]`` where the user gave none."""
+    device = load_device(values["device"])
+    system = device.system
+    if system is not None:
+        shape = {"devices_per_node": system.devices_per_node, "intra_node": system.intra_node_link,
+                 "network": system.network, "nics_per_node": system.nics_per_node}  # fmt: skip
+    else:
+        per_node = 8 if device.kind == "gpu" else 1
         intra = SXM_INTRA_NODE.get(device.token, "pcie3_x16" if device.kind == "gpu" else "upi")
-    nodes = parse_counts(args.nodes)
-    return Scenario(
-        workload=args.workload,
-        device=args.device,
-        devices_per_node=devices_per_node,
-        intra_node=intra if devices_per_node > 1 else None,
-        host_link=args.host_link if args.host_link != "none" else None,
-        network=args.network,
-        **topology_options(args),
-        algorithm=args.algorithm,
-        options=options,
-        nodes=nodes,
-        per_device_batch=args.per_device_batch,
-        precision=args.precision,
-        updates=args.updates,
-        stragglers=args.stragglers,
-        seed=args.seed,
-        executor=args.executor,
-    )
+        shape = {"devices_per_node": per_node, "intra_node": intra, "nics_per_node": 1}
+    if "devices_per_node" in given:
+        shape.pop("nics_per_node")
+        if values["devices_per_node"] > 1:
+            shape["devices_per_node"] = values["devices_per_node"]
+    for field, value in shape.items():
+        if field not in given:
+            values[field] = value
+    if values["devices_per_node"] == 1 and "intra_node" not in given:
+        values["intra_node"] = None
 
 
 def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) -> None:

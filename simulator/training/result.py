@@ -23,17 +23,8 @@ from typing import Any
 
 import numpy as np
 
-SCALING_COLUMNS = (
-    "nodes",
-    "devices",
-    "global_batch",
-    "iteration_s",
-    "compute_s",
-    "exposed_comm_s",
-    "throughput_samples_per_s",
-    "speedup",
-    "scaling_efficiency",
-)
+from ddlsim.simulator.records import SCALING_COLUMNS
+
 RESULT_COLUMNS = (
     *SCALING_COLUMNS,
     "comm_s",
