@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.hardware_models.catalog import load_device
-from ddlsim.simulator.workloads.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer
 from ddlsim.simulator.workloads.transformer_costs import parameter_count, transformer_blocks
 from ddlsim.simulator.workloads.transformer_memory import MemorySettings, peak_memory, settings_for, stage_memory

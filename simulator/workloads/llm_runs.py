@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.workloads.flops_formulas import model_flops_utilization, narayanan_flops_per_iteration
-from ddlsim.simulator.workloads.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
 from ddlsim.simulator.workloads.transformer_memory import MemorySettings, settings_for, stage_memory

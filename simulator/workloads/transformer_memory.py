@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ddlsim.simulator.workloads.parallel_layout import ParallelLayout, check_layout
+from ddlsim.algorithms.parallel_layout import ParallelLayout, check_layout
 from ddlsim.simulator.workloads.transformer import TransformerConfig
 from ddlsim.simulator.workloads.transformer_costs import Block, Part, transformer_blocks
 from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_elements, padded_vocabulary

@@ -1,5 +1,8 @@
 """A parallel layout of transformer training (TP x PP x DP x CP, EP inside DP x CP), and its validity checks.
 
+It is the ``layout`` option of the ``megatron`` training algorithm (``algorithms/megatron_training.py``)
+and what the memory model and the planner read.
+
 The sizes follow Megatron-LM's names: tensor (``tp``), pipeline (``pp``, with ``virtual_stages``
 model chunks per rank for the interleaved 1F1B schedule), data (``dp``), context (``cp``) and
 expert (``ep``) parallelism. GPUs = tp x pp x dp x cp; expert parallelism is carved out of the
@@ -18,8 +21,26 @@ and exit 2.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Protocol
 
-from ddlsim.simulator.workloads.transformer import TransformerConfig
+
+class ModelShape(Protocol):
+    """What the layout rules read of a model (``simulator.workloads.transformer.TransformerConfig``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def heads(self) -> int: ...
+    @property
+    def kv_heads(self) -> int: ...
+    @property
+    def ffn_hidden(self) -> int: ...
+    @property
+    def seq_len(self) -> int: ...
+    @property
+    def moe(self) -> Any: ...  # None, or the mixture of experts (experts, expert_ffn_hidden)
+    @property
+    def total_layers(self) -> int: ...
 
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")  # virtual_stages > 1 turns 1f1b into interleaved 1F1B
@@ -82,7 +103,7 @@ class ParallelLayout:
         return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
 
 
-def check_layout(layout: ParallelLayout, config: TransformerConfig, gpus: int | None = None) -> None:
+def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = None) -> None:
     """Raise LayoutError naming the first rule ``layout`` breaks for ``config`` (and ``gpus``, if given)."""
     for name in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages"):
         value = getattr(layout, name)
@@ -145,7 +166,7 @@ def check_layout(layout: ParallelLayout, config: TransformerConfig, gpus: int | 
             )
 
 
-def _check_uneven(layout: ParallelLayout, config: TransformerConfig) -> None:
+def _check_uneven(layout: ParallelLayout, config: ModelShape) -> None:
     ends = [value for value in (layout.first_stage_layers, layout.last_stage_layers) if value is not None]
     if any(isinstance(value, bool) or not isinstance(value, int) or value < 1 for value in ends):
         raise LayoutError(f"first_stage_layers and last_stage_layers must be whole numbers >= 1, got {ends}")
