@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from ddlsim.algorithms.collective import collective_tokens, is_collective_token
 from ddlsim.algorithms.comm import RoleProgram
 from ddlsim.algorithms.gradient_buckets import StepProfile
+from ddlsim.algorithms.parallel_layout import ParallelLayout
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.registry import Registry
 
@@ -124,6 +125,20 @@ class Trainer(Protocol):
     def stage_gradient(self) -> Any:
         """Payload of this stage's weight gradients from the last backward (no work)."""
 
+    # --- megatron (one pipeline stage of a tensor/pipeline/data-parallel layout per rank) -----------
+    def stage_forward(self, micro_batch: int, chunk: int, activation: Any) -> Any:
+        """Forward of model chunk ``chunk`` on ``micro_batch`` (tensor-parallel collectives inside)
+        -> the output activation (None after the last layer)."""
+
+    def stage_backward(self, micro_batch: int, chunk: int, gradient: Any) -> Any:
+        """Backward of that chunk (recomputation included) -> the input gradient (None before the first layer)."""
+
+    def chunk_gradients(self, chunk: int) -> list[tuple[Any, str, str]]:
+        """(payload, collective, "dense" or "expert") of each gradient reduction of ``chunk`` (no work)."""
+
+    def parameter_shard(self, chunk: int) -> Any:
+        """The updated weights of ``chunk`` this rank gathers from the others (ZeRO 1-2; no work)."""
+
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
@@ -140,6 +155,9 @@ class AlgorithmOptions:
     split: hybrid: layers per pipeline stage, in order (None: chosen by the caller).
     stages: hybrid: pipeline stages per node (the devices or NUMA domains of one node), >= 1.
     staleness: async_sgd: artificial extra staleness, in pulls (real-run statistical check), >= 0.
+    layout: megatron: the tensor/pipeline/data/context/expert split, micro-batches, ZeRO stage,
+        recomputation (``algorithms.parallel_layout.ParallelLayout``; dp 0 = whatever the ranks leave).
+    overlap_grad_reduce: megatron: reduce a model chunk's gradients as soon as its last backward ends.
     """
 
     tau: int = 1
@@ -153,6 +171,8 @@ class AlgorithmOptions:
     split: tuple[int, ...] | None = None
     stages: int = 2
     staleness: int = 0
+    layout: ParallelLayout = field(default_factory=lambda: ParallelLayout(dp=0))
+    overlap_grad_reduce: bool = False
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:
@@ -185,6 +205,19 @@ class AlgorithmOptions:
         data["split"] = list(self.split) if self.split is not None else None
         return data
 
+    @staticmethod
+    def from_dict(values: dict[str, Any]) -> AlgorithmOptions:
+        """Options from ``to_dict``'s form (a layout as a table, a split as a list); unknown keys refused."""
+        values = dict(values)
+        unknown = sorted(set(values) - set(OPTION_FIELDS))
+        if unknown:
+            raise TrainingAlgorithmError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTION_FIELDS)}")
+        if "split" in values:
+            values["split"] = parse_split(values["split"])
+        if isinstance(values.get("layout"), dict):
+            values["layout"] = parse_layout(values["layout"])
+        return replace(AlgorithmOptions(), **values)
+
 
 OPTION_FIELDS = tuple(option.name for option in dataclasses.fields(AlgorithmOptions))
 
@@ -201,6 +234,17 @@ def parse_split(text: str | tuple[int, ...] | list[int] | None) -> tuple[int, ..
         raise TrainingAlgorithmError(f"split: expected layer counts like 10,12, got {text!r}") from None
 
 
+def parse_layout(values: dict[str, Any] | ParallelLayout) -> ParallelLayout:
+    """A layout from a table of its fields (unknown fields refused)."""
+    if isinstance(values, ParallelLayout):
+        return values
+    known = {item.name for item in dataclasses.fields(ParallelLayout)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise TrainingAlgorithmError(f"unknown layout field(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
+    return replace(ParallelLayout(dp=0), **values)
+
+
 def make_options(algorithm: str, values: dict[str, Any]) -> AlgorithmOptions:
     """Options for ``algorithm`` from a dict; options the algorithm does not read are rejected."""
     spec = TRAINING_ALGORITHMS.get(algorithm)
@@ -210,10 +254,7 @@ def make_options(algorithm: str, values: dict[str, Any]) -> AlgorithmOptions:
         bad = ", ".join(unknown + unused)
         valid = ", ".join(spec.options) if spec.options else "none"
         raise TrainingAlgorithmError(f"algorithm {algorithm!r}: option(s) {bad} do not apply; valid: {valid}")
-    values = dict(values)
-    if "split" in values:
-        values["split"] = parse_split(values["split"])
-    options = replace(AlgorithmOptions(), **values)
+    options = AlgorithmOptions.from_dict(values)
     options.validate()
     return options
 
@@ -258,15 +299,31 @@ class TrainingCosts(Protocol):
         ...
 
     @property
-    def worker(self) -> Trainer:
-        """A worker's trainer whose work items carry the modeled seconds (``duration_s``) and payload
-        sizes, without noise: the same cost model the event simulation runs."""
+    def worker(self) -> Any:
+        """A worker's trainer (the ``Trainer`` methods its algorithm uses) whose work items carry the
+        modeled seconds (``duration_s``) and payload sizes, without noise: the same cost model the
+        event simulation runs."""
         ...
 
     def collective_s(
-        self, collective: str, algorithm: str, ranks: int, nbytes: float, options: dict[str, Any]
+        self,
+        collective: str,
+        algorithm: str,
+        ranks: int,
+        nbytes: float,
+        options: dict[str, Any],
+        group: tuple[int, ...] | None = None,
     ) -> float:
-        """Seconds of one collective of ``nbytes`` over ``ranks`` worker ranks, uncontended."""
+        """Seconds of one collective of ``nbytes`` over ``ranks`` worker ranks (the ranks of ``group``,
+        or the first ``ranks`` of the run), uncontended."""
+        ...
+
+    def trainer(self, rank: int) -> Any:
+        """Rank ``rank``'s trainer (``worker`` for algorithms whose workers are alike)."""
+        ...
+
+    def message_s(self, src: int, dst: int, nbytes: float) -> float:
+        """Seconds of one uncontended message from rank ``src`` to rank ``dst``."""
         ...
 
 

@@ -22,13 +22,13 @@ from ddlsim.algorithms.training_algorithm import (
     TRAINING_ALGORITHMS,
     AlgorithmOptions,
     TrainingAlgorithm,
-    parse_split,
 )
-from ddlsim.hardware_models.catalog import PRECISIONS, Device, Link, load_device, load_link
+from ddlsim.hardware_models.catalog import PEAK_PRECISIONS, PRECISIONS, Device, Link, load_device, load_link
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.workloads import Workload, load_workload
+from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
 EXECUTORS = ("des", "analytic")
 STRAGGLER_FORMS = "none, lognormal:SIGMA (per step) or lognormal:SIGMA:device (per device, fixed)"
@@ -120,8 +120,10 @@ class Scenario:
             raise ScenarioError("nodes: give at least one node count")
         for count in self.nodes:
             positive_int("nodes", count)
-        if self.precision not in PRECISIONS:
-            raise ScenarioError(f"unknown precision {self.precision!r}; valid: {', '.join(PRECISIONS)}")
+        precisions = PEAK_PRECISIONS if self.is_transformer else PRECISIONS  # fp8: transformer layouts only
+        if self.precision not in precisions or self.precision == "tf32":
+            valid = ", ".join(p for p in precisions if p != "tf32")
+            raise ScenarioError(f"unknown precision {self.precision!r}; valid: {valid}")
         if self.executor not in EXECUTORS:
             raise ScenarioError(f"unknown executor {self.executor!r}; valid: {', '.join(EXECUTORS)}")
         if self.topology not in TOPOLOGIES:
@@ -131,7 +133,10 @@ class Scenario:
         if self.nics_per_node > self.devices_per_node:
             raise ScenarioError("nics-per-node must not exceed devices-per-node")
         # names: each lookup raises UnknownNameError listing the valid tokens
-        load_workload(self.workload)
+        if self.is_transformer:
+            load_transformer(self.workload)
+        else:
+            load_workload(self.workload)
         device = load_device(self.device)
         self._check_options(self.training_algorithm)
         if self.devices_per_node > 1 and not self.intra_node:
@@ -146,7 +151,14 @@ class Scenario:
         if self.network and load_link(self.network).kind != "network":
             raise ScenarioError(f"--network {self.network!r} is an intra-node link, not a network")
         Stragglers.parse(self.stragglers)
-        if self.enforce_memory:
+        algorithm = self.training_algorithm
+        if self.is_transformer != (algorithm.name == "megatron"):
+            raise ScenarioError(
+                f"workload {self.workload!r} is a transformer: train it with --algorithm megatron"
+                if self.is_transformer
+                else f"--algorithm megatron trains a transformer (ddlsim list workloads); {self.workload!r} is not one"
+            )
+        if self.enforce_memory and not self.is_transformer:  # a transformer layout is checked per point
             self.check_memory()
 
     def _check_options(self, algorithm: TrainingAlgorithm) -> None:
@@ -163,6 +175,15 @@ class Scenario:
             raise ScenarioError(
                 f"option(s) {', '.join(unused)} do not apply to algorithm {algorithm.name!r}; it reads: {valid}"
             )
+
+    @property
+    def is_transformer(self) -> bool:
+        """A transformer from the catalog (trained by ``megatron``) rather than a DNN layer table."""
+        return self.workload in transformer_names()
+
+    @property
+    def transformer_spec(self) -> TransformerConfig:
+        return load_transformer(self.workload)
 
     @property
     def training_algorithm(self) -> TrainingAlgorithm:
@@ -273,13 +294,7 @@ class Scenario:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ScenarioError(f"unknown scenario key(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        options = dict(values.get("options") or {})
-        unknown = sorted(set(options) - set(OPTION_FIELDS))
-        if unknown:
-            raise ScenarioError(f"unknown option(s) {', '.join(unknown)}; valid: {', '.join(OPTION_FIELDS)}")
-        if "split" in options:
-            options["split"] = parse_split(options["split"])
-        values["options"] = dataclasses.replace(AlgorithmOptions(), **options)
+        values["options"] = AlgorithmOptions.from_dict(dict(values.get("options") or {}))
         for key in ("nodes", "torus_dims"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
@@ -288,7 +303,6 @@ class Scenario:
     def resolved(self) -> dict[str, Any]:
         """The scenario with every token expanded into the numbers used (SI units, with sources)."""
         device = self.device_spec
-        workload = self.workload_spec
         links = {
             role: dataclasses.asdict(self.link(token))  # type: ignore[arg-type]
             for role, token in (
@@ -298,10 +312,11 @@ class Scenario:
             )
             if token
         }
-        return {
-            "scenario": self.to_dict(),
-            "device": dataclasses.asdict(device),
-            "links": links,
+        resolved = {"scenario": self.to_dict(), "device": dataclasses.asdict(device), "links": links}
+        if self.is_transformer:
+            return resolved | {"workload": dataclasses.asdict(self.transformer_spec)}
+        workload = self.workload_spec
+        return resolved | {
             "workload": {
                 "name": workload.name,
                 "description": workload.description,

@@ -9,17 +9,20 @@ the node count. Algorithms without a closed form (the asynchronous ones) are ref
 
 from __future__ import annotations
 
+import math
+from typing import Any
+
 from ddlsim.simulator.closed_form.costs import ClosedFormCosts
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import setup_of
-from ddlsim.simulator.training.trainers import single_device_step_s
+from ddlsim.simulator.training.trainers import layout_figures, single_device_step_s
 
 
 def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
     setup = setup_of(scenario, nodes)
     algorithm, plan = setup.algorithm, setup.plan
-    costs = ClosedFormCosts(scenario, algorithm, setup.fabric_nodes)
+    costs = ClosedFormCosts(setup)
     estimate = algorithm.closed_form(costs, plan)
     if estimate is None:
         raise ScenarioError(
@@ -27,7 +30,7 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
             "use --executor des"
         )
     time_s, comm_s = estimate
-    return TrainingResult(
+    result = TrainingResult(
         algorithm=algorithm.name,
         collective=plan.options.collective if "collective" in algorithm.options else "",
         nodes=nodes,
@@ -37,10 +40,31 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
         steps=plan.steps,
         samples_per_step=algorithm.samples_per_step(plan, scenario.per_device_batch),
         time_s=time_s,
-        compute_s=single_device_step_s(scenario, algorithm),
+        compute_s=single_device_step_s(scenario, algorithm) if not scenario.is_transformer else math.nan,
         comm_s=comm_s / plan.steps,
-        comm_share=max(time_s - plan.steps * costs.step.compute_s, 0.0) / time_s,
+        comm_share=0.0 if scenario.is_transformer else max(time_s - plan.steps * costs.step.compute_s, 0.0) / time_s,
         buckets=len(costs.step.bucket_bytes) if "bucket_bytes" in algorithm.options else 0,
         executor="analytic",
         path="closed_form",
     )
+    if scenario.is_transformer:
+        result.layout = layout_figures(scenario, plan, stage_zero_breakdown(costs, plan))
+    return result
+
+
+def stage_zero_breakdown(costs: ClosedFormCosts, plan: Any) -> dict[str, float]:
+    """Per iteration, the seconds by cause of pipeline rank 0's work items (its forwards, backwards
+    and step); the waits are what the closed form does not split out."""
+    from ddlsim.algorithms.megatron_training import stage_tasks
+
+    trainer = costs.trainer(0)
+    totals: dict[str, float] = {}
+    works = [
+        trainer.stage_forward(task.micro_batch, task.chunk, None) if task.phase == "F"
+        else trainer.stage_backward(task.micro_batch, task.chunk, None)
+        for task in stage_tasks(plan.options.layout, 0)
+    ] + [trainer.step([])]  # fmt: skip
+    for work in works:
+        for name, seconds in work.parts.items():
+            totals[f"{name}_s"] = totals.get(f"{name}_s", 0.0) + seconds
+    return totals

@@ -23,7 +23,7 @@ from ddlsim.simulator.executor.role_executor import MODES, OpRecord, RoleExecuto
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import TrainingSetup, setup_of
-from ddlsim.simulator.training.trainers import build_trainers, single_device_step_s
+from ddlsim.simulator.training.trainers import build_trainers, layout_figures, single_device_step_s
 
 
 @dataclass
@@ -47,14 +47,15 @@ def run_des(
     for attempt, current in enumerate(modes):
         log = TransferLog([], [], [], [], []) if log_transfers else None
         executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log)
-        trainers = build_trainers(scenario, setup.algorithm, setup.plan)
+        trainers = build_trainers(setup)
         try:
             returns = executor.run(partial(_program, setup, trainers))
         except ContentionDetected:
             if attempt == len(modes) - 1:
                 raise
             continue
-        result = summarise(setup, executor, returns, trainers[setup.plan.workers[0]].buckets(), current)
+        buckets = trainers[setup.plan.workers[0]].buckets() if "bucket_bytes" in setup.algorithm.options else 0
+        result = summarise(setup, executor, returns, buckets, current)
         return DesRun(setup, result, executor.records, log, executor.finish_s)
     raise AssertionError("unreachable")
 
@@ -80,14 +81,21 @@ def summarise(setup: TrainingSetup, executor: RoleExecutor, returns: dict, bucke
         steps=plan.steps,
         samples_per_step=algorithm.samples_per_step(plan, scenario.per_device_batch),
         time_s=time_s,
-        compute_s=single_device_step_s(scenario, algorithm),
+        compute_s=single_device_step_s(scenario, algorithm) if not scenario.is_transformer else math.nan,
         comm_s=float(stats.comm_s[workers].mean()) / plan.steps,
         comm_share=comm_share,
-        buckets=buckets if "bucket_bytes" in algorithm.options else 0,
+        buckets=buckets,
         executor="des",
         path=path,
         transfers=executor.transfers,
     )
+    if scenario.is_transformer:
+        last = int(np.argmax(finish))
+        steps = plan.steps
+        breakdown = {f"{name}_s": float(seconds[last]) / steps for name, seconds in stats.parts.items()}
+        breakdown["pipeline_wait_s"] = float(stats.recv_wait_s[last]) / steps
+        breakdown["dp_wait_s"] = float(stats.wait_s[last]) / steps
+        result = dataclasses.replace(result, layout=layout_figures(scenario, plan, breakdown))
     if servers:
         span = max(time_s, float(finish[servers].max()))
         received = int(stats.received[servers].sum())

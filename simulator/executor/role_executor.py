@@ -94,6 +94,8 @@ class RankStats:
     recv_wait_s: np.ndarray
     queued_s: np.ndarray  # summed mailbox waits of the messages a rank received
     received: np.ndarray  # messages received
+    wait_s: np.ndarray  # blocked in waits for started operations
+    parts: dict[str, np.ndarray] = field(default_factory=dict)  # compute items' seconds by cause, if they say
 
     @staticmethod
     def zeros(ranks: int) -> RankStats:
@@ -104,7 +106,14 @@ class RankStats:
             recv_wait_s=np.zeros(ranks),
             queued_s=np.zeros(ranks),
             received=np.zeros(ranks, dtype=np.int64),
+            wait_s=np.zeros(ranks),
         )
+
+    def add_parts(self, rank: int, parts: dict[str, float]) -> None:
+        for name, seconds in parts.items():
+            if name not in self.parts:
+                self.parts[name] = np.zeros(self.compute_s.size)
+            self.parts[name][rank] += seconds
 
 
 @dataclass
@@ -269,6 +278,9 @@ class RoleExecutor:
                     yield env.timeout(duration)
                 result = work.run()
                 stats.compute_s[rank] += env.now - start
+                parts = getattr(work, "parts", None)
+                if parts:
+                    stats.add_parts(rank, parts)
                 self._log(rank, work.name, "compute", -1, 0.0, start)
                 continue
             if isinstance(op, Send):
@@ -300,6 +312,7 @@ class RoleExecutor:
                 if pending:
                     yield env.all_of(pending)
                 result = [handle.payload for handle in op.handles]
+                stats.wait_s[rank] += env.now - start
             else:
                 raise TypeError(f"rank {rank} yielded {op!r}, not a Comm operation")
             stats.blocked_s[rank] += env.now - start

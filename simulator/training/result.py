@@ -13,6 +13,13 @@ Every algorithm, synchronous or not, gives the same columns (SI units, suffixed 
 * parameter servers (or the EASGD master): ``server_utilisation`` (share of the run not waiting in
   a receive), ``server_queue_s`` (mean wait of a push in the mailbox), staleness of the pushes they
   applied; ``-`` where there are none.
+* transformer layouts (``megatron``): ``tokens_per_s``, ``tflops_per_gpu`` (model FLOPs, as the
+  papers count them) and ``mfu`` (of the device's peak at the precision), and where an iteration of
+  the rank that finishes last goes: ``compute_s`` (its layers and the optimizer step), ``tp_s``,
+  ``cp_s``, ``ep_s`` and ``zero3_s`` (communication inside its layers), ``pipeline_wait_s`` (waiting
+  for activations and gradients from its neighbours: the bubble and the messages) and
+  ``dp_wait_s`` (waiting for the data-parallel reductions and gathers). They sum to iteration_s.
+  Speedup and scaling efficiency against one device do not apply (the model does not fit on one).
 """
 
 from __future__ import annotations
@@ -42,8 +49,30 @@ RESULT_COLUMNS = (
     "staleness_p99",
     "staleness_max",
     "buckets",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "tp_s",
+    "cp_s",
+    "ep_s",
+    "zero3_s",
+    "pipeline_wait_s",
+    "dp_wait_s",
     "executor",
     "execution_path",
+)
+LAYOUT_COLUMNS = (
+    "nodes",
+    "devices",
+    "global_batch",
+    "iteration_s",
+    "tokens_per_s",
+    "tflops_per_gpu",
+    "mfu",
+    "compute_s",
+    "tp_s",
+    "pipeline_wait_s",
+    "dp_wait_s",
 )
 
 
@@ -72,6 +101,7 @@ class TrainingResult:
     staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     transfers: int = 0
     analytic_iteration_s: float | None = None  # the closed form beside a DES result, where one exists
+    layout: dict[str, float] | None = None  # transformer layouts: per-iteration figures (see the docstring)
 
     @property
     def iteration_s(self) -> float:
@@ -83,6 +113,8 @@ class TrainingResult:
 
     def row(self, per_device_batch: int) -> dict[str, Any]:
         """The results.csv row (``RESULT_COLUMNS``); figures that do not apply are None."""
+        if self.layout is not None:
+            return self._layout_row()
         speedup = self.throughput_samples_per_s / (per_device_batch / self.compute_s)
         staleness = self.staleness
         has_servers = self.servers > 0
@@ -115,6 +147,36 @@ class TrainingResult:
             "executor": self.executor,
             "execution_path": self.path,
         }
+
+    def _layout_row(self) -> dict[str, Any]:
+        assert self.layout is not None
+        layout = self.layout
+        row: dict[str, Any] = dict.fromkeys(RESULT_COLUMNS)
+        row |= {
+            "nodes": self.nodes,
+            "devices": self.devices,
+            "global_batch": self.samples_per_step,
+            "iteration_s": self.iteration_s,
+            "exposed_comm_s": max(self.iteration_s - layout["compute_s"], 0.0),
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "comm_s": self.comm_s,
+            "analytic_iteration_s": self.analytic_iteration_s,
+            "algorithm": self.algorithm,
+            "collective": self.collective,
+            "workers": self.workers,
+            "servers": self.servers,
+            "updates": self.steps,
+            "time_s": self.time_s,
+            "comm_share": self.comm_share,
+            "tokens_per_s": layout["tokens_per_step"] / self.iteration_s,
+            "tflops_per_gpu": layout["model_flops_per_step"] / self.iteration_s / self.devices / 1e12,
+            "mfu": layout["model_flops_per_step"] / self.iteration_s / self.devices / layout["peak_flops"],
+            "executor": self.executor,
+            "execution_path": self.path,
+        }
+        for name in ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s"):
+            row[name] = layout.get(name)
+        return row
 
     def staleness_histogram(self) -> list[dict[str, int]]:
         values, counts = np.unique(self.staleness, return_counts=True)

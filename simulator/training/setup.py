@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.algorithms.training_algorithm import Plan, TrainingAlgorithm, check_server_placement
-from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.scenario import Scenario, ScenarioError
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,8 @@ class TrainingSetup:
 
 
 def setup_of(scenario: Scenario, nodes: int) -> TrainingSetup:
-    """The plan and placement of ``scenario`` on ``nodes`` nodes (raises on impossible input)."""
+    """The plan and placement of ``scenario`` on ``nodes`` nodes (raises on impossible input: a layout
+    that does not fit the GPUs or the model, or does not fit in the device's memory)."""
     algorithm = scenario.training_algorithm
     options = scenario.options
     per_node = scenario.devices_per_node
@@ -63,4 +65,32 @@ def setup_of(scenario: Scenario, nodes: int) -> TrainingSetup:
     options.validate()
     check_server_placement(algorithm, options, nodes)
     plan = algorithm.plan(nodes * per_node, scenario.steps, options, per_node)
+    if scenario.is_transformer:
+        check_layout_fits(scenario, plan.options.layout)
     return TrainingSetup(scenario, nodes, algorithm, plan)
+
+
+def check_layout_fits(scenario: Scenario, layout: ParallelLayout) -> None:
+    """The layout is valid for the model and, unless the scenario says it ran, fits the device."""
+    from ddlsim.simulator.workloads.transformer_memory import peak_memory
+
+    layout = dataclasses.replace(layout, precision=scenario.precision)
+    config = scenario.transformer_spec
+    try:
+        check_layout(layout, config)
+    except LayoutError as error:
+        raise ScenarioError(str(error)) from None
+    if not scenario.enforce_memory:
+        return
+    capacity = scenario.device_spec.memory_capacity_bytes
+    peak = peak_memory(config, layout)
+    if not peak.fits(capacity):
+        allowances = peak.communication_buffers + peak.fragmentation + peak.reserved
+        named = (("weights", peak.weights), ("gradients", peak.gradients), ("optimizer states", peak.optimizer_states),
+                 ("activations", peak.activations), ("buffers and allowances", allowances))  # fmt: skip
+        parts = ", ".join(f"{name} {value / 1e9:.1f}" for name, value in named)
+        raise ScenarioError(
+            f"does not fit: {config.name} with this layout needs {peak.total / 1e9:.1f} GB on pipeline rank "
+            f"{peak.stage} ({parts} GB), {scenario.device} has {capacity / 1e9:.1f} GB; use more tensor or "
+            "pipeline parallelism, a higher ZeRO stage or recomputation, or --no-memory-check if it ran"
+        )

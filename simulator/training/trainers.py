@@ -29,9 +29,12 @@ import numpy as np
 
 from ddlsim.algorithms.comm import Sized
 from ddlsim.algorithms.gradient_buckets import StepProfile
-from ddlsim.algorithms.training_algorithm import Plan, TrainingAlgorithm, TrainingAlgorithmError
+from ddlsim.algorithms.training_algorithm import TrainingAlgorithm, TrainingAlgorithmError
 from ddlsim.hardware_models.compute import optimizer_update_time_s, roofline_time_s
 from ddlsim.simulator.scenario import Scenario, Stragglers
+from ddlsim.simulator.training.costs import GroupCosts
+from ddlsim.simulator.training.setup import TrainingSetup
+from ddlsim.simulator.training.transformer_trainer import Collectives, TransformerCosts, TransformerTrainer
 
 
 @dataclass(frozen=True)
@@ -249,12 +252,17 @@ def _activation_bytes(scenario: Scenario, layers: tuple[LayerTime, ...]) -> floa
     return scenario.per_device_batch * last.output_bytes * scenario.bytes_per_element / 4.0
 
 
-def build_trainers(scenario: Scenario, algorithm: TrainingAlgorithm, plan: Plan) -> list[SimTrainer]:
-    """One trainer per rank of ``plan``: workers and helpers hold the whole model (a hybrid stage its
-    layers), servers their shard (the EASGD master the whole center)."""
-    layers = layer_times(scenario)
+def build_trainers(setup: TrainingSetup) -> list[Any]:
+    """One trainer per rank of the setup's plan: workers and helpers hold the whole model (a hybrid
+    stage its layers), servers their shard (the EASGD master the whole center); a transformer
+    layout's ranks their pipeline stage's chunks."""
+    scenario, algorithm, plan = setup.scenario, setup.algorithm, setup.plan
     streams = np.random.default_rng(scenario.seed).spawn(plan.ranks)
     stragglers = Stragglers.parse(scenario.stragglers)
+    if scenario.is_transformer:
+        costs = transformer_costs(setup, GroupCosts(scenario.fabric_spec(setup.fabric_nodes)))
+        return [TransformerTrainer(costs, rank, stragglers.sampler(streams[rank])) for rank in range(plan.ranks)]
+    layers = layer_times(scenario)
     if algorithm.name == "hybrid_parallel":
         split = plan.options.split or balanced_split(layers, plan.options.stages)
         stages = stage_layers(layers, split)
@@ -277,6 +285,32 @@ def build_trainers(scenario: Scenario, algorithm: TrainingAlgorithm, plan: Plan)
         else SimTrainer(scenario, layers, algorithm.momentum, stragglers.sampler(streams[rank]))
         for rank in range(plan.ranks)
     ]
+
+
+def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts) -> TransformerCosts:
+    """The per-chunk costs of a ``megatron`` setup's ranks, with collectives timed by ``group_costs``."""
+    scenario = setup.scenario
+    options = setup.plan.options
+    comm = Collectives(group_costs.collective_s, group_costs.message_s)
+    return TransformerCosts(
+        scenario.transformer_spec, options.layout, scenario.device_spec, scenario.precision, comm, options.collective
+    )
+
+
+def layout_figures(scenario: Scenario, plan: Any, breakdown: dict[str, float]) -> dict[str, float]:
+    """A transformer layout's per-iteration figures for ``TrainingResult.layout``: the breakdown in
+    seconds, the tokens and model FLOPs of an iteration, the device's peak at the precision."""
+    from ddlsim.algorithms.megatron_training import micro_batches
+    from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
+
+    layout = plan.options.layout
+    sequences = micro_batches(layout) * layout.micro_batch * layout.dp
+    blocks = transformer_blocks(scenario.transformer_spec)
+    return breakdown | {
+        "tokens_per_step": float(sequences * blocks[-1].tokens),
+        "model_flops_per_step": sequences * model_flops_per_sample(blocks),
+        "peak_flops": scenario.device_spec.peak_flops_for(scenario.precision),
+    }
 
 
 def single_device_step_s(scenario: Scenario, algorithm: TrainingAlgorithm) -> float:

@@ -1,0 +1,308 @@
+"""Large-model training as Megatron-LM lays it out: tensor (TP), pipeline (PP), data (DP), context (CP)
+and expert (EP) parallelism, with sharded data parallelism (ZeRO 1-3) and recomputation
+(Shoeybi et al. 2019; Narayanan et al. SC21; Korthikanti et al. 2022; Megatron-Core).
+
+Ranks (Megatron-Core's order "tp-cp-ep-dp-pp", tensor parallelism fastest)::
+
+    rank = tp_rank + tp x (cp_rank + cp x (dp_rank + dp x pp_rank))
+
+so a tensor-parallel group is ``tp`` consecutive ranks (inside a node's NVLink domain when tp <= the
+devices per node), and pipeline and data parallelism cross nodes.
+
+Each rank runs one pipeline stage's program (``algorithms.pipeline_schedules``): for every task of
+its schedule, a forward receives its input activation from the previous virtual stage, computes its
+model chunk and starts the send of its output to the next; a backward receives the output gradient
+from the next virtual stage, computes, and starts the send of its input gradient back. What happens
+inside a chunk's compute belongs to the layer, as in Megatron: tensor-parallel all-reduces (or
+all-gathers and reduce-scatters with sequence parallelism), ring attention's key/value exchange,
+experts' all-to-all and ZeRO-3's per-layer parameter gathers run within the work item the trainer
+hands out (the simulated trainer times them with the collectives' closed forms on the group's
+links; the real trainer calls them on sub-communicators). The bubble comes out of the schedule.
+
+After the pipeline flush each chunk's gradient is reduced over the data-parallel group (the ranks of
+the same tensor and pipeline rank: dp x cp of them): an all-reduce (ZeRO 0), or a reduce-scatter
+into the shard this rank updates (ZeRO >= 1, Megatron's distributed optimizer); then the optimizer
+step, then (ZeRO 1 and 2) an all-gather of the updated weights. With option ``overlap`` a chunk's
+reduction starts as soon as its last backward is done, overlapping the rest of the pipeline's
+cool-down (Megatron's ``--overlap-grad-reduce``).
+
+Closed form: the pipeline's dependency recurrence over the tasks with the trainer's times and the
+hop cost of each activation message, then the reductions, the step and the gathers; exact where
+nothing contends (the tests hold the DES to it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+from ddlsim.algorithms.comm import RoleProgram
+from ddlsim.algorithms.parallel_layout import ParallelLayout
+from ddlsim.algorithms.pipeline_schedules import BACKWARD, FORWARD, Task, pipeline_schedule
+from ddlsim.algorithms.training_algorithm import (
+    TRAINING_ALGORITHMS,
+    AlgorithmOptions,
+    Plan,
+    Trainer,
+    TrainingAlgorithm,
+    TrainingAlgorithmError,
+    TrainingCosts,
+)
+
+TAG_BASE = 1000  # pipeline messages: TAG_BASE + 2 (micro_batch x chunks + chunk) + (0 forward, 1 backward)
+
+
+@dataclass(frozen=True)
+class Coordinates:
+    tp: int
+    cp: int
+    dp: int
+    pp: int
+
+
+def resolved_layout(layout: ParallelLayout, ranks: int) -> ParallelLayout:
+    """``layout`` with its data-parallel size filled in (dp 0: the ranks that tp x pp x cp leave)."""
+    model = layout.tp * layout.pp * layout.cp
+    if layout.dp == 0:
+        if ranks % model:
+            raise TrainingAlgorithmError(
+                f"megatron: {ranks} GPUs do not divide into tp x pp x cp = {layout.tp} x {layout.pp} x {layout.cp}"
+                f" = {model}"
+            )
+        layout = replace(layout, dp=ranks // model)
+    if layout.gpus != ranks:
+        raise TrainingAlgorithmError(
+            f"megatron: tp x pp x dp x cp = {layout.tp} x {layout.pp} x {layout.dp} x {layout.cp} = {layout.gpus} "
+            f"does not match {ranks} GPUs"
+        )
+    return layout
+
+
+def coordinates(rank: int, layout: ParallelLayout) -> Coordinates:
+    tp, rest = rank % layout.tp, rank // layout.tp
+    cp, rest = rest % layout.cp, rest // layout.cp
+    return Coordinates(tp, cp, rest % layout.dp, rest // layout.dp)
+
+
+def rank_of(c: Coordinates, layout: ParallelLayout) -> int:
+    return c.tp + layout.tp * (c.cp + layout.cp * (c.dp + layout.dp * c.pp))
+
+
+@lru_cache(maxsize=4096)
+def data_parallel_group(rank: int, layout: ParallelLayout, kind: str = "dense") -> tuple[int, ...]:
+    """The ranks that reduce gradients with ``rank``: same tensor and pipeline rank, every (dp, cp);
+    for expert parameters (``kind`` "expert") the dp x cp / ep of them that hold the same experts
+    (expert parallelism is carved out of data parallelism, Megatron-Core)."""
+    here = coordinates(rank, layout)
+    members = [
+        rank_of(Coordinates(here.tp, cp, dp, here.pp), layout) for dp in range(layout.dp) for cp in range(layout.cp)
+    ]
+    if kind == "expert" and layout.ep > 1:
+        mine = members.index(rank) % layout.ep
+        members = [member for index, member in enumerate(members) if index % layout.ep == mine]
+    return tuple(members)
+
+
+def micro_batches(layout: ParallelLayout) -> int:
+    """Micro-batches each pipeline runs per iteration (a global batch not given: one per stage)."""
+    count = layout.micro_batches
+    return layout.pp if count is None else count
+
+
+def schedule_name(layout: ParallelLayout) -> str:
+    return "interleaved" if layout.virtual_stages > 1 else layout.schedule
+
+
+def stage_tasks(layout: ParallelLayout, stage: int) -> list[Task]:
+    return pipeline_schedule(schedule_name(layout), layout.pp, micro_batches(layout), layout.virtual_stages)[stage]
+
+
+def neighbour(rank: int, layout: ParallelLayout, virtual: int) -> int:
+    """The rank holding virtual stage ``virtual`` in ``rank``'s pipeline."""
+    here = coordinates(rank, layout)
+    return rank_of(Coordinates(here.tp, here.cp, here.dp, virtual % layout.pp), layout)
+
+
+def tag(micro_batch: int, chunk: int, chunks: int, phase: str) -> int:
+    return TAG_BASE + 2 * (micro_batch * chunks + chunk) + (0 if phase == FORWARD else 1)
+
+
+class MegatronTraining(TrainingAlgorithm):
+    name = "megatron"
+    family = "synchronous"
+    options = ("layout", "collective", "collective_options", "overlap_grad_reduce")
+    momentum = True  # Adam's moments (the optimizer step's memory traffic)
+    summary = "tensor, pipeline, data, context and expert parallelism with ZeRO, as Megatron-LM"
+    default_updates = 1
+
+    def plan(
+        self, ranks: int, steps: int, options: AlgorithmOptions | None = None, devices_per_node: int = 1
+    ) -> Plan:
+        options = options or AlgorithmOptions()
+        options.validate()
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise TrainingAlgorithmError(f"steps (iterations) must be an integer >= 1, got {steps!r}")
+        layout = resolved_layout(options.layout, ranks)
+        if TAG_BASE + 2 * micro_batches(layout) * layout.virtual_stages > 32767:
+            raise TrainingAlgorithmError("megatron: more than 15,883 micro-batch chunks per iteration")
+        return Plan(self.name, ranks, range(0), range(ranks), steps, replace(options, layout=layout))
+
+    def samples_per_step(self, plan: Plan, per_device_batch: int) -> int:
+        """Sequences per iteration: micro-batches x micro-batch x data-parallel replicas."""
+        layout = plan.options.layout
+        return micro_batches(layout) * layout.micro_batch * layout.dp
+
+    def program(self, comm: Any, trainer: Trainer, plan: Plan) -> RoleProgram:
+        layout, options = plan.options.layout, plan.options
+        rank = comm.rank
+        here = coordinates(rank, layout)
+        chunks, last = layout.virtual_stages, layout.pp * layout.virtual_stages - 1
+        tasks = stage_tasks(layout, here.pp)
+        group = data_parallel_group(rank, layout)  # dense parameters' group: the optimizer's shards
+        backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
+        for _ in range(plan.steps):
+            sends, reductions = [], []
+            left = Counter(backwards)
+            for task in tasks:
+                virtual = task.chunk * layout.pp + here.pp
+                if task.phase == FORWARD:
+                    activation = None
+                    if virtual > 0:
+                        source = neighbour(rank, layout, virtual - 1)
+                        activation = yield comm.recv(source, tag(task.micro_batch, task.chunk, chunks, FORWARD))
+                    output = yield comm.compute(trainer.stage_forward(task.micro_batch, task.chunk, activation))
+                    if virtual < last:
+                        target = neighbour(rank, layout, virtual + 1)
+                        message = comm.send(target, output, tag(task.micro_batch, task.chunk, chunks, FORWARD))
+                        sends.append((yield comm.start(message)))
+                    continue
+                gradient = None
+                if virtual < last:
+                    source = neighbour(rank, layout, virtual + 1)
+                    gradient = yield comm.recv(source, tag(task.micro_batch, task.chunk, chunks, BACKWARD))
+                input_gradient = yield comm.compute(trainer.stage_backward(task.micro_batch, task.chunk, gradient))
+                if virtual > 0:
+                    target = neighbour(rank, layout, virtual - 1)
+                    message = comm.send(target, input_gradient, tag(task.micro_batch, task.chunk, chunks, BACKWARD))
+                    sends.append((yield comm.start(message)))
+                left[task.chunk] -= 1
+                if options.overlap_grad_reduce and left[task.chunk] == 0:
+                    reductions += yield from _reduce(comm, trainer, options, task.chunk)
+            yield comm.wait(*sends)
+            if not options.overlap_grad_reduce:
+                for chunk in range(chunks):
+                    reductions += yield from _reduce(comm, trainer, options, chunk)
+            reduced = yield comm.wait(*reductions)
+            yield comm.compute(trainer.step(reduced))
+            if 1 <= layout.zero_stage <= 2 and len(group) > 1:  # the distributed optimizer's updated shards
+                gathers = []
+                for chunk in range(chunks):
+                    shard = trainer.parameter_shard(chunk)
+                    gathers.append((yield comm.start(comm.collective("allgather", shard, options.collective, group))))
+                yield comm.wait(*gathers)
+        return {"role": "worker", "stage": here.pp}
+
+    def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
+        """Every pipeline (every tp, cp and dp rank) runs the same timeline: the recurrence over one
+        pipeline's tasks, then the reductions on the communication stream, the step and the gathers;
+        the iteration ends with the slowest stage. Collective seconds are stage 0's."""
+        layout, options = plan.options.layout, plan.options
+        pipeline = [rank_of(Coordinates(0, 0, 0, stage), layout) for stage in range(layout.pp)]
+        trainers = [costs.trainer(rank) for rank in pipeline]
+        done, chunk_done = _pipeline_recurrence(layout, trainers, pipeline, costs)
+        finish, comm_total = 0.0, 0.0
+        for stage, rank in enumerate(pipeline):
+            trainer, stream, spent = trainers[stage], -float("inf"), 0.0
+            for chunk in range(layout.virtual_stages):
+                ready = chunk_done[(stage, chunk)] if options.overlap_grad_reduce else done[stage]
+                for payload, collective, kind in trainer.chunk_gradients(chunk):
+                    group = data_parallel_group(rank, layout, kind)
+                    seconds = _collective_s(costs, collective, payload.nbytes, group, options)
+                    if seconds:
+                        stream = max(stream, ready) + seconds
+                        spent += seconds
+            clock = max(done[stage], stream) + trainer.step([]).duration_s
+            group = data_parallel_group(rank, layout)
+            if 1 <= layout.zero_stage <= 2 and len(group) > 1:
+                for chunk in range(layout.virtual_stages):
+                    seconds = _collective_s(costs, "allgather", trainer.parameter_shard(chunk).nbytes, group, options)
+                    clock += seconds
+                    spent += seconds
+            finish = max(finish, clock)
+            comm_total = spent if stage == 0 else comm_total
+        return plan.steps * finish, plan.steps * comm_total
+
+
+def _collective_s(costs: TrainingCosts, collective: str, nbytes: float, group: tuple[int, ...],
+                  options: AlgorithmOptions) -> float:  # fmt: skip
+    if len(group) == 1 or nbytes <= 0:
+        return 0.0
+    return costs.collective_s(collective, options.collective, len(group), nbytes, options.collective_options,
+                              group=group)  # fmt: skip
+
+
+def _reduce(comm: Any, trainer: Trainer, options: AlgorithmOptions, chunk: int):
+    """Start the reductions of ``chunk``'s gradients over their data-parallel groups; the handles."""
+    handles = []
+    layout = options.layout
+    for payload, collective, kind in trainer.chunk_gradients(chunk):
+        group = data_parallel_group(comm.rank, layout, kind)
+        if payload.nbytes and len(group) > 1:
+            handles.append((yield comm.start(comm.collective(collective, payload, options.collective, group))))
+    return handles
+
+
+def _pipeline_recurrence(
+    layout: ParallelLayout, trainers: list[Trainer], pipeline: list[int], costs: TrainingCosts
+) -> tuple[list[float], dict[tuple[int, int], float]]:
+    """(each stage's time when its last task and its sends are done, each (stage, chunk)'s last
+    backward end), running the schedule's tasks with their dependencies: a forward waits for its
+    input to arrive (the previous virtual stage's compute end plus the message's hop), a backward for
+    its output gradient; a stage runs its tasks in order, its sends leaving without blocking it."""
+    stages, chunks = layout.pp, layout.virtual_stages
+    last = stages * chunks - 1
+    schedule = [stage_tasks(layout, stage) for stage in range(stages)]
+    arrival: dict[tuple[str, int, int], float] = {}  # (phase, micro-batch, virtual stage) -> input ready
+    position = [0] * stages
+    clock = [0.0] * stages
+    sends_done = [0.0] * stages
+    chunk_done: dict[tuple[int, int], float] = {}
+    remaining = sum(len(tasks) for tasks in schedule)
+    while remaining:
+        progressed = False
+        for stage, tasks in enumerate(schedule):
+            trainer = trainers[stage]
+            while position[stage] < len(tasks):
+                task = tasks[position[stage]]
+                virtual = task.chunk * stages + stage
+                forward = task.phase == FORWARD
+                needs_input = virtual > 0 if forward else virtual < last
+                key = (task.phase, task.micro_batch, virtual)
+                if needs_input and key not in arrival:
+                    break
+                start = max(clock[stage], arrival.get(key, 0.0))
+                if forward:
+                    work = trainer.stage_forward(task.micro_batch, task.chunk, None)
+                else:
+                    work = trainer.stage_backward(task.micro_batch, task.chunk, None)
+                end = start + work.duration_s
+                clock[stage] = end
+                output = work.run()
+                target = virtual + 1 if forward else virtual - 1
+                if 0 <= target <= last and output is not None:
+                    hop = costs.message_s(pipeline[stage], pipeline[target % stages], output.nbytes)
+                    arrival[(task.phase, task.micro_batch, target)] = end + hop
+                    sends_done[stage] = max(sends_done[stage], end + hop)
+                if not forward:
+                    chunk_done[(stage, task.chunk)] = end
+                position[stage] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise TrainingAlgorithmError("megatron: the pipeline schedule deadlocks")
+    return [max(clock[stage], sends_done[stage]) for stage in range(stages)], chunk_done
+
+
+TRAINING_ALGORITHMS.register("megatron")(MegatronTraining())

@@ -1,0 +1,105 @@
+"""Uncontended costs of messages and collectives over groups of a run's ranks, without building the fabric.
+
+``fabric_costs(spec)`` gives the hop costs of a fabric (``algorithms.schedule.FabricCosts``: an
+intra-node pair and an inter-node pair) from its links' datasheets, by the same arithmetic as
+``Fabric.path_properties`` (overhead + summed link latency + receive overhead under LogGP; the
+bottleneck of the route's capacities), so its cost does not grow with the node count: a million
+nodes cost what two do. Block placement is computed directly; a scattered placement builds the
+fabric (tests hold the two to each other on every topology).
+
+``GroupCosts`` times a collective over any group of ranks (a tensor-parallel group inside a node, a
+data-parallel group across nodes) with the collective's closed form on the group's hops, laid out
+over nodes as the event simulation lays it out (``RoleExecutor._devices_per_node``), and a message
+between two ranks. Both the closed-form executor and the simulated trainers of large-model layouts
+(whose tensor-parallel collectives run inside their compute) use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
+from ddlsim.algorithms.schedule import FabricCosts, HopCost
+from ddlsim.hardware_models.catalog import Link
+from ddlsim.simulator.engine.fabric import SWITCH_HOP_LATENCY_S, Fabric, FabricSpec, torus_shape
+
+
+def _hop(overhead_s: float, latency_s: float, bottleneck_Bps: float, loggp: bool) -> HopCost:
+    return HopCost(overhead_s * (2 if loggp else 1) + latency_s, bottleneck_Bps)
+
+
+def _core(spec: FabricSpec, net: Link) -> tuple[float, float]:
+    """(latency, narrowest capacity) of the core links between node 0 and the last node."""
+    if spec.topology == "fat_tree":
+        if spec.nodes <= spec.nodes_per_leaf:
+            return 0.0, float("inf")
+        uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
+        return 2 * SWITCH_HOP_LATENCY_S, uplink
+    if spec.topology in ("torus_2d", "torus_3d"):
+        shape = torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)
+        # node 0 to the last node: one hop per dimension of extent >= 2 (the wrap-around way)
+        hops = sum(1 for extent in shape if extent >= 2)
+        return hops * SWITCH_HOP_LATENCY_S, spec.nics_per_node * net.port_bandwidth_Bps if hops else float("inf")
+    return 0.0, float("inf")
+
+
+def fabric_costs(spec: FabricSpec) -> FabricCosts:
+    """``Fabric(spec).fabric_costs()``, without the fabric's per-device arrays (block placement)."""
+    if spec.placement != "block":
+        return Fabric(spec).fabric_costs()
+    intra = inter = None
+    if spec.devices_per_node > 1:
+        peer = spec.peer_link
+        assert peer is not None
+        intra = _hop(peer.per_message_overhead_s, peer.latency_s, peer.port_bandwidth_Bps, spec.loggp)
+    if spec.nodes > 1:
+        net, host = spec.network, spec.host_link
+        assert net is not None
+        core_latency, core_capacity = _core(spec, net)
+        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0)
+        bottleneck = min(net.port_bandwidth_Bps, core_capacity, host.port_bandwidth_Bps if host else float("inf"))
+        inter = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
+    intra = intra or inter or HopCost(0.0, float("inf"))
+    return FabricCosts(intra, inter or intra, spec.devices_per_node)
+
+
+class GroupCosts:
+    """Closed-form seconds of collectives and messages between the ranks of a run placed in blocks of
+    ``devices_per_node`` (rank r on node r // devices_per_node)."""
+
+    def __init__(self, spec: FabricSpec) -> None:
+        self.spec = spec
+        self.fabric = fabric_costs(spec)
+        self.devices_per_node = spec.devices_per_node
+
+    def group_layout(self, group: tuple[int, ...] | None, ranks: int) -> int:
+        """Members per node of ``group`` if it fills nodes in equal consecutive blocks, else 1 (as the
+        event simulation lays a group's schedule out); the run's devices per node without a group."""
+        if group is None:
+            return self.devices_per_node
+        nodes = np.asarray(group, dtype=np.int64) // self.devices_per_node
+        counts = np.bincount(nodes)
+        counts = counts[counts > 0]
+        per = int(counts[0])
+        return per if bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0)) else 1
+
+    def collective_s(
+        self,
+        collective: str,
+        algorithm: str,
+        ranks: int,
+        nbytes: float,
+        options: dict[str, Any],
+        group: tuple[int, ...] | None = None,
+    ) -> float:
+        per_node = self.group_layout(group, ranks)
+        token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node)
+        costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
+        impl = COLLECTIVE_ALGORITHMS.get(token)
+        return impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
+
+    def message_s(self, src: int, dst: int, nbytes: float) -> float:
+        same = src // self.devices_per_node == dst // self.devices_per_node
+        return (self.fabric.intra if same else self.fabric.inter).time(nbytes)

@@ -1,0 +1,316 @@
+"""What one rank of a Megatron layout costs: the simulated trainer of the ``megatron`` algorithm.
+
+A rank holds, on pipeline rank s, the model chunks of virtual stages s, s + P, ... (the transformer
+layers in order, the embedding with the first, the output head with the last). Per micro-batch of b
+sequences its forward of a chunk costs, over the chunk's blocks and their parts
+(``simulator.workloads.transformer_costs``):
+
+* compute: each part's roofline, max(FLOPs / (peak x efficiency), bytes / (memory bandwidth x
+  memory efficiency)); matrix FLOPs divided over the tensor-parallel ranks (replicated parts too
+  under sequence parallelism) and the context-parallel ranks (who split the sequence); bytes are the
+  part's activations (what it keeps for backward) and its weights;
+* ``tp``: the part's tensor-parallel collectives (Megatron's rules, ``transformer_traffic``) at the
+  collectives' closed forms over the TP group's links (inside an NVLink domain when tp <= devices
+  per node), not overlapped;
+* ``cp``: ring attention's key/value passes (c - 1 hops forward, twice back), hidden under the
+  attention core's compute where it is shorter;
+* ``ep``: an MoE layer's dispatch and combine all-to-alls (pairwise exchange over the EP group);
+* ``zero3``: ZeRO-3's gather of each block's weights before its forward and backward and the
+  reduce-scatter of its gradients after, overlapped with the block's compute (prefetch): only what
+  exceeds the compute shows.
+
+The backward costs twice the forward's FLOPs plus the recomputed forward (``full``: every layer's;
+``selective``: the attention cores'). Each work item carries its ``parts`` (seconds by cause), which
+the event simulation sums into where the time goes. The gradient reductions, the optimizer step
+(Adam: 16 bytes of fp32 state and gradient read and 14 written per parameter of the rank's shard)
+and the weight gathers of the distributed optimizer are what ``megatron``'s program communicates.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddlsim.algorithms.comm import Sized
+from ddlsim.algorithms.megatron_training import coordinates
+from ddlsim.algorithms.parallel_layout import ParallelLayout
+from ddlsim.hardware_models.catalog import Device
+from ddlsim.simulator.workloads.transformer import TransformerConfig
+from ddlsim.simulator.workloads.transformer_costs import Block, Part, transformer_blocks
+from ddlsim.simulator.workloads.transformer_traffic import (
+    context_parallel_kv_elements,
+    expert_all_to_all_elements,
+    pipeline_message_elements,
+    tensor_parallel_collectives,
+)
+
+TP_SPLIT = ("column", "row", "heads", "vocab_embedding", "vocab_logits")
+ADAM_BYTES_PER_PARAMETER = 30.0  # read fp32 master, two moments, gradient (16); write them (12) and bf16 weights (2)
+GRADIENT_BYTES = 4.0  # Megatron reduces fp32 main gradients
+COLLECTIVE_NAMES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter"}
+
+
+@dataclass
+class TimedWork:
+    """A compute item with the seconds of each cause (``compute``, ``tp``, ``cp``, ``ep``, ``zero3``)."""
+
+    name: str
+    duration_s: float
+    result: Any = None
+    iteration: int = 0
+    parts: dict[str, float] = field(default_factory=dict)
+
+    def run(self) -> Any:
+        return self.result
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    forward_parts: dict[str, float]
+    backward_parts: dict[str, float]
+    output_bytes: float  # the activation sent to the next virtual stage (0 after the last)
+    input_gradient_bytes: float  # the gradient sent back (0 before the first)
+    dense_parameters: float  # on this rank (after tensor parallelism)
+    expert_parameters: float
+
+
+def virtual_stage_of_blocks(blocks: tuple[Block, ...], layout: ParallelLayout) -> list[int]:
+    """Virtual stage (chunk x pp + pipeline rank) of each block: layers in order over the P x V
+    virtual stages (uneven end stages as the layout says), the embedding with the first layer after
+    it, any other block with the layer before it."""
+    layers = [i for i, block in enumerate(blocks) if block.kind == "layer"]
+    stages = layout.pp * layout.virtual_stages
+    interleaved = layout.virtual_stages > 1
+    counts = [len(layers) // stages] * stages if interleaved else layout.layers_per_stage(len(layers))
+    virtual = [0] * len(blocks)
+    position = 0
+    for stage, count in enumerate(counts):
+        for index in layers[position : position + count]:
+            virtual[index] = stage
+        position += count
+    for index, block in enumerate(blocks):
+        if block.kind != "layer":
+            following = [i for i in layers if i > index]
+            preceding = [i for i in layers if i < index]
+            if block.kind == "embedding" and following:
+                virtual[index] = virtual[following[0]]
+            else:
+                virtual[index] = virtual[preceding[-1]] if preceding else 0
+    return virtual
+
+
+class Collectives:
+    """Closed-form seconds of a collective over a group of ranks (``ClosedFormCosts`` or the like)."""
+
+    def __init__(self, collective_s: Callable[..., float], message_s: Callable[[int, int, float], float]) -> None:
+        self.collective_s = collective_s
+        self.message_s = message_s
+
+
+def _roofline(flops: float, nbytes: float, device: Device, precision: str) -> float:
+    compute = flops / (device.peak_flops_for(precision) * device.efficiency_for("transformer")) if flops else 0.0
+    memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
+    return max(compute, memory)
+
+
+class TransformerCosts:
+    """Per-chunk costs of every pipeline rank of a layout (shared by that rank's tensor, context and
+    data-parallel peers: they run the same chunks)."""
+
+    def __init__(self, config: TransformerConfig, layout: ParallelLayout, device: Device, precision: str,
+                 comm: Collectives, algorithm: str = "ring") -> None:  # fmt: skip
+        self.config, self.layout, self.device, self.precision = config, layout, device, precision
+        self.comm, self.algorithm = comm, algorithm
+        self.activation_bytes = 4.0 if precision == "fp32" else 2.0
+        self.weight_bytes = 4.0 if precision == "fp32" else 2.0
+        self.blocks = transformer_blocks(config)
+        self.virtual = virtual_stage_of_blocks(self.blocks, layout)
+        self._chunks: dict[tuple[int, int], ChunkCost] = {}
+
+    def chunk(self, rank: int, chunk: int) -> ChunkCost:
+        """The cost of ``chunk`` on ``rank`` (costs differ by pipeline rank only; groups are ``rank``'s)."""
+        stage = coordinates(rank, self.layout).pp
+        key = (stage, chunk)
+        if key not in self._chunks:
+            self._chunks[key] = self._chunk_cost(rank, chunk * self.layout.pp + stage)
+        return self._chunks[key]
+
+    # --- groups of a rank (the collectives' closed forms need their placement) -----------------------
+    def _tp_group(self, rank: int) -> tuple[int, ...]:
+        first = rank - rank % self.layout.tp
+        return tuple(range(first, first + self.layout.tp))
+
+    def _group_s(self, collective: str, nbytes: float, group: tuple[int, ...]) -> float:
+        if len(group) < 2 or nbytes <= 0:
+            return 0.0
+        return self.comm.collective_s(collective, self.algorithm, len(group), nbytes, {}, group=group)
+
+    def _cp_neighbour(self, rank: int) -> int:
+        layout = self.layout
+        here = coordinates(rank, layout)
+        return rank + layout.tp * ((here.cp + 1) % layout.cp - here.cp)
+
+    def _ep_group(self, rank: int) -> tuple[int, ...]:
+        """The expert-parallel ranks of ``rank``: ep consecutive members of its data-parallel group."""
+        from ddlsim.algorithms.megatron_training import data_parallel_group
+
+        members = data_parallel_group(rank, self.layout)
+        index = members.index(rank)
+        first = index - index % self.layout.ep
+        return members[first : first + self.layout.ep]
+
+    # --- one chunk ------------------------------------------------------------------------------------
+    def _part_s(self, part: Part, block: Block, backward: bool) -> float:
+        layout = self.layout
+        b, tp, cp = layout.micro_batch, layout.tp, layout.cp
+        split = part.tensor_parallel in TP_SPLIT or (layout.sequence_parallel and part.tensor_parallel == "replicated")
+        divisor = cp * (tp if split else 1)
+        flops = (part.backward_flops if backward else part.forward_flops) * part.executed_factor * b / divisor
+        saved = b * part.saved.bytes(
+            tp, layout.sequence_parallel, layout.flash_attention, layout.recompute != "selective",
+            self.activation_bytes,
+        ) / cp  # fmt: skip
+        if part.expert:
+            parameters = part.parameters / (tp * layout.ep)
+        else:
+            parameters = part.parameters / (tp if part.tensor_parallel in TP_SPLIT else 1)
+        nbytes = (2.0 if backward else 1.0) * saved + parameters * self.weight_bytes
+        return _roofline(flops, nbytes, self.device, self.precision)
+
+    def _tp_s(self, part: Part, rank: int, backward: bool) -> float:
+        layout = self.layout
+        if layout.tp == 1 or not part.boundary_elements:
+            return 0.0
+        forward, backward_ones = tensor_parallel_collectives(part, layout.sequence_parallel)
+        size = part.boundary_elements * layout.micro_batch * self.activation_bytes / layout.cp
+        group = self._tp_group(rank)
+        return sum(self._group_s(COLLECTIVE_NAMES[c], size, group) for c in (backward_ones if backward else forward))
+
+    def _cp_s(self, block: Block, rank: int, backward: bool, core_s: float) -> float:
+        layout = self.layout
+        if layout.cp == 1 or block.kind != "layer":
+            return 0.0
+        step_bytes = context_parallel_kv_elements(self.config, block) * layout.micro_batch * self.activation_bytes
+        step_bytes /= layout.cp * layout.tp  # each rank passes its heads' share of its sequence chunk
+        ring = (layout.cp - 1) * self.comm.message_s(rank, self._cp_neighbour(rank), step_bytes)
+        return max(0.0, (2.0 if backward else 1.0) * ring - core_s)  # the exchange hides under the core
+
+    def _ep_s(self, block: Block, rank: int) -> float:
+        layout = self.layout
+        elements = expert_all_to_all_elements(block)
+        if layout.ep == 1 or not elements:
+            return 0.0
+        group = self._ep_group(rank)
+        per_peer = elements * layout.micro_batch * self.activation_bytes / (layout.cp * layout.tp * layout.ep)
+        exchange = sum(self.comm.message_s(rank, peer, per_peer) for peer in group if peer != rank)
+        return 2.0 * exchange  # dispatch and combine (forward), or their gradients (backward)
+
+    def _zero3_s(self, block: Block, rank: int, compute_s: float, backward: bool) -> float:
+        from ddlsim.algorithms.megatron_training import data_parallel_group
+
+        layout = self.layout
+        if layout.zero_stage < 3:
+            return 0.0
+        group = data_parallel_group(rank, layout)
+        parameters = sum(
+            p.parameters / (layout.tp if p.tensor_parallel in TP_SPLIT else 1) for p in block.parts if not p.expert
+        )
+        seconds = self._group_s("allgather", parameters * self.weight_bytes, group)
+        if backward:
+            seconds += self._group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
+        return max(0.0, seconds - compute_s)
+
+    def _chunk_cost(self, rank: int, virtual: int) -> ChunkCost:
+        layout = self.layout
+        forward = dict.fromkeys(("compute", "tp", "cp", "ep", "zero3"), 0.0)
+        backward = dict(forward)
+        dense = expert = 0.0
+        blocks = [block for block, stage in zip(self.blocks, self.virtual, strict=True) if stage == virtual]
+        for block in blocks:
+            block_forward = block_backward = core_forward = 0.0
+            for part in block.parts:
+                part_forward = self._part_s(part, block, backward=False)
+                recomputed = block.kind == "layer" and (
+                    layout.recompute == "full" or (layout.recompute == "selective" and part.name.endswith("_core"))
+                )
+                block_forward += part_forward
+                block_backward += self._part_s(part, block, backward=True) + (part_forward if recomputed else 0.0)
+                core_forward += part_forward if part.name.endswith("_core") else 0.0
+                forward["tp"] += self._tp_s(part, rank, backward=False)
+                backward["tp"] += self._tp_s(part, rank, backward=True)
+                if part.expert:
+                    expert += part.parameters / (layout.tp * layout.ep)
+                else:
+                    dense += part.parameters / (layout.tp if part.tensor_parallel in TP_SPLIT else 1)
+            forward["compute"] += block_forward
+            backward["compute"] += block_backward
+            forward["cp"] += self._cp_s(block, rank, False, core_forward)
+            backward["cp"] += self._cp_s(block, rank, True, 2 * core_forward)
+            forward["ep"] += self._ep_s(block, rank)
+            backward["ep"] += self._ep_s(block, rank)
+            forward["zero3"] += self._zero3_s(block, rank, block_forward, backward=False)
+            backward["zero3"] += self._zero3_s(block, rank, block_backward, backward=True)
+        last = layout.pp * layout.virtual_stages - 1
+        message = 0.0
+        if blocks:
+            # Megatron's scatter-gather: each tensor-parallel rank sends 1/tp of the hidden states
+            message = pipeline_message_elements(blocks[-1], self.config.hidden) * layout.micro_batch
+            message *= self.activation_bytes / (layout.tp * layout.cp)
+        return ChunkCost(
+            forward, backward, message if virtual < last else 0.0, message if virtual > 0 else 0.0, dense, expert
+        )
+
+
+class TransformerTrainer:
+    """The ``Trainer`` of one simulated rank of the ``megatron`` algorithm."""
+
+    def __init__(self, costs: TransformerCosts, rank: int, sample: Callable[[], float] | None = None) -> None:
+        self.costs, self.rank = costs, rank
+        self.layout = costs.layout
+        self.sample = sample or (lambda: 1.0)
+        self.iteration = 0
+        self._step_factor = 1.0
+
+    def _work(self, name: str, parts: dict[str, float], result: Any) -> TimedWork:
+        scaled = {key: value * (self._step_factor if key == "compute" else 1.0) for key, value in parts.items()}
+        return TimedWork(name, math.fsum(scaled.values()), result, max(self.iteration - 1, 0), scaled)
+
+    def stage_forward(self, micro_batch: int, chunk: int, activation: Any) -> TimedWork:
+        if micro_batch == 0 and chunk == 0:  # a new iteration: one straggler draw for its compute
+            self.iteration += 1
+            self._step_factor = self.sample()
+        cost = self.costs.chunk(self.rank, chunk)
+        output = Sized(cost.output_bytes, "activation") if cost.output_bytes else None
+        return self._work("forward", cost.forward_parts, output)
+
+    def stage_backward(self, micro_batch: int, chunk: int, gradient: Any) -> TimedWork:
+        cost = self.costs.chunk(self.rank, chunk)
+        result = Sized(cost.input_gradient_bytes, "activation_gradient") if cost.input_gradient_bytes else None
+        return self._work("backward", cost.backward_parts, result)
+
+    def chunk_gradients(self, chunk: int) -> list[tuple[Sized, str, str]]:
+        layout = self.layout
+        if layout.zero_stage >= 3:  # reduce-scattered block by block during backward (inside compute)
+            return []
+        cost = self.costs.chunk(self.rank, chunk)
+        collective = "allreduce" if layout.zero_stage == 0 else "reduce_scatter"
+        out = [(Sized(cost.dense_parameters * GRADIENT_BYTES, "gradient"), collective, "dense")]
+        if cost.expert_parameters:
+            out.append((Sized(cost.expert_parameters * GRADIENT_BYTES, "gradient"), collective, "expert"))
+        return out
+
+    def parameter_shard(self, chunk: int) -> Sized:
+        return Sized(self.costs.chunk(self.rank, chunk).dense_parameters * self.costs.weight_bytes, "weights")
+
+    def step(self, reduced: Any, scale: float = 1.0) -> TimedWork:
+        layout = self.layout
+        dense = sum(self.costs.chunk(self.rank, c).dense_parameters for c in range(layout.virtual_stages))
+        expert = sum(self.costs.chunk(self.rank, c).expert_parameters for c in range(layout.virtual_stages))
+        if layout.zero_stage >= 1:
+            dense /= layout.dp * layout.cp
+            expert /= max(1, layout.dp * layout.cp // layout.ep)
+        device = self.costs.device
+        seconds = (dense + expert) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_Bps * device.memory_efficiency)
+        return TimedWork("update", seconds, None, max(self.iteration - 1, 0), {"compute": seconds})
