@@ -48,7 +48,10 @@ def register(subparsers) -> None:
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
     p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
-    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument(
+        "--progress", action=argparse.BooleanOptionalAction, default=None,
+        help="progress on stderr (default: a bar on a terminal, a line per stage otherwise after 1 s)",
+    )  # fmt: skip
     p.set_defaults(func=run)
 
 
@@ -64,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     rank_counts = parse_counts(args.ranks, "ranks")
     options = parse_options(args.algorithm_option)
     points = [(ranks, size) for ranks in rank_counts for size in sizes]
-    progress = Progress("simulating", args.progress)
+    progress = Progress(f"simulating {args.collective} ({args.algorithm})", args.progress, unit="points")
     rows = []
     for index, (ranks, size) in enumerate(points, start=1):
         rows.append(simulate_collective(setup, args.algorithm, args.collective, ranks, size, options, args.mode))

@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import copy
 import sys
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ddlsim.simulator.engine.fabric import topology_of
+from ddlsim.simulator.progress import Progress
 from ddlsim.simulator.scenario import ScenarioError
+
+__all__ = ["InputError", "Progress", "add_topology_arguments", "parse_options", "print_table", "topology_options"]
 
 
 class InputError(ValueError):
@@ -37,26 +39,6 @@ def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out=N
     print("  ".join(column.rjust(width) for column, width in zip(columns, widths, strict=True)), file=out)
     for line in cells:
         print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)), file=out)
-
-
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal (or forced)."""
-
-    def __init__(self, label: str, enabled: bool | None = None) -> None:
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.started = time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * done / total)
-        elapsed = time.monotonic() - self.started
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.1f}s")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
 
 
 def given_flags(args: argparse.Namespace) -> set[str]:
