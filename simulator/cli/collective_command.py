@@ -5,17 +5,17 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddlsim.hardware_models.units import format_bytes
+from ddlsim.hardware_models.units import SIZE_UNITS, format_bytes, parse_sizes
 from ddlsim.simulator.cli.common import (
     Progress,
     add_topology_arguments,
+    parse_counts,
     parse_options,
     print_table,
     topology_options,
 )
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
 from ddlsim.simulator.records import write_csv, write_json
-from ddlsim.simulator.sweep import parse_counts, parse_sizes
 
 COLUMNS = (
     "algorithm",
@@ -38,7 +38,10 @@ def register(subparsers) -> None:
     )
     p.add_argument("--algorithm", default="ring", help="algorithm token, or a library: nccl, mpich, mlsl, openmpi")
     p.add_argument("--collective", default="allreduce", help="allreduce, reduce_scatter, allgather, broadcast, reduce")
-    p.add_argument("--message-bytes", default="100MB", help="size or sweep: 100MB, 1KB:1GB:x2")
+    p.add_argument(
+        "--message-bytes", default="100MB",
+        help=f"sizes per rank: 100MB, 1KiB,4KiB or a range 1KiB:1GiB:x2 (ends at its END); units {SIZE_UNITS}",
+    )  # fmt: skip
     p.add_argument("--ranks", default="64", help="rank counts: 64, 2,4,...,4096 or 2:4096:x2")
     p.add_argument("--devices-per-node", type=int, default=1)
     p.add_argument("--intra-node", default=None, help="intra-node link when devices-per-node > 1")
@@ -63,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         network=args.network,
         **topology_options(args),
     )
-    sizes = parse_sizes(args.message_bytes)
+    sizes = parse_sizes(args.message_bytes, "--message-bytes")
     rank_counts = parse_counts(args.ranks, "ranks")
     options = parse_options(args.algorithm_option)
     points = [(ranks, size) for ranks in rank_counts for size in sizes]

@@ -8,15 +8,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ddlsim.simulator.cli.parsing import InputError, parse_counts
 from ddlsim.simulator.engine.fabric import topology_of
 from ddlsim.simulator.progress import Progress
 from ddlsim.simulator.scenario import ScenarioError
 
-__all__ = ["InputError", "Progress", "add_topology_arguments", "parse_options", "print_table", "topology_options"]
-
-
-class InputError(ValueError):
-    """Bad command-line input detected by a command itself."""
+__all__ = [
+    "InputError", "Progress", "add_topology_arguments", "parse_counts", "parse_options", "print_table",
+    "topology_options",
+]  # fmt: skip
 
 
 def format_cell(value: Any) -> str:
