@@ -234,3 +234,58 @@ def test_help_says_which_size_units_are_decimal(capsys):
         main(["collective", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "1 kB = 1000 B" in text and "1 KiB = 1024 B" in text and "1KiB:1GiB:x2" in text
+
+
+# --- 5. files others can read; 9. valid JSON ------------------------------------------------------------
+
+
+def test_atomic_writes_end_with_the_umask_mode_and_keep_an_existing_files_mode(tmp_path):
+    import os
+    import stat
+
+    from ddlsim.simulator.records import atomic_open, write_csv
+
+    old = os.umask(0o022)
+    try:
+        write_csv(tmp_path / "results.csv", [{"a": 1}], ("a",))
+        assert stat.S_IMODE((tmp_path / "results.csv").stat().st_mode) == 0o644
+        os.umask(0o007)
+        with atomic_open(tmp_path / "group.txt") as handle:
+            handle.write("x")
+        assert stat.S_IMODE((tmp_path / "group.txt").stat().st_mode) == 0o660
+        (tmp_path / "results.csv").chmod(0o640)  # a mode the owner chose survives a rewrite
+        write_csv(tmp_path / "results.csv", [{"a": 2}], ("a",))
+        assert stat.S_IMODE((tmp_path / "results.csv").stat().st_mode) == 0o640
+    finally:
+        os.umask(old)
+
+
+def test_result_files_of_a_command_are_readable_by_others(capsys, tmp_path):
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        code, _, err = run(capsys, "collective", "--ranks", "4", "--message-bytes", "1MB", "--out", str(tmp_path / "c"))
+    finally:
+        os.umask(old)
+    assert code == 0, err
+    for name in ("results.csv", "setup.json"):
+        assert stat.S_IMODE((tmp_path / "c" / name).stat().st_mode) == 0o644, name
+
+
+def test_json_files_are_strict_json(tmp_path):
+    import json
+
+    from ddlsim.simulator.records import write_json, write_jsonl
+
+    write_json(tmp_path / "s.json", {"median_ape": float("nan"), "rows": [1.5, float("inf")], "n": 0})
+    text = (tmp_path / "s.json").read_text()
+    assert "NaN" not in text and "Infinity" not in text
+
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+
+    assert json.loads(text, parse_constant=refuse) == {"median_ape": None, "rows": [1.5, None], "n": 0}
+    write_jsonl(tmp_path / "t.jsonl", [{"x": float("-inf")}])
+    assert json.loads((tmp_path / "t.jsonl").read_text(), parse_constant=refuse) == {"x": None}
