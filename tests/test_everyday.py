@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 
@@ -289,3 +290,241 @@ def test_json_files_are_strict_json(tmp_path):
     assert json.loads(text, parse_constant=refuse) == {"median_ape": None, "rows": [1.5, None], "n": 0}
     write_jsonl(tmp_path / "t.jsonl", [{"x": float("-inf")}])
     assert json.loads((tmp_path / "t.jsonl").read_text(), parse_constant=refuse) == {"x": None}
+
+
+# --- 9. --out checked before the work starts -------------------------------------------------------------
+
+
+def _sim_dir(tmp_path):
+    """A small simulate result directory for the plot and report commands."""
+    from ddlsim.simulator.records import write_csv
+
+    run_dir = tmp_path / "sim"
+    rows = [
+        {"nodes": n, "devices": 8 * n, "iteration_s": 0.1 * (1 + n / 10), "compute_s": 0.1, "exposed_comm_s": 0.01 * n,
+         "scaling_efficiency": 1 / (1 + n / 10), "throughput_samples_per_s": 640 * n / (1 + n / 10)}
+        for n in (1, 2)
+    ]  # fmt: skip
+    write_csv(run_dir / "results.csv", rows, tuple(rows[0]))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    ("command", "out_kind", "message"),
+    [
+        ("collective", "file", "is a file; give a directory to write results.csv, setup.json"),
+        ("collective", "under_file", "is a file, not a directory"),
+        ("collective", "unwritable", "cannot write in /sys: Permission denied"),
+        ("plot", "directory", "is a directory; give the name of the file to write"),
+        ("plot", "under_file", "is a file, not a directory"),
+        ("plot", "unwritable", "cannot write in /sys"),
+        ("report", "directory", "is a directory; give the name of the file to write"),
+        ("report", "unwritable", "cannot write in /sys"),
+        ("gallery", "file", "is a file; give a directory to write README.md, index.html"),
+        ("bench", "file", "is a file; give a directory to write measurements.csv"),
+        ("bench", "unwritable", "cannot write in /sys"),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_refused_before_the_work(capsys, tmp_path, command, out_kind, message):
+    import os
+
+    if out_kind == "unwritable" and os.access("/sys", os.W_OK) and os.geteuid() != 0:
+        pytest.skip("/sys is writable here")
+    (tmp_path / "a_file").write_text("keep me")
+    (tmp_path / "a_dir").mkdir()
+    out = {
+        "file": tmp_path / "a_file", "directory": tmp_path / "a_dir", "under_file": tmp_path / "a_file" / "x",
+        "unwritable": Path("/sys/ddlsim-out"),
+    }[out_kind]  # fmt: skip
+    argv = {
+        "collective": ["collective", "--ranks", "4", "--message-bytes", "1MB"],
+        "plot": ["plot", "scaling", str(_sim_dir(tmp_path))],
+        "report": ["report", str(_sim_dir(tmp_path))],
+        "gallery": ["report", "gallery"],
+        "bench": ["bench", "-n", "2", "--benchmarks", "ping_pong"],
+    }[command]
+    code, stdout, err = run(capsys, *argv, "--out", str(out))
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"ddlsim: error: --out {out}: ") and message in err
+    assert ".tmp" not in err and stdout == ""  # the user's path, and nothing ran
+    assert (tmp_path / "a_file").read_text() == "keep me" and list((tmp_path / "a_dir").iterdir()) == []
+
+
+def test_unwritable_directory_is_refused_for_a_user_without_root(tmp_path):
+    import os
+
+    from ddlsim.simulator.cli.common import InputError, check_output
+
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere; the /sys case covers a read-only place")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o555)
+    with pytest.raises(InputError, match="cannot write in"):
+        check_output(locked / "run", "directory")
+
+
+def test_a_file_named_like_an_output_inside_the_directory_is_refused(tmp_path):
+    from ddlsim.simulator.cli.common import InputError, check_output
+
+    (tmp_path / "results.csv").mkdir()
+    with pytest.raises(InputError, match=r"results\.csv is a directory, where the file results\.csv goes"):
+        check_output(tmp_path, "directory", files=("results.csv",))
+    check_output(tmp_path / "new" / "deeper", "directory", files=("results.csv",))  # created later: fine
+    assert not (tmp_path / "new").exists()  # the check itself writes nothing
+
+
+# --- 5. the gallery writes where the user says, and reports only read files -----------------------------
+
+
+def test_gallery_defaults_to_the_working_directory_not_the_package(monkeypatch, tmp_path):
+    import ddlsim
+    from ddlsim.simulator.cli import gallery_runs
+
+    monkeypatch.chdir(tmp_path)
+    assert not gallery_runs.DEFAULT_OUT.is_absolute()
+    assert gallery_runs.DEFAULT_OUT.resolve().parent == tmp_path
+    package = Path(ddlsim.__file__).resolve().parent
+    assert package not in gallery_runs.DEFAULT_OUT.resolve().parents
+
+
+def test_reports_import_nothing_of_the_simulator_but_its_records():
+    import re
+
+    import ddlsim.reports
+
+    folder = Path(ddlsim.reports.__file__).resolve().parent
+    imports = {
+        match
+        for path in folder.glob("*.py")
+        for match in re.findall(r"ddlsim\.simulator[.\w]*", path.read_text(encoding="utf-8"))
+    }
+    assert imports <= {"ddlsim.simulator.records"}, imports
+
+
+# --- 6. quick to start --------------------------------------------------------------------------------
+
+
+def _modules_after(code: str) -> set[str]:
+    import subprocess
+    import sys
+
+    probe = f"import sys\n{code}\nprint(' '.join(sorted(sys.modules)))"
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False)
+    return set(result.stdout.split())
+
+
+def test_help_imports_no_command_module_and_no_numerical_library():
+    loaded = _modules_after(
+        "from ddlsim.simulator.cli.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass"
+    )
+    assert "ddlsim.simulator.cli.main" in loaded
+    heavy = {"numpy", "simpy", "matplotlib", "torch", "importlib.metadata", "ddlsim.simulator.cli.simulate_command"}
+    assert not heavy & loaded, heavy & loaded
+
+
+def test_a_command_imports_only_its_own_module():
+    loaded = _modules_after(
+        "from ddlsim.simulator.cli.main import main\nmain(['collective', '--ranks', '2', '--message-bytes', '1KB'])"
+    )
+    assert "ddlsim.simulator.cli.collective_command" in loaded
+    assert not {"matplotlib", "ddlsim.simulator.cli.simulate_command", "ddlsim.simulator.cli.bench_command"} & loaded
+
+
+def test_version(capsys):
+    import ddlsim
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0
+    assert capsys.readouterr().out == f"ddlsim {ddlsim.__version__}\n" and ddlsim.__version__[0].isdigit()
+
+
+def test_the_lazy_help_of_each_command_is_the_commands_own():
+    from ddlsim.simulator.cli.main import ALIASES, COMMANDS, build_parser
+
+    loaded = build_parser(every=True)._subparsers._group_actions[0]  # type: ignore[union-attr]
+    helps = {action.dest: action.help for action in loaded._choices_actions}
+    assert {name: help_text for name, (_, help_text) in COMMANDS.items()} == {
+        name: helps[name] for name in COMMANDS
+    }
+    assert set(loaded.choices) == set(COMMANDS) | set(ALIASES)
+
+
+def test_malformed_options_are_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["collective", "--nics-per-node", "1e308"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1
+    assert err.startswith("ddlsim: error: argument --nics-per-node: --nics-per-node takes a whole number")
+    with pytest.raises(SystemExit):
+        main(["collective", "--oversubscription", "inf"])
+    assert "must be in [1, 1024], got 'inf'" in capsys.readouterr().err
+
+
+# --- 7. bench rows: ids unique per run; 9/10. bench input ---------------------------------------------------
+
+
+class OneRank:
+    """The one-rank side of a transport that BenchContext needs before any benchmark runs."""
+
+    rank, size = 0, 1
+
+    def allgather_object(self, value):
+        return [value]
+
+
+def test_bench_row_ids_are_unique_per_run():
+    from ddlsim.real_runs.microbench import BenchContext, Stats
+
+    ids = []
+    for _ in range(2):
+        context = BenchContext(OneRank())
+        for size in (1024, 2048):
+            context.add(kind="collective", collective="allreduce", algorithm="ring", ranks=1, message_bytes=size,
+                        stats=Stats.of([1e-3, 2e-3]), bus_Bps=1e9)  # fmt: skip
+        assert all(row["id"].startswith(f"BENCH-{context.run_id}-") for row in context.rows)
+        ids.append([row["id"] for row in context.rows])
+    assert len(set(ids[0])) == 4 and not set(ids[0]) & set(ids[1])
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--collective-sizes", "0"], "--collective-sizes: sizes must be > 0 bytes"),
+        (["--collective-sizes", "1KiB,0.5"], "not a whole number of bytes"),
+        (["--collective-sizes", "64GiB"], "outside 1 B to 16 GiB"),
+        (["--p2p-max-bytes", "1e308"], "outside what is physically meaningful"),
+        (["--rank-counts", "2,9"], "--rank-counts: 9 is not between 2 and the 2 ranks of -n"),
+        (["--batch-sizes", "16,0"], "--batch-sizes: counts must be positive"),
+        (["--benchmarks", "pingpong"], "unknown benchmark(s) pingpong"),
+    ],
+)
+def test_bench_refuses_bad_input_before_launching(capsys, tmp_path, argv, message):
+    code, _, err = run(capsys, "bench", "-n", "2", *argv, "--out", str(tmp_path / "b"))
+    assert code == 2 and err.count("\n") == 1 and message in err
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.mpi
+def test_two_bench_runs_share_no_row_id_and_report_progress(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from ddlsim.simulator.records import read_csv
+
+    pytest.importorskip("mpi4py")
+    env = {**os.environ, "MPIR_CVAR_POLLS_BEFORE_YIELD": "1"}
+    env.pop("DDLSIM_PROGRESS", None)
+    ids = []
+    for name in ("a", "b"):
+        command = [sys.executable, "-m", "ddlsim", "bench", "-n", "2", "--benchmarks", "ping_pong,collectives",
+                   "--p2p-max-bytes", "64KiB", "--collective-sizes", "1KiB:4MiB:x4", "--repeats", "3", "--warmup", "1",
+                   "--out", str(tmp_path / name)]  # fmt: skip
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300, check=False)
+        assert done.returncode == 0, done.stderr
+        ids.append({row["id"] for row in read_csv(tmp_path / name / "measurements.csv")})
+        if name == "a":  # the collectives stage outlasts the quiet first second on this machine
+            assert "ddlsim: bench collectives: " in done.stderr and "points (100%)" in done.stderr
+    assert ids[0] and ids[1] and not ids[0] & ids[1]

@@ -9,6 +9,7 @@ from ddlsim.hardware_models.units import SIZE_UNITS, format_bytes, parse_sizes
 from ddlsim.simulator.cli.common import (
     Progress,
     add_topology_arguments,
+    check_output,
     parse_counts,
     parse_options,
     print_table,
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_output(args.out, "directory", files=("results.csv", "setup.json"))
     setup = CollectiveSetup(
         devices_per_node=args.devices_per_node,
         intra_node=args.intra_node,

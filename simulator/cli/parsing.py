@@ -74,7 +74,8 @@ def _range(text: str, what: str) -> tuple[int, ...]:
         raise InputError(f"{what}: the range {text!r} runs backwards (END {end} < START {start}); "
                          "write START:END with START <= END")  # fmt: skip
     factor, geometric = int(match.group(2)), match.group(1) in "x*"
-    values, current = [], start
+    values: list[int] = []
+    current = start
     while current < end and len(values) <= MAX_SWEEP_POINTS:
         values.append(current)
         current = current * factor if geometric else current + factor
