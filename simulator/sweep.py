@@ -8,8 +8,11 @@ runs them: ``serial``, a local process pool (``process``), or ``mpi4py.futures``
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import os
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
 from typing import Any
 
 # parse_sizes moved to hardware_models.units and parse_counts to the command line's parsing helper;
@@ -46,13 +49,72 @@ def _point(args: tuple[Scenario, int]) -> dict[str, Any]:
     return simulate_point(*args)
 
 
+class SweepInterrupted(KeyboardInterrupt):
+    """A sweep stopped by SIGINT (Ctrl-C) or SIGTERM; ``rows`` holds the points that finished
+    (index into ``scenario.nodes`` -> row), which the caller's ``on_row`` has already seen."""
+
+    def __init__(self, signum: int, rows: dict[int, dict[str, Any]]) -> None:
+        super().__init__(f"interrupted by {signal.Signals(signum).name} after {len(rows)} finished point(s)")
+        self.signum = signum
+        self.rows = rows
+
+
+class _Stop(KeyboardInterrupt):
+    """Raised in the main thread by the SIGTERM handler of a running sweep."""
+
+    signum = signal.SIGTERM
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """Within the block, SIGTERM stops the main thread as Ctrl-C does (only the main thread can
+    install handlers; elsewhere the block changes nothing)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise _Stop()
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _worker_ignores_sigint() -> None:
+    # Ctrl-C reaches the whole foreground process group: the parent alone decides what it means, and
+    # ends the workers itself (no traceback per worker)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _end_workers(executor: concurrent.futures.Executor) -> None:
+    """Cancel what has not started and end the workers now, without waiting for their points."""
+    processes = list(getattr(executor, "_processes", None) or {})
+    executor.shutdown(wait=False, cancel_futures=True)
+    for pid in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in processes:  # reap them, so that none is left as a zombie or an orphan
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, 0)
+
+
 def run_sweep(
     scenario: Scenario,
     workers: int | None = None,
     pool: str = "auto",
     progress: Callable[[int, int], None] | None = None,
+    on_row: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """Simulate every node count of ``scenario``; rows come back in the order of ``scenario.nodes``."""
+    """Simulate every node count of ``scenario``; rows come back in the order of ``scenario.nodes``.
+
+    ``progress(done, total)`` after each point; ``on_row(index, row)`` as each point finishes (in
+    finishing order; ``index`` into ``scenario.nodes``), so a caller can write rows as they come.
+    SIGINT (Ctrl-C) or SIGTERM stops the sweep promptly: points not started are cancelled, the
+    pool's workers are ended, and ``SweepInterrupted`` (a KeyboardInterrupt) carries the finished rows.
+    """
     if pool not in POOLS:
         raise ScenarioError(f"unknown executor pool {pool!r}; valid: {', '.join(POOLS)}")
     tasks = [(scenario, nodes) for nodes in scenario.nodes]
@@ -62,28 +124,45 @@ def run_sweep(
     workers = workers or min(os.cpu_count() or 1, total)
     if pool == "auto":
         pool = "serial" if workers == 1 or total == 1 else "process"
-    rows: list[dict[str, Any] | None] = [None] * total
-    if pool == "serial":
-        for index, task in enumerate(tasks):
-            rows[index] = _point(task)
-            if progress:
-                progress(index + 1, total)
-        return [row for row in rows if row is not None]
-    executor: concurrent.futures.Executor
+    finished: dict[int, dict[str, Any]] = {}
+
+    def keep(index: int, row: dict[str, Any]) -> None:
+        finished[index] = row
+        if on_row:
+            on_row(index, row)
+        if progress:
+            progress(len(finished), total)
+
+    executor: concurrent.futures.Executor | None = None
+    try:
+        with _sigterm_interrupts():
+            if pool == "serial":
+                for index, task in enumerate(tasks):
+                    keep(index, _point(task))
+            else:
+                executor = _executor(pool, workers)
+                # biggest points first, so the slowest does not start last
+                order = sorted(range(total), key=lambda i: -tasks[i][1])
+                futures = {executor.submit(_point, tasks[i]): i for i in order}
+                for future in concurrent.futures.as_completed(futures):
+                    keep(futures[future], future.result())
+                executor.shutdown()
+    except KeyboardInterrupt as interrupt:
+        if executor is not None:
+            _end_workers(executor)
+        raise SweepInterrupted(getattr(interrupt, "signum", signal.SIGINT), finished) from None
+    except BaseException:
+        if executor is not None:
+            _end_workers(executor)
+        raise
+    return [finished[index] for index in range(total)]
+
+
+def _executor(pool: str, workers: int) -> concurrent.futures.Executor:
     if pool == "mpi":
         try:
             from mpi4py.futures import MPIPoolExecutor
         except ImportError:
             raise ScenarioError("--executor-pool mpi needs mpi4py: pip install 'ddlsim[real]'") from None
-        executor = MPIPoolExecutor(max_workers=workers)
-    else:
-        executor = concurrent.futures.ProcessPoolExecutor(max_workers=workers)
-    with executor:
-        # biggest points first, so the slowest does not start last
-        order = sorted(range(total), key=lambda i: -tasks[i][1])
-        futures = {executor.submit(_point, tasks[i]): i for i in order}
-        for done, future in enumerate(concurrent.futures.as_completed(futures), start=1):
-            rows[futures[future]] = future.result()
-            if progress:
-                progress(done, total)
-    return [row for row in rows if row is not None]
+        return MPIPoolExecutor(max_workers=workers)
+    return concurrent.futures.ProcessPoolExecutor(max_workers=workers, initializer=_worker_ignores_sigint)

@@ -528,3 +528,83 @@ def test_two_bench_runs_share_no_row_id_and_report_progress(tmp_path):
         if name == "a":  # the collectives stage outlasts the quiet first second on this machine
             assert "ddlsim: bench collectives: " in done.stderr and "points (100%)" in done.stderr
     assert ids[0] and ids[1] and not ids[0] & ids[1]
+
+
+# --- 9. interrupting a process-pool sweep ---------------------------------------------------------------
+
+SWEEP_SCRIPT = """
+import sys, time
+from ddlsim.simulator import sweep
+from ddlsim.simulator.scenario import Scenario
+
+def slow_point(task):
+    scenario, nodes = task
+    time.sleep(0.2 if nodes == 4 else 60)  # the biggest point starts first and ends at once
+    return {"nodes": nodes}
+
+sweep._point = slow_point  # forked workers inherit it
+try:
+    sweep.run_sweep(Scenario(nodes=(1, 2, 3, 4)), workers=2, pool="process",
+                    on_row=lambda index, row: print("row", index, row["nodes"], flush=True))
+except sweep.SweepInterrupted as stop:
+    print("kept", sorted(stop.rows), stop.signum, flush=True)
+    sys.exit(128 + stop.signum)
+"""
+
+
+def _group_members(pgid: int) -> list[int]:
+    import os
+
+    members = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat", encoding="ascii", errors="replace") as handle:
+                    fields = handle.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[2]) == pgid and fields[0] != "Z":
+                members.append(int(entry))
+    return members
+
+
+@pytest.mark.parametrize("signum_name", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_sweep_stops_at_once_ends_its_workers_and_keeps_finished_points(signum_name):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    signum = getattr(signal, signum_name)
+    child = subprocess.Popen([sys.executable, "-c", SWEEP_SCRIPT], stdout=subprocess.PIPE, text=True,
+                             start_new_session=True)  # fmt: skip
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().split() == ["row", "3", "4"]  # the finished point, as it finished
+        time.sleep(0.3)  # the other points are running in the workers now
+        assert len(_group_members(child.pid)) >= 3  # the parent and its two workers
+        sent = time.monotonic()
+        if signum == signal.SIGINT:  # Ctrl-C on a terminal reaches the whole process group
+            os.killpg(child.pid, signum)
+        else:  # a batch system's SIGTERM reaches the main process
+            child.send_signal(signum)
+        rest = child.stdout.read()
+        code = child.wait(timeout=20)
+        stopped_s = time.monotonic() - sent
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+    assert code == 128 + signum and rest.split() == ["kept", "[3]", str(int(signum))]
+    assert stopped_s < 3.0, stopped_s  # not the 60 s the running points would take
+    time.sleep(0.2)
+    assert _group_members(child.pid) == []  # no worker left behind
+
+
+def test_sweep_rows_reach_the_callback_as_they_finish_in_order_of_nodes_at_the_end():
+    from ddlsim.simulator.scenario import Scenario
+    from ddlsim.simulator.sweep import run_sweep
+
+    seen = []
+    rows = run_sweep(Scenario(nodes=(1, 2), executor="analytic"), pool="serial", on_row=lambda i, row: seen.append(i))
+    assert seen == [0, 1] and [row["nodes"] for row in rows] == [1, 2]

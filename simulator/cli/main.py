@@ -126,9 +126,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_line = argv  # what the user typed, for given_flags
     try:
         return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("ddlsim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM where a command turns it into one
+        signum = int(getattr(interrupt, "signum", 2))
+        detail = f": {interrupt}" if str(interrupt) else ""
+        print(f"ddlsim: interrupted{detail}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # the reader of our output went away (ddlsim simulate | head): not an error
         sys.stderr.close()
         return 0
