@@ -608,3 +608,132 @@ def test_sweep_rows_reach_the_callback_as_they_finish_in_order_of_nodes_at_the_e
     seen = []
     rows = run_sweep(Scenario(nodes=(1, 2), executor="analytic"), pool="serial", on_row=lambda i, row: seen.append(i))
     assert seen == [0, 1] and [row["nodes"] for row in rows] == [1, 2]
+
+
+# --- 2 and 3. one known result, the same numbers and units in the terminal, the plot and the report ------------
+
+KNOWN_ROWS = [  # nodes, iteration, compute, exposed (s), throughput (samples/s), speedup, efficiency (fraction)
+    {"nodes": n, "devices": 8 * n, "global_batch": 256 * n, "iteration_s": t, "compute_s": 0.1, "exposed_comm_s": e,
+     "comm_s": e, "throughput_samples_per_s": x, "speedup": s, "scaling_efficiency": f}
+    for n, t, e, x, s, f in ((1, 0.15, 0.05, 1000.0, 8.0, 1.0), (2, 0.2, 0.1, 1500.0, 12.0, 0.75),
+                             (4, 0.3, 0.2, 2000.4, 16.0, 0.5))
+]  # fmt: skip
+# what a reader should see, worked out by hand: 4 significant digits on a column's largest value
+EXPECTED_TERMINAL = [
+    "nodes devices global_batch iteration_ms compute_ms exposed_comm_ms throughput_samples_per_s speedup "
+    "scaling_efficiency_pct",
+    "1 8 256 150.0 100.0 50.0 1000 8.00 100.0",
+    "2 16 512 200.0 100.0 100.0 1500 12.00 75.0",
+    "4 32 1024 300.0 100.0 200.0 2000 16.00 50.0",
+]
+KNOWN_SUMMARY = {"n_predicted": 2, "n_cannot_model": 0, "median_ape": 0.405, "p90_ape": 0.55, "max_ape": 0.6,
+                 "ci_level": 0.9, "ci_coverage": 0.5, "tolerance": 0.10, "passed": False}  # fmt: skip
+HEADLINE = "median APE 40.5 %, p90 55 %, 90 % CI coverage 50 %, tolerance 10 %: FAIL"
+
+
+@pytest.fixture
+def known_results(tmp_path):
+    import json
+
+    from ddlsim.simulator.cli.validate_command import VALIDATION_COLUMNS
+    from ddlsim.simulator.records import write_csv
+
+    write_csv(tmp_path / "sim" / "results.csv", KNOWN_ROWS, tuple(KNOWN_ROWS[0]))
+    rows = [
+        {"id": "A-1", "kind": "collective", "metric": "time_s", "measured": 1e-3, "predicted": 1.405e-3,
+         "error_pct": 40.5, "status": "predicted"},
+        {"id": "A-2", "kind": "training", "metric": "throughput_samples_per_s", "measured": 1000.0,
+         "predicted": 450.0, "error_pct": -55.0, "status": "predicted"},
+    ]  # fmt: skip
+    write_csv(tmp_path / "val" / "validation.csv", rows, VALIDATION_COLUMNS)
+    (tmp_path / "val" / "summary.json").write_text(json.dumps(KNOWN_SUMMARY))
+    return tmp_path
+
+
+def test_the_terminal_table_shows_one_format_per_column_with_units(known_results):
+    from ddlsim.simulator.cli.common import print_table
+
+    out = io.StringIO()
+    print_table(KNOWN_ROWS, [c for c in KNOWN_ROWS[0] if c != "comm_s"], out)
+    assert [" ".join(line.split()) for line in out.getvalue().splitlines()] == EXPECTED_TERMINAL
+    widths = {len(line) for line in out.getvalue().splitlines()}
+    assert len(widths) == 1  # aligned
+
+
+@pytest.mark.parametrize(
+    ("column", "values", "shown"),
+    [
+        ("time_s", [97908.32, 1.94e5], ("s", ["97908", "194000"])),  # one notation, not 97908.32 then 1.94e+05
+        ("time_s", [0.0006297, 0.0038], ("ms", ["0.630", "3.800"])),
+        ("steps_to_target", [1234.2, 99.0], ("", ["1235", "99"])),  # a count of steps is whole
+        ("comm_share", [0.5, float("nan"), None, ""], ("%", ["50.00", "-", "-", "-"])),  # - where it does not apply
+        ("busbw_Bps", [1.2e9, 2.5e10], ("GB/s", ["1.20", "25.00"])),
+        ("time_s", [1e-6, 1.0], ("s", ["1.000e-06", "1.000e+00"])),  # six decades: scientific for the column
+    ],
+)
+def test_a_column_has_one_format(column, values, shown):
+    from ddlsim.reports.formatting import format_column, quantity_of
+
+    assert format_column(values, quantity_of(column)) == shown
+
+
+def test_the_validation_plot_title_shows_percent_of_the_fractions(known_results):
+    from ddlsim.reports import plots
+
+    with plots.validate_figure(known_results / "val") as fig:
+        assert fig._suptitle is not None and fig._suptitle.get_text() == HEADLINE
+        labels = {ax.get_xlabel() for ax in fig.axes if ax.get_visible()}
+    assert labels == {"measured time (s)", "measured throughput (samples/s)"}
+
+
+def _html_text(html_text: str) -> list[str]:
+    from html.parser import HTMLParser
+
+    class Text(HTMLParser):
+        def __init__(self) -> None:
+            super().__init__()
+            self.cells: list[str] = []
+            self.skip = False
+
+        def handle_starttag(self, tag, attrs):
+            self.skip = tag in ("style", "script", "title")
+
+        def handle_data(self, data):
+            if not self.skip and data.strip():
+                self.cells.append(data.strip())
+
+    parser = Text()
+    parser.feed(html_text)
+    return parser.cells
+
+
+def test_the_html_report_shows_the_same_numbers_and_units(capsys, known_results):
+    import shutil
+    import subprocess
+
+    out = known_results / "report.html"
+    assert main(["report", str(known_results / "sim"), str(known_results / "val"), "--out", str(out)]) == 0
+    pages = {"file": out.read_text(encoding="utf-8")}
+    if shutil.which("chromium"):  # the page as a browser builds it
+        dump = subprocess.run(
+            ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--dump-dom",
+             f"--user-data-dir={known_results / 'profile'}", out.as_uri()],
+            capture_output=True, text=True, timeout=90, check=False,
+        )  # fmt: skip
+        assert "<table" in dump.stdout, dump.stderr[-2000:]
+        pages["chromium"] = dump.stdout
+    for where, page in pages.items():
+        text = _html_text(page)
+        joined = " ".join(text)
+        assert f"against a tolerance of 10 % median absolute percentage error: {HEADLINE}." in joined, where
+        summary = dict(zip(text[text.index("summary") + 2 :: 2], text[text.index("summary") + 3 :: 2], strict=False))
+        assert summary["median_ape"] == "40.5 %" and summary["tolerance"] == "10 %" and summary["passed"] == "FAIL"
+        assert summary["ci_coverage"] == "50 %" and summary["n_predicted"] == "2"
+        heads = text[text.index("nodes") : text.index("nodes") + 10]
+        assert heads == ["nodes", "devices", "global batch", "iteration (ms)", "compute (ms)", "exposed comm (ms)",
+                         "comm (ms)", "throughput (samples/s)", "speedup (x)", "scaling efficiency (%)"], where
+        first = text[text.index("scaling efficiency (%)") + 1 :][:10]
+        assert first == ["1", "8", "256", "150.0", "100.0", "50.0", "50.0", "1000", "8.00", "100.0"], where
+        # the same figures as the terminal (EXPECTED_TERMINAL's first row, without comm)
+        assert first[:6] + first[7:] == EXPECTED_TERMINAL[1].split(), where
+        assert "1.41 ms" in text and "450 samples/s" in text, where  # each row's metric with its unit

@@ -78,15 +78,15 @@ def write_validation_fixture(directory: Path) -> None:
         writer = csv.DictWriter(handle, VALIDATION_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    summary = {
+    summary = {  # fractions, as validate writes them
         "n_predicted": 3,
         "n_cannot_model": 1,
-        "median_ape": 10.0,
-        "p90_ape": 27.0,
-        "max_ape": 30.0,
+        "median_ape": 0.10,
+        "p90_ape": 0.27,
+        "max_ape": 0.30,
         "ci_level": 0.9,
         "ci_coverage": 0.5,
-        "tolerance": 25.0,
+        "tolerance": 0.25,
         "passed": True,
     }
     (directory / "summary.json").write_text(json.dumps(summary))

@@ -77,17 +77,9 @@ def run(args: argparse.Namespace) -> int:
     for index, (ranks, size) in enumerate(points, start=1):
         rows.append(simulate_collective(setup, args.algorithm, args.collective, ranks, size, options, args.mode))
         progress(index, len(points))
-    shown = [
-        row
-        | {
-            "size": format_bytes(row["message_bytes"]),
-            "algbw_GBps": row["algbw_Bps"] / 1e9,
-            "busbw_GBps": row["busbw_Bps"] / 1e9,
-        }
-        for row in rows
-    ]
+    shown = [row | {"size": format_bytes(row["message_bytes"])} for row in rows]
     print(f"# {args.collective} with {args.algorithm} on {args.topology} ({args.network}), busbw as nccl-tests")
-    print_table(shown, ("ranks", "size", "time_s", "algbw_GBps", "busbw_GBps", "resolved_algorithm", "execution_path"))
+    print_table(shown, ("ranks", "size", "time_s", "algbw_Bps", "busbw_Bps", "resolved_algorithm", "execution_path"))
     if args.out is not None:
         write_csv(args.out / "results.csv", rows, COLUMNS)
         write_json(

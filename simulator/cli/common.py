@@ -64,26 +64,35 @@ def check_output(path: Path | None, kind: str = "directory", what: str = "--out"
     os.unlink(probe)
 
 
-def format_cell(value: Any) -> str:
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) >= 1e5 or abs(value) < 1e-3:
-            return f"{value:.4g}"
-        return f"{value:.4f}".rstrip("0").rstrip(".") if abs(value) < 10 else f"{value:.2f}"
-    return str(value)
-
-
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out=None) -> None:
+    """Print ``columns`` of ``rows`` aligned, one format per column, the unit in each header
+    (``iteration_ms``, ``scaling_efficiency_pct``), ``-`` where a figure does not apply; the same
+    formats as the plots and the HTML report (``ddlsim.reports.formatting``)."""
+    from ddlsim.reports.formatting import MISSING, format_table, header
+
     out = out or sys.stdout
-    cells = [[format_cell(row.get(column, "")) for column in columns] for row in rows]
-    widths = [
-        max(len(column), *(len(line[i]) for line in cells)) if cells else len(column)
-        for i, column in enumerate(columns)
+    units, cells = format_table([dict(row) for row in rows], columns)
+    heads = [header(column, unit) for column, unit in zip(columns, units, strict=True)]
+    text = [
+        all(line[i] == MISSING or not _numeric(line[i]) for line in cells) and any(line[i] != MISSING for line in cells)
+        for i in range(len(columns))
     ]
-    print("  ".join(column.rjust(width) for column, width in zip(columns, widths, strict=True)), file=out)
+    widths = [max([len(heads[i]), *(len(line[i]) for line in cells)]) for i in range(len(columns))]
+
+    def align(value: str, i: int) -> str:
+        return value.ljust(widths[i]) if text[i] else value.rjust(widths[i])
+
+    print("  ".join(align(head, i) for i, head in enumerate(heads)).rstrip(), file=out)
     for line in cells:
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)), file=out)
+        print("  ".join(align(cell, i) for i, cell in enumerate(line)).rstrip(), file=out)
+
+
+def _numeric(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return cell in ("inf", "-inf")
+    return True
 
 
 def given_flags(args: argparse.Namespace) -> set[str]:
