@@ -737,3 +737,74 @@ def test_the_html_report_shows_the_same_numbers_and_units(capsys, known_results)
         # the same figures as the terminal (EXPECTED_TERMINAL's first row, without comm)
         assert first[:6] + first[7:] == EXPECTED_TERMINAL[1].split(), where
         assert "1.41 ms" in text and "450 samples/s" in text, where  # each row's metric with its unit
+
+
+# --- 9. profile files with a wrong type in a nested key ------------------------------------------------------
+
+PROFILE = """schema_version = 1
+description = "hand-written"
+overlap_interference = { value = 0.0, source = "x" }
+noise_sigma = { value = 0.05, source = "x" }
+[devices.k80]
+compute_efficiency = { value = 0.41, source = "fitted" }
+[devices.k80.layer_efficiency]
+conv = { value = 0.45, source = "fitted" }
+[links.ib_fdr]
+breakpoints_bytes = { value = [1e6], source = "fitted" }
+alpha_s = { value = [2e-5, 5e-6], source = "fitted" }
+beta_Bps = { value = [9e9, 1.2e10], source = "fitted" }
+[[bootstrap]]
+"devices.k80.compute_efficiency" = 0.40
+"""
+
+
+def test_the_profile_of_these_tests_loads(tmp_path):
+    from ddlsim.hardware_models.profile import load_profile
+
+    (tmp_path / "p.toml").write_text(PROFILE)
+    profile = load_profile(tmp_path / "p.toml")
+    assert profile.links["ib_fdr"].alpha_s == (2e-5, 5e-6) and profile.devices["k80"].compute_efficiency == 0.41
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ("[devices.k80]\ncompute_efficiency = { value = 0.41, source = \"fitted\" }\n[devices.k80.layer_efficiency]\n"
+         "conv = { value = 0.45, source = \"fitted\" }\n", "devices = 5\n", "key 'devices' must be a table, got 5"),
+        ("[devices.k80]\ncompute_efficiency = { value = 0.41, source = \"fitted\" }\n[devices.k80.layer_efficiency]\n"
+         "conv = { value = 0.45, source = \"fitted\" }\n", "devices = { k80 = 5 }\n",
+         "key 'devices.k80' must be a table, got 5"),
+        ("[devices.k80.layer_efficiency]\nconv = { value = 0.45, source = \"fitted\" }\n", "layer_efficiency = 5\n",
+         "key 'layer_efficiency' must be a table, got 5"),
+        ("alpha_s = { value = [2e-5, 5e-6]", "alpha_s = { value = 2e-5", "key 'alpha_s': value must be [numbers]"),
+        ("compute_efficiency = { value = 0.41", "compute_efficiency = { value = [0.41]",
+         "key 'compute_efficiency': value must be a number"),
+        ('conv = { value = 0.45, source = "fitted" }', "conv = { value = 0.45, source = 5 }",
+         "key 'conv': source must be a string"),
+        ('conv = { value = 0.45, source = "fitted" }', "conv = 0.45", "key 'conv' must be a table"),
+        ('description = "hand-written"', "description = 5", "key 'description' must be a string"),
+        ('"devices.k80.compute_efficiency" = 0.40', '"devices.k80.compute_efficiency" = "high"',
+         "[[bootstrap]] 1, key 'devices.k80.compute_efficiency': must be a number"),
+        ('beta_Bps = { value = [9e9, 1.2e10]', 'beta_Bps = { value = [9e9, "fast"]',
+         "key 'beta_Bps': must be a number"),
+    ],
+)
+def test_a_wrong_type_anywhere_in_a_profile_is_one_clear_error(tmp_path, old, new, message):
+    from ddlsim.hardware_models.profile import ProfileError, load_profile
+
+    assert old in PROFILE
+    text = PROFILE.replace(old, new)
+    if new.startswith("devices = "):  # TOML: bare keys before the first table
+        text = new + text.replace(new, "")
+    (tmp_path / "p.toml").write_text(text)
+    with pytest.raises(ProfileError) as caught:
+        load_profile(tmp_path / "p.toml")
+    assert message in str(caught.value) and str(tmp_path / "p.toml") in str(caught.value)
+
+
+def test_a_profile_that_is_not_utf8_is_one_clear_error(tmp_path):
+    from ddlsim.hardware_models.profile import ProfileError, load_profile
+
+    (tmp_path / "p.toml").write_bytes(PROFILE.replace("hand-written", "hand-written \xe9").encode("latin-1"))
+    with pytest.raises(ProfileError, match="not UTF-8 text"):
+        load_profile(tmp_path / "p.toml")
