@@ -808,3 +808,25 @@ def test_a_profile_that_is_not_utf8_is_one_clear_error(tmp_path):
     (tmp_path / "p.toml").write_bytes(PROFILE.replace("hand-written", "hand-written \xe9").encode("latin-1"))
     with pytest.raises(ProfileError, match="not UTF-8 text"):
         load_profile(tmp_path / "p.toml")
+
+
+# --- 9. a collective beyond reach is refused up front, with what it would cost ------------------------------
+
+
+def test_a_collective_beyond_reach_is_refused_at_once_with_an_estimate(capsys):
+    import time
+
+    started = time.monotonic()
+    code, _, err = run(capsys, "collective", "--ranks", "10000000", "--message-bytes", "1MB")
+    assert code == 2 and err.count("\n") == 1 and time.monotonic() - started < 5
+    assert "10,000,000 ranks is beyond reach of the message-level simulation (at most 1,048,576: " in err
+    assert "4.3 GB per point" in err
+
+
+def test_the_cost_note_scales_from_the_measured_points():
+    from ddlsim.simulator.cli.collective_command import reach_note
+
+    # 65,536 ranks: 3 s (log-many rounds) and 7 s (ring), as measured; twice the ranks: 6 s and 28 s
+    note = reach_note(2**16)
+    assert note.startswith("about 3.0 s and 0.3 GB per point") and "up to 7.0 s for a ring" in note
+    assert reach_note(2**17).startswith("about 6.0 s and 0.5 GB") and "up to 28 s for a ring" in reach_note(2**17)

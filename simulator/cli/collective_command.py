@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ddlsim.hardware_models.units import SIZE_UNITS, format_bytes, parse_sizes
 from ddlsim.simulator.cli.common import (
+    InputError,
     Progress,
     add_topology_arguments,
     check_output,
@@ -16,8 +18,11 @@ from ddlsim.simulator.cli.common import (
     topology_options,
 )
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
+from ddlsim.simulator.progress import format_duration
 from ddlsim.simulator.records import write_csv, write_json
 
+MAX_RANKS = 2**20  # 1,048,576: about 4 GB and minutes per point for the DES (see ``reach_note``)
+NOTE_RANKS = 2**16  # past this, say up front what a point costs
 COLUMNS = (
     "algorithm",
     "resolved_algorithm",
@@ -59,6 +64,17 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def reach_note(ranks: int) -> str:
+    """What one point of ``ranks`` ranks costs, scaled from what was measured on a 2-core machine:
+    65,536 ranks took 3 s and 270 MB (halving-doubling, log-many rounds: time and memory grow with
+    the ranks) and 7 s (ring: 2(P-1) rounds, time grows with the square of the ranks)."""
+    scale = ranks / 2**16
+    return (
+        f"about {format_duration(3 * scale)} and {4.1e3 * ranks / 1e9:.1f} GB per point for schedules of "
+        f"log-many rounds, up to {format_duration(7 * scale**2)} for a ring (65,536 ranks: 3 s to 7 s here)"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, "directory", files=("results.csv", "setup.json"))
     setup = CollectiveSetup(
@@ -70,6 +86,14 @@ def run(args: argparse.Namespace) -> int:
     )
     sizes = parse_sizes(args.message_bytes, "--message-bytes")
     rank_counts = parse_counts(args.ranks, "ranks")
+    if max(rank_counts) > MAX_RANKS:
+        raise InputError(
+            f"ranks: {max(rank_counts):,} ranks is beyond reach of the message-level simulation (at most "
+            f"{MAX_RANKS:,}: {reach_note(MAX_RANKS)})"
+        )
+    if max(rank_counts) > NOTE_RANKS:
+        largest = max(rank_counts)
+        print(f"ddlsim: note: {largest:,} ranks: {reach_note(largest)}; Ctrl-C stops", file=sys.stderr)
     options = parse_options(args.algorithm_option)
     points = [(ranks, size) for ranks in rank_counts for size in sizes]
     progress = Progress(f"simulating {args.collective} ({args.algorithm})", args.progress, unit="points")
