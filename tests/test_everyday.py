@@ -830,3 +830,30 @@ def test_the_cost_note_scales_from_the_measured_points():
     note = reach_note(2**16)
     assert note.startswith("about 3.0 s and 0.3 GB per point") and "up to 7.0 s for a ring" in note
     assert reach_note(2**17).startswith("about 6.0 s and 0.5 GB") and "up to 28 s for a ring" in reach_note(2**17)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("bandwidth", '"1e-300 bit/s"', "outside what is physically meaningful; allowed: 1 bit/s to 8 Pbit/s"),
+        ("bandwidth", "inf", "not a finite number"),
+        ("bandwidth", "nan", "not a finite number"),
+        ("latency", '"1e308 s"', "allowed: 1 fs to a year"),
+    ],
+)
+def test_a_users_datasheet_with_an_absurd_number_is_refused(tmp_path, key, value, message):
+    import re
+
+    from ddlsim.hardware_models.catalog import CatalogError, load_link_file
+
+    text = (Path(__file__).resolve().parents[1] / "hardware_models" / "links" / "ib_edr.toml").read_text()
+    text = re.sub(rf"(\[{key}\]\nvalue = )[^\n]+", lambda m: m.group(1) + value, text)
+    (tmp_path / "my_net.toml").write_text(text)
+    with pytest.raises(CatalogError, match=re.escape(message)):
+        load_link_file(tmp_path / "my_net.toml")
+
+
+def test_collective_counts_and_sizes_are_bounded(capsys):
+    with pytest.raises(SystemExit):
+        main(["collective", "--devices-per-node", "100000"])
+    assert "--devices-per-node must be in [1, 1024]" in capsys.readouterr().err

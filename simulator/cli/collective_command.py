@@ -17,6 +17,7 @@ from ddlsim.simulator.cli.common import (
     print_table,
     topology_options,
 )
+from ddlsim.simulator.cli.parsing import bounded
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
 from ddlsim.simulator.progress import format_duration
 from ddlsim.simulator.records import write_csv, write_json
@@ -49,7 +50,7 @@ def register(subparsers) -> None:
         help=f"sizes per rank: 100MB, 1KiB,4KiB or a range 1KiB:1GiB:x2 (ends at its END); units {SIZE_UNITS}",
     )  # fmt: skip
     p.add_argument("--ranks", default="64", help="rank counts: 64, 2,4,...,4096 or 2:4096:x2")
-    p.add_argument("--devices-per-node", type=int, default=1)
+    p.add_argument("--devices-per-node", type=bounded(int, 1, 1024, "--devices-per-node"), default=1)
     p.add_argument("--intra-node", default=None, help="intra-node link when devices-per-node > 1")
     p.add_argument("--host-link", default=None, help="device-to-NIC link (e.g. pcie3_x16); none by default")
     p.add_argument("--network", default="ib_edr")
