@@ -190,11 +190,7 @@ def parse_sizes(text: str, what: str = "--message-bytes") -> tuple[Bytes, ...]:
 
 
 def format_bytes(size: Bytes) -> str:
-    """Human form: binary prefixes where the size is a whole number of them (65536 -> "64 KiB"),
-    decimal prefixes otherwise (1.6e8 -> "160 MB")."""
-    for prefix, scale in (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10)):
-        if abs(size) >= scale and (size / scale).is_integer() and abs(size) / scale < 1024:
-            return f"{size / scale:.0f} {prefix}B"
+    """Human form with decimal prefixes: 1.6e8 -> "160 MB"."""
     for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(size) >= scale:
             return f"{size / scale:.4g} {prefix}B"

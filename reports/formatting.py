@@ -3,21 +3,23 @@ and the HTML report alike.
 
 Result files hold SI values under names with unit suffixes (``iteration_s``, ``busbw_Bps``) and
 fractions as fractions (``scaling_efficiency`` 0.97, ``median_ape`` 0.405). ``quantity_of(name)``
-says what a column is; ``format_column`` renders a whole column in one format:
+says what a column is and the fixed unit it is shown in, the same for every table and every run
+(as nccl-tests always shows busbw in GB/s), so headers do not change with the data:
 
 - counts (nodes, ranks, steps...) as whole numbers (a fractional count of steps rounds up);
 - fractions as percent (x 100, unit ``%``); ratios such as speedup without a unit;
-- times, sizes and rates with one SI prefix for the column, chosen from its largest value
-  (``ms``, ``µs``; ``MB``; ``GB/s``), decimal as everywhere in ddlsim (1 MB = 1e6 B);
+- times in the unit of their suffix (``_s``, ``_ms``, ``_us``), rates in bytes/s as GB/s,
+  samples/s as they are;
 - one number of decimals for the column: four significant digits on its largest value, more (up
   to three more) so its smallest shows two, scientific notation for the column when even that
   cannot hold both;
 - ``-`` where a figure does not apply (empty, None, NaN).
 
 A table header carries the unit: ``header(name, unit)`` gives the terminal's single token in the
-project's suffix style (``iteration_ms``, ``scaling_efficiency_pct``), ``label_with_unit`` the
-report's and the plots' ``iteration (ms)``. ``format_value`` writes one number with its unit
-(``40.5 %``, ``1.21 ms``) for summaries and titles. Nothing here imports more than the standard library.
+project's suffix style (``iteration_s``, ``busbw_GBps``, ``scaling_efficiency_pct``),
+``label_with_unit`` the report's and the plots' ``iteration (s)``. ``format_value`` writes one
+number with its unit in a sentence or a title (``40.5 %``, ``1.21 ms``: there the SI prefix suits
+the number). Nothing here imports more than the standard library.
 """
 
 from __future__ import annotations
@@ -32,9 +34,8 @@ MISSING = "-"
 
 @dataclass(frozen=True)
 class Quantity:
-    """What a column holds: ``label`` (snake_case), the ``unit`` it is shown in (a base unit for
-    ``prefixed`` columns), ``scale`` (shown = stored x scale) and ``kind``: ``count``, ``real``,
-    ``prefixed`` (an SI prefix per column) or ``text``."""
+    """What a column holds: ``label`` (snake_case), the ``unit`` it is shown in, ``scale`` (shown =
+    stored x scale) and ``kind``: ``count``, ``real`` or ``text``."""
 
     label: str
     unit: str = ""
@@ -59,8 +60,12 @@ SPECIAL = {
     "staleness_p99": Quantity("staleness_p99", "steps"),
     "throughput_samples_per_s": Quantity("throughput", "samples/s"),
 }
-# unit suffix of a stored name -> (base unit shown, prefixed)
-SUFFIXES = (("_Bps", "B/s", True), ("_bytes", "B", True), ("_s", "s", True), ("_pct", "%", False))
+# unit suffix of a stored name -> (unit shown, shown = stored x scale)
+SUFFIXES = (
+    ("_GBps", "GB/s", 1.0), ("_Bps", "GB/s", 1e-9), ("_bytes", "B", 1.0), ("_ms", "ms", 1.0), ("_us", "µs", 1.0),
+    ("_s", "s", 1.0), ("_pct", "%", 1.0),
+)  # fmt: skip
+# SI prefixes for one number in a sentence (format_value), by base unit
 PREFIXES = {
     "s": ((1.0, ""), (1e-3, "m"), (1e-6, "µ"), (1e-9, "n")),
     "B": ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, "")),
@@ -79,9 +84,9 @@ def quantity_of(name: str) -> Quantity:
         return Quantity(name, kind="count")
     if name in FRACTIONS:
         return Quantity(name, "%", 100.0)
-    for suffix, unit, prefixed in SUFFIXES:
+    for suffix, unit, scale in SUFFIXES:
         if name.endswith(suffix) and len(name) > len(suffix):
-            return Quantity(name[: -len(suffix)], unit, kind="prefixed" if prefixed else "real")
+            return Quantity(name[: -len(suffix)], unit, scale)
     return Quantity(name)
 
 
@@ -96,8 +101,11 @@ def number_or_none(value: Any) -> float | None:
     return None if math.isnan(number) else number
 
 
+_TO_BASE = {"GB/s": 1e9, "ms": 1e-3, "µs": 1e-6}  # a shown unit in its base unit
+
+
 def _prefix(base: str, largest: float) -> tuple[float, str]:
-    """(factor, shown unit) for a prefixed column whose largest magnitude is ``largest``."""
+    """(factor, unit with prefix) for a number of magnitude ``largest`` in the ``base`` unit."""
     steps = PREFIXES.get(base, ((1.0, ""),))
     for factor, prefix in steps:
         if largest >= factor:
@@ -137,13 +145,20 @@ def format_column(values: Iterable[Any], quantity: Quantity) -> tuple[str, list[
         whole = [None if n is None else (math.ceil(n - 1e-9) if quantity.round_up else round(n)) for n in numbers]
         return quantity.unit, [MISSING if n is None else (str(n) if math.isfinite(n) else "inf") for n in whole]
     shown = [None if n is None else n * quantity.scale for n in numbers]
-    unit, factor = quantity.unit, 1.0
-    if quantity.kind == "prefixed":
-        largest = max((abs(v) for v in shown if v is not None and math.isfinite(v)), default=0.0)
-        factor, unit = _prefix(quantity.unit, largest)
-        shown = [None if v is None else v / factor for v in shown]
     decimals = _decimals([v for v in shown if v is not None])
-    return unit, [MISSING if v is None else _number(v, decimals) for v in shown]
+    return quantity.unit, [MISSING if v is None else _number(v, decimals) for v in shown]
+
+
+def format_size(size: float) -> str:
+    """A message or buffer size: binary prefixes where it is a whole number of them (65536 -> "64 KiB",
+    as the user most likely typed it), decimal otherwise (1.6e8 -> "160 MB"); 1 kB = 1000 B."""
+    for prefix, scale in (("Ti", 2.0**40), ("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10)):
+        if abs(size) >= scale and (size / scale).is_integer() and abs(size) / scale < 1024:
+            return f"{size / scale:.0f} {prefix}B"
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(size) >= scale:
+            return f"{size / scale:.4g} {prefix}B"
+    return f"{size:.4g} B"
 
 
 def header(name: str, unit: str) -> str:
@@ -168,9 +183,10 @@ def format_value(value: Any, name: str) -> str:
     if quantity.kind == "count":
         return str(math.ceil(number - 1e-9) if quantity.round_up else round(number))
     shown, unit = number * quantity.scale, quantity.unit
-    if quantity.kind == "prefixed" and math.isfinite(shown):
-        factor, unit = _prefix(quantity.unit, abs(shown))
-        shown /= factor
+    base = {"GB/s": "B/s", "ms": "s", "µs": "s"}.get(unit, unit)
+    if base in PREFIXES and math.isfinite(shown):  # in a sentence, the prefix that suits the number
+        factor, unit = _prefix(base, abs(number * quantity.scale * _TO_BASE.get(unit, 1.0)))
+        shown = number * quantity.scale * _TO_BASE.get(quantity.unit, 1.0) / factor
     text = f"{shown:.3g}" if math.isfinite(shown) else ("inf" if shown > 0 else "-inf")
     return f"{text} {unit}" if unit and unit != "x" else (f"{text}x" if unit == "x" else text)
 

@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlsim.hardware_models.units import format_bytes
 from ddlsim.reports import plots
 from ddlsim.reports.formatting import (
+    format_size,
     format_table,
     format_value,
     label_with_unit,
@@ -130,7 +130,8 @@ SCALING_TABLE = (
     "nodes", "devices", "global_batch", "iteration_s", "compute_s", "exposed_comm_s", "comm_s",
     "throughput_samples_per_s", "speedup", "scaling_efficiency",
 )  # fmt: skip
-COLLECTIVE_TABLE = ("algorithm", "resolved_algorithm", "ranks", "size", "time_s", "algbw_Bps", "busbw_Bps")
+# as ddlsim collective prints it (time in µs, as nccl-tests)
+COLLECTIVE_TABLE = ("algorithm", "resolved_algorithm", "ranks", "size", "time_us", "algbw_Bps", "busbw_Bps")
 
 
 def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
@@ -172,7 +173,10 @@ def collective_blocks(runs: Sequence[Path]) -> list[Block]:
     )
     for run in runs:
         blocks.append({"kind": "h3", "text": plots.run_label(run), "note": str(run)})
-        rows = [row | {"size": format_bytes(float(row["message_bytes"]))} for row in plots.collective_rows(run)]
+        rows = [
+            row | {"size": format_size(float(row["message_bytes"])), "time_us": 1e6 * float(row["time_s"])}
+            for row in plots.collective_rows(run)
+        ]
         blocks.append(_table_block(rows, COLLECTIVE_TABLE, text=("algorithm", "resolved_algorithm", "size")))
     return blocks
 

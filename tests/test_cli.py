@@ -24,7 +24,7 @@ def test_default_simulate_prints_scaling_table(capsys):
     header = next(line for line in out.splitlines() if not line.startswith("#"))
     # the columns of results.csv, each with the unit it is shown in (reports.formatting)
     assert header.split() == [
-        "nodes", "devices", "global_batch", "iteration_ms", "compute_ms", "exposed_comm_ms",
+        "nodes", "devices", "global_batch", "iteration_s", "compute_s", "exposed_comm_s",
         "throughput_samples_per_s", "speedup", "scaling_efficiency_pct",
     ]  # fmt: skip
     rows = [line for line in out.splitlines() if line.strip() and not line.startswith("#")][1:]

@@ -170,9 +170,9 @@ def test_absurd_quantities_are_refused(parse, value, message):
 
 
 def test_binary_sizes_print_in_binary_and_decimal_in_decimal():
-    from ddlsim.hardware_models.units import format_bytes
+    from ddlsim.reports.formatting import format_size
 
-    assert [format_bytes(s) for s in (65536, 2**30, 1e6, 1.6e8, 1536, 3)] == [
+    assert [format_size(s) for s in (65536, 2**30, 1e6, 1.6e8, 1536, 3)] == [
         "64 KiB", "1 GiB", "1 MB", "160 MB", "1.536 kB", "3 B",
     ]  # fmt: skip
 
@@ -190,7 +190,7 @@ def test_binary_sizes_print_in_binary_and_decimal_in_decimal():
     ],
 )
 def test_parse_counts(text, expected):
-    from ddlsim.simulator.cli.parsing import parse_counts
+    from ddlsim.simulator.parsing import parse_counts
 
     assert parse_counts(text) == expected
 
@@ -209,7 +209,7 @@ def test_parse_counts(text, expected):
     ],
 )
 def test_bad_counts_get_their_own_message(text, message):
-    from ddlsim.simulator.cli.parsing import InputError, parse_counts
+    from ddlsim.simulator.parsing import InputError, parse_counts
 
     with pytest.raises(InputError, match=r"^nodes: ") as caught:
         parse_counts(text)
@@ -620,11 +620,11 @@ KNOWN_ROWS = [  # nodes, iteration, compute, exposed (s), throughput (samples/s)
 ]  # fmt: skip
 # what a reader should see, worked out by hand: 4 significant digits on a column's largest value
 EXPECTED_TERMINAL = [
-    "nodes devices global_batch iteration_ms compute_ms exposed_comm_ms throughput_samples_per_s speedup "
+    "nodes devices global_batch iteration_s compute_s exposed_comm_s throughput_samples_per_s speedup "
     "scaling_efficiency_pct",
-    "1 8 256 150.0 100.0 50.0 1000 8.00 100.0",
-    "2 16 512 200.0 100.0 100.0 1500 12.00 75.0",
-    "4 32 1024 300.0 100.0 200.0 2000 16.00 50.0",
+    "1 8 256 0.1500 0.1000 0.0500 1000 8.00 100.0",
+    "2 16 512 0.2000 0.1000 0.1000 1500 12.00 75.0",
+    "4 32 1024 0.3000 0.1000 0.2000 2000 16.00 50.0",
 ]
 KNOWN_SUMMARY = {"n_predicted": 2, "n_cannot_model": 0, "median_ape": 0.405, "p90_ape": 0.55, "max_ape": 0.6,
                  "ci_level": 0.9, "ci_coverage": 0.5, "tolerance": 0.10, "passed": False}  # fmt: skip
@@ -664,7 +664,7 @@ def test_the_terminal_table_shows_one_format_per_column_with_units(known_results
     ("column", "values", "shown"),
     [
         ("time_s", [97908.32, 1.94e5], ("s", ["97908", "194000"])),  # one notation, not 97908.32 then 1.94e+05
-        ("time_s", [0.0006297, 0.0038], ("ms", ["0.630", "3.800"])),
+        ("time_s", [0.0006297, 0.0038], ("s", ["0.000630", "0.003800"])),  # not 0.0006297 beside 0.0038
         ("steps_to_target", [1234.2, 99.0], ("", ["1235", "99"])),  # a count of steps is whole
         ("comm_share", [0.5, float("nan"), None, ""], ("%", ["50.00", "-", "-", "-"])),  # - where it does not apply
         ("busbw_Bps", [1.2e9, 2.5e10], ("GB/s", ["1.20", "25.00"])),
@@ -730,10 +730,10 @@ def test_the_html_report_shows_the_same_numbers_and_units(capsys, known_results)
         assert summary["median_ape"] == "40.5 %" and summary["tolerance"] == "10 %" and summary["passed"] == "FAIL"
         assert summary["ci_coverage"] == "50 %" and summary["n_predicted"] == "2"
         heads = text[text.index("nodes") : text.index("nodes") + 10]
-        assert heads == ["nodes", "devices", "global batch", "iteration (ms)", "compute (ms)", "exposed comm (ms)",
-                         "comm (ms)", "throughput (samples/s)", "speedup (x)", "scaling efficiency (%)"], where
+        assert heads == ["nodes", "devices", "global batch", "iteration (s)", "compute (s)", "exposed comm (s)",
+                         "comm (s)", "throughput (samples/s)", "speedup (x)", "scaling efficiency (%)"], where
         first = text[text.index("scaling efficiency (%)") + 1 :][:10]
-        assert first == ["1", "8", "256", "150.0", "100.0", "50.0", "50.0", "1000", "8.00", "100.0"], where
+        assert first == ["1", "8", "256", "0.1500", "0.1000", "0.0500", "0.0500", "1000", "8.00", "100.0"], where
         # the same figures as the terminal (EXPECTED_TERMINAL's first row, without comm)
         assert first[:6] + first[7:] == EXPECTED_TERMINAL[1].split(), where
         assert "1.41 ms" in text and "450 samples/s" in text, where  # each row's metric with its unit

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.hardware_models.units import SIZE_UNITS, parse_bytes, parse_sizes
-from ddlsim.simulator.cli.parsing import bounded
 from ddlsim.simulator.cli.run_command import add_launch_arguments, launch_from_args
+from ddlsim.simulator.parsing import bounded
 
 BENCHMARKS = ("ping_pong", "streaming_bandwidth", "collectives", "layers")
 DEFAULT_COLLECTIVE_SIZES = "1KiB,64KiB,1MiB,16MiB"
@@ -65,7 +65,7 @@ def bench_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from ddlsim.real_runs.microbench import power_sizes
     from ddlsim.real_runs.models import MODELS
     from ddlsim.simulator.cli.common import InputError
-    from ddlsim.simulator.cli.parsing import parse_counts
+    from ddlsim.simulator.parsing import parse_counts
 
     chosen = _list(args.benchmarks)
     unknown = sorted(set(chosen) - set(BENCHMARKS))

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ddlsim.hardware_models.units import SIZE_UNITS, format_bytes, parse_sizes
+from ddlsim.hardware_models.units import SIZE_UNITS, parse_sizes
+from ddlsim.reports.formatting import format_size
 from ddlsim.simulator.cli.common import (
     InputError,
     Progress,
@@ -17,8 +18,8 @@ from ddlsim.simulator.cli.common import (
     print_table,
     topology_options,
 )
-from ddlsim.simulator.cli.parsing import bounded
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
+from ddlsim.simulator.parsing import bounded
 from ddlsim.simulator.progress import format_duration
 from ddlsim.simulator.records import write_csv, write_json
 
@@ -102,9 +103,10 @@ def run(args: argparse.Namespace) -> int:
     for index, (ranks, size) in enumerate(points, start=1):
         rows.append(simulate_collective(setup, args.algorithm, args.collective, ranks, size, options, args.mode))
         progress(index, len(points))
-    shown = [row | {"size": format_bytes(row["message_bytes"])} for row in rows]
+    # time in µs as nccl-tests prints it, so that small and large messages read in one format
+    shown = [row | {"size": format_size(row["message_bytes"]), "time_us": 1e6 * row["time_s"]} for row in rows]
     print(f"# {args.collective} with {args.algorithm} on {args.topology} ({args.network}), busbw as nccl-tests")
-    print_table(shown, ("ranks", "size", "time_s", "algbw_Bps", "busbw_Bps", "resolved_algorithm", "execution_path"))
+    print_table(shown, ("ranks", "size", "time_us", "algbw_Bps", "busbw_Bps", "resolved_algorithm", "execution_path"))
     if args.out is not None:
         write_csv(args.out / "results.csv", rows, COLUMNS)
         write_json(

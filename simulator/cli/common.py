@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ddlsim.simulator.cli.parsing import MAX_COUNT, InputError, parse_counts
+from ddlsim.simulator.parsing import MAX_COUNT, InputError, parse_counts
 from ddlsim.simulator.progress import Progress
 
 __all__ = [
@@ -66,7 +66,7 @@ def check_output(path: Path | None, kind: str = "directory", what: str = "--out"
 
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out=None) -> None:
     """Print ``columns`` of ``rows`` aligned, one format per column, the unit in each header
-    (``iteration_ms``, ``scaling_efficiency_pct``), ``-`` where a figure does not apply; the same
+    (``iteration_s``, ``busbw_GBps``, ``scaling_efficiency_pct``), ``-`` where a figure does not apply; the same
     formats as the plots and the HTML report (``ddlsim.reports.formatting``)."""
     from ddlsim.reports.formatting import MISSING, format_table, header
 
@@ -151,8 +151,8 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
 
 def add_topology_arguments(parser) -> None:
     """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
-    from ddlsim.simulator.cli.parsing import bounded
     from ddlsim.simulator.engine.fabric import PLACEMENTS, TOPOLOGIES
+    from ddlsim.simulator.parsing import bounded
 
     parser.add_argument(
         "--nics-per-node", type=bounded(int, 1, 64, "--nics-per-node"), default=1, help="network adapters per node"

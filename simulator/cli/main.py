@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
-from ddlsim.simulator.cli.parsing import InputError
+from ddlsim.simulator.parsing import InputError
 
 # command: (module defining register(subparsers), the one-line help shown by ``ddlsim --help``)
 COMMANDS: dict[str, tuple[str, str]] = {

@@ -1,7 +1,9 @@
-"""Parsing the command line's own forms: counts ("1,2,4,...,256", "2:4096:x2") and bounded numbers.
+"""Parsing what users type that has no unit: counts ("1,2,4,...,256", "2:4096:x2") and bounded numbers.
 
-Kept free of heavy imports so that ``ddlsim --help`` and the argument checks stay instant. Sizes
-with units are ``hardware_models.units.parse_sizes``; this module holds what has no unit.
+The command line's shared helper (sizes with units are ``hardware_models.units.parse_sizes``). It
+lives beside the command line rather than in it so that library code may name it too (``sweep``
+keeps ``parse_counts`` importable), and it imports nothing heavy, so that ``ddlsim --help`` and
+the argument checks stay instant.
 """
 
 from __future__ import annotations
