@@ -857,3 +857,26 @@ def test_collective_counts_and_sizes_are_bounded(capsys):
     with pytest.raises(SystemExit):
         main(["collective", "--devices-per-node", "100000"])
     assert "--devices-per-node must be in [1, 1024]" in capsys.readouterr().err
+
+
+# --- 3. list training-algorithms; 8. every command in the README -------------------------------------------
+
+
+def test_training_algorithm_descriptions_are_whole_and_plain(capsys):
+    code, out, _ = run(capsys, "list", "training-algorithms")
+    assert code == 0 and "`" not in out
+    lines = {line.split()[0]: line for line in out.splitlines()[1:]}
+    # sync_sgd's docstring opens with a paragraph that ends "... PyTorch DDP)."; async_msgd's spans two lines
+    assert lines["sync_sgd"].rstrip().endswith("(the data-parallel baseline; Goyal et al. 2017, Horovod, PyTorch DDP).")
+    assert "async_sgd whose servers keep a momentum buffer (the Async MSGD baseline" in lines["async_msgd"]
+
+
+def test_the_readme_shows_every_command():
+    import re
+
+    from ddlsim.simulator.cli.main import COMMANDS
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    use = readme[readme.index("## Use") :]
+    shown = set(re.findall(r"^ddlsim ([a-z-]+)", use, flags=re.MULTILINE))
+    assert set(COMMANDS) <= shown, set(COMMANDS) - shown
