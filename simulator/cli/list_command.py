@@ -76,13 +76,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "training-algorithms":
         from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
-        rows = []
+        algorithms = []
         for name in TRAINING_ALGORITHMS.names():
             trainer = TRAINING_ALGORITHMS.get(name)
             module = sys.modules[type(trainer).__module__]
             description = summary(type(trainer).__doc__ or module.__doc__)
-            rows.append({"name": name, "family": trainer.family, "description": description})
-        print_table(rows, ("name", "family", "description"))
+            algorithms.append({"name": name, "family": trainer.family, "description": description})
+        print_table(algorithms, ("name", "family", "description"))
     else:
         for name in COLLECTIVE_ALGORITHMS.names():
             algorithm = COLLECTIVE_ALGORITHMS.get(name)
