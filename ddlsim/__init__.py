@@ -11,9 +11,17 @@ The one import name of the project. Its parts live in the top-level folders of t
     ddlsim.registry          the extension-point registries every part uses (this folder's own module)
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from typing import Any
 
-try:
-    __version__ = version("ddlsim")
-except PackageNotFoundError:  # running from a checkout that was never installed
-    __version__ = "0+unknown"
+
+def __getattr__(name: str) -> Any:
+    # the version is looked up only when asked for: importlib.metadata costs tens of milliseconds at
+    # every start of the command line otherwise
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("ddlsim")
+        except PackageNotFoundError:  # running from a checkout that was never installed
+            return "0+unknown"
+    raise AttributeError(f"module 'ddlsim' has no attribute {name!r}")

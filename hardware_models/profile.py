@@ -312,17 +312,32 @@ def profile_to_toml(profile: Profile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _number_entry(table: dict[str, Any], key: str, where: str, low: float, high: float) -> tuple[Any, str]:
+def _number_entry(
+    table: dict[str, Any], key: str, where: str, low: float, high: float, array: bool = False
+) -> tuple[Any, str]:
+    """``table[key]`` as ``{ value = NUMBER, source = "..." }`` (``array``: ``value = [NUMBER, ...]``)."""
     entry = table[key]
+    shape = "[numbers]" if array else "a number"
     if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
-        raise ProfileError(f'{where}: key {key!r} must be a table {{ value = ..., source = "..." }}')
-    values = entry["value"] if isinstance(entry["value"], list) else [entry["value"]]
+        raise ProfileError(f'{where}: key {key!r} must be a table {{ value = {shape}, source = "..." }}, got {entry!r}')
+    if not isinstance(entry["source"], str):
+        raise ProfileError(f"{where}: key {key!r}: source must be a string, got {entry['source']!r}")
+    if isinstance(entry["value"], list) != array:
+        raise ProfileError(f"{where}: key {key!r}: value must be {shape}, got {entry['value']!r}")
+    values = entry["value"] if array else [entry["value"]]
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             raise ProfileError(f"{where}: key {key!r}: must be a number, got {value!r}")
         if not low <= value <= high:
             raise ProfileError(f"{where}: key {key!r}: must be in [{low:g}, {high:g}], got {value!r}")
     return entry["value"], str(entry["source"])
+
+
+def _table(value: Any, where: str, what: str) -> dict[str, Any]:
+    """``value`` if it is a TOML table; a ProfileError naming the key and what it holds otherwise."""
+    if not isinstance(value, dict):
+        raise ProfileError(f"{where}: key {what!r} must be a table, got {value!r}")
+    return value
 
 
 def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> None:
@@ -332,8 +347,12 @@ def _unknown(table: dict[str, Any], allowed: tuple[str, ...], where: str) -> Non
 
 
 def parse_profile(data: dict[str, Any], path: Path) -> Profile:
+    """A Profile from parsed TOML; every key's type and range checked (ProfileError names file and key)."""
     where = str(path)
     _unknown(data, TOP_KEYS, where)
+    for key in ("data_sha256", "description"):
+        if key in data and not isinstance(data[key], str):
+            raise ProfileError(f"{where}: key {key!r} must be a string, got {data[key]!r}")
     version = data.get("schema_version")
     if version != SCHEMA_VERSION:
         raise ProfileError(
@@ -343,9 +362,9 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
     interference, sources["overlap_interference"] = _number_entry(data, "overlap_interference", where, 0.0, 1.0)
     sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, 0.0, 5.0)
     devices: dict[str, DeviceFit] = {}
-    for token, table in (data.get("devices") or {}).items():
+    for token, table in _table(data.get("devices", {}), where, "devices").items():
         at = f"{where} [devices.{token}]"
-        _unknown(table, DEVICE_KEYS, at)
+        _unknown(_table(table, where, f"devices.{token}"), DEVICE_KEYS, at)
         fit_sources: dict[str, str] = {}
         efficiencies: dict[str, float | None] = {"compute_efficiency": None, "memory_efficiency": None}
         for key in efficiencies:
@@ -353,7 +372,7 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
                 efficiencies[key], fit_sources[key] = _number_entry(table, key, at, 1e-6, 1.0)
         maps: dict[str, dict[str, float]] = {"layer_efficiency": {}, "workload_scale": {}}
         for name, high in (("layer_efficiency", 1.0), ("workload_scale", 1e6)):
-            for key in table.get(name, {}) or {}:
+            for key in _table(table.get(name, {}), at, name):
                 maps[name][key], fit_sources[f"{name}.{key}"] = _number_entry(
                     table[name], key, f"{at}.{name}", 1e-6, high
                 )
@@ -365,15 +384,15 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
             fit_sources,
         )
     links: dict[str, LinkFit] = {}
-    for key, table in (data.get("links") or {}).items():
+    for key, table in _table(data.get("links", {}), where, "links").items():
         at = f"{where} [links.{key}]"
-        _unknown(table, LINK_KEYS, at)
+        _unknown(_table(table, where, f"links.{key}"), LINK_KEYS, at)
         for name in LINK_REQUIRED:
             if name not in table:
                 raise ProfileError(f"{at}: missing key {name!r}")
-        breakpoints, source = _number_entry(table, "breakpoints_bytes", at, 0.0, 1e18)
-        alpha, _ = _number_entry(table, "alpha_s", at, 0.0, 1e3)
-        beta, _ = _number_entry(table, "beta_Bps", at, 1.0, 1e15)
+        breakpoints, source = _number_entry(table, "breakpoints_bytes", at, 0.0, 1e18, array=True)
+        alpha, _ = _number_entry(table, "alpha_s", at, 0.0, 1e3, array=True)
+        beta, _ = _number_entry(table, "beta_Bps", at, 1.0, 1e15, array=True)
         if len(alpha) != len(breakpoints) + 1 or len(beta) != len(alpha):
             raise ProfileError(f"{at}: alpha_s and beta_Bps need one value per segment (breakpoints + 1)")
         if list(breakpoints) != sorted(breakpoints):
@@ -389,9 +408,13 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
             source,
             **optional,
         )
-    samples = data.get("bootstrap") or []
+    samples = data.get("bootstrap", [])
     if not isinstance(samples, list) or not all(isinstance(sample, dict) for sample in samples):
-        raise ProfileError(f"{where}: key 'bootstrap' must be an array of tables [[bootstrap]]")
+        raise ProfileError(f"{where}: key 'bootstrap' must be an array of tables [[bootstrap]], got {samples!r}")
+    for index, sample in enumerate(samples):
+        for name, value in sample.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise ProfileError(f"{where}: [[bootstrap]] {index + 1}, key {name!r}: must be a number, got {value!r}")
     return Profile(
         devices=devices,
         links=links,
@@ -413,4 +436,6 @@ def load_profile(path: Path | str) -> Profile:
             data = tomllib.load(handle)
     except tomllib.TOMLDecodeError as error:
         raise ProfileError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError as error:
+        raise ProfileError(f"{path}: not UTF-8 text (TOML files are UTF-8): byte {error.start}") from None
     return parse_profile(data, path)

@@ -14,10 +14,16 @@ measurement schema of ``data/README.md`` (``MEASUREMENT_COLUMNS``): kind ``colle
 ``point_to_point`` for ping-pong and streaming bandwidth), device ``local_cpu`` and network
 ``local_shm`` on one machine unless told otherwise, the spread in ``notes``. Per-layer compute
 times go to their own table (``LAYER_COLUMNS``).
+
+Row ids are unique per run, ``BENCH-<run id>-00001``, the run id being the UTC start time and a
+random tag that rank 0 draws: rows of two runs (one to calibrate on, one to validate against) never
+share an id. Rank 0 reports progress per benchmark (``simulator.progress``: lines on stderr, which
+the launcher passes through; ``DDLSIM_PROGRESS`` chooses).
 """
 
 from __future__ import annotations
 
+import secrets
 import socket
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -31,6 +37,7 @@ from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.real_runs.schedule_executor import Workspace, build_schedule, promised, reference_result, run_schedule
 from ddlsim.real_runs.transport import Transport
+from ddlsim.simulator.progress import Progress
 
 MEASUREMENT_COLUMNS = (
     "id", "source", "kind", "workload", "collective", "algorithm", "device", "devices_per_node", "nodes",
@@ -122,6 +129,7 @@ class BenchContext:
     source: str = ""
     repeats: int = 10
     warmup: int = 2
+    run_id: str = ""  # default: drawn by rank 0 (``new_run_id``) and shared with every rank
 
     def __post_init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
@@ -129,6 +137,20 @@ class BenchContext:
         hosts = self.transport.allgather_object(socket.gethostname())
         self.hosts = hosts
         self.source = self.source or f"ddlsim bench on {hosts[0]}"
+        self.run_id = self.run_id or self.transport.allgather_object(new_run_id())[0]
+        self.progress = Progress("bench", unit="points") if self.transport.rank == 0 else None
+
+    def stage(self, label: str, total: int, unit: str) -> None:
+        """Rank 0 starts reporting a benchmark of ``total`` ``unit``."""
+        if self.progress is not None:
+            self.progress.stage(f"bench {label}", total, unit)
+
+    def step(self, count: int = 1) -> None:
+        if self.progress is not None:
+            self.progress.advance(count)
+
+    def next_id(self) -> str:
+        return f"BENCH-{self.run_id}-{len(self.rows) + 1:05d}"
 
     def placement(self, ranks: int) -> tuple[int, int]:
         """(devices_per_node, nodes) of ranks 0..ranks-1 (block placement over the hosts)."""
@@ -151,12 +173,17 @@ class BenchContext:
             "network": self.network, "message_bytes": message_bytes, "precision": precision, "quote": "direct",
         }  # fmt: skip
         notes = stats.notes() + (f"; {extra}" if extra else "")
-        self.rows.append({**common, "id": f"BENCH-{len(self.rows) + 1:05d}", "metric": "time_s",
+        self.rows.append({**common, "id": self.next_id(), "metric": "time_s",
                           "value": stats.median_s, "notes": notes})  # fmt: skip
         if bus_Bps is not None:
             busbw_notes = f"nccl-tests busbw from the median time; {notes}"
-            self.rows.append({**common, "id": f"BENCH-{len(self.rows) + 1:05d}", "metric": "bus_bandwidth_Bps",
+            self.rows.append({**common, "id": self.next_id(), "metric": "bus_bandwidth_Bps",
                               "value": bus_Bps, "notes": busbw_notes})  # fmt: skip
+
+
+def new_run_id() -> str:
+    """``20261123T203204Z-3f9a1c``: when the run started (UTC) and a random tag for runs started together."""
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 # --- point to point ----------------------------------------------------------------------------
@@ -168,6 +195,8 @@ def ping_pong(context: BenchContext, sizes: Iterable[int]) -> None:
     if transport.size < 2:
         return
     rank = transport.rank
+    sizes = list(sizes)
+    context.stage("ping-pong", len(sizes), "sizes")
     for size in sizes:
         send = (np.arange(size) % 251).astype(np.uint8)
         receive = np.zeros(size, dtype=np.uint8)
@@ -191,6 +220,7 @@ def ping_pong(context: BenchContext, sizes: Iterable[int]) -> None:
         context.add(kind="point_to_point", precision="", collective="ping_pong", algorithm="send_recv", ranks=2,
                     message_bytes=size, stats=stats, bus_Bps=algorithm_bandwidth_Bps(size, stats.median_s),
                     extra=f"one-way time = round trip / 2 over {inner} round trips")  # fmt: skip
+        context.step()
 
 
 def streaming_bandwidth(context: BenchContext, sizes: Iterable[int], window: int = 16) -> None:
@@ -200,6 +230,8 @@ def streaming_bandwidth(context: BenchContext, sizes: Iterable[int], window: int
         return
     rank = transport.rank
     ack = np.zeros(1, dtype=np.uint8)
+    sizes = list(sizes)
+    context.stage("streaming bandwidth", len(sizes), "sizes")
     for size in sizes:
         send = (np.arange(size) % 251).astype(np.uint8)
         receive = [np.zeros(size, dtype=np.uint8) for _ in range(window)] if rank == 1 else []
@@ -221,6 +253,7 @@ def streaming_bandwidth(context: BenchContext, sizes: Iterable[int], window: int
                     ranks=2,
                     message_bytes=size, stats=stats, bus_Bps=algorithm_bandwidth_Bps(size * window, stats.median_s),
                     extra=f"time of a window of {window} messages and a 1-byte acknowledgement")  # fmt: skip
+        context.step()
 
 
 # --- collectives ---------------------------------------------------------------------------------
@@ -249,6 +282,12 @@ def collectives(context: BenchContext, sizes: Iterable[int], algorithms: Sequenc
     names = list(algorithms) if algorithms else COLLECTIVE_ALGORITHMS.names()
     counts = sorted(set(rank_counts or [world.size]))
     subset = getattr(world, "subset", None)
+    sizes = list(sizes)
+    measured = [count for count in counts if 2 <= count <= world.size and (count == world.size or subset)]
+    per_count = sum(len(COLLECTIVE_ALGORITHMS.get(name).collectives) for name in names) + (
+        len(BUS_FACTORS) if library else 0
+    )
+    context.stage("collectives", len(measured) * per_count * len(sizes), "points")
     for count in counts:
         if count > world.size or count < 2:
             continue
@@ -272,6 +311,7 @@ def _collectives_on(context: BenchContext, transport: Transport, sizes: Iterable
                 try:
                     schedule = build_schedule(name, collective, ranks)
                 except ScheduleError:
+                    context.step(len(list(sizes)))  # not defined at this rank count: nothing to measure
                     continue
                 for size in sizes:
                     elements = max(1, size // 4)
@@ -290,6 +330,7 @@ def _collectives_on(context: BenchContext, transport: Transport, sizes: Iterable
 
                     samples = time_calls(transport, call, context.repeats, context.warmup)
                     _add_collective(context, collective, name, ranks, elements * 4, samples)
+                    context.step()
         if library:
             _library_collectives(context, transport, sizes)
     finally:
@@ -324,6 +365,7 @@ def _library_collectives(context: BenchContext, transport: Transport, sizes: Ite
                                  context.warmup)  # fmt: skip
             nbytes = elements * 4 * (ranks if collective == "allgather" else 1)
             _add_collective(context, collective, token, ranks, nbytes, samples)
+            context.step()
 
 
 # --- per-layer compute ---------------------------------------------------------------------------
@@ -345,6 +387,7 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
 
     from ddlsim.real_runs.models import build_model
 
+    context.stage("per-layer compute", len(models) * len(batch_sizes), "model batches")
     for model_name in models:
         model = build_model(model_name, channels, classes)
         # fp32 gradient bytes of each top-level layer: what its backward hands to the all-reduce
@@ -369,6 +412,7 @@ def layer_times(context: BenchContext, models: Sequence[str], batch_sizes: Seque
             step = _training_step_times(transport, model_name, batch, context.warmup + context.repeats)
             if step is not None:
                 forward["total"], backward["total"] = step[0][context.warmup :], step[1][context.warmup :]
+            context.step()
             if transport.rank != 0:
                 continue
             for phase, table in (("forward", forward), ("backward", backward)):

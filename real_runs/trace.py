@@ -103,7 +103,7 @@ class TraceWriter:
             "start_s": (start_ns - self.origin_ns) * 1e-9,
             "end_s": (end_ns - self.origin_ns) * 1e-9,
         }
-        line = json.dumps(row)
+        line = json.dumps(row, allow_nan=False)  # strict JSON: rows hold whole numbers and finite times
         with self._lock:
             self._rows.append(line)
 

@@ -1,10 +1,12 @@
 """The gallery: ddlsim's predictions beside the headline numbers of the seed publications.
 
-``ddlsim report gallery`` (or ``python -m ddlsim.reports.gallery``) runs every entry's ddlsim commands
-into ``reports/gallery/runs/<entry>/<run>/``, reads the result files back, and writes
-``reports/gallery/README.md``, ``reports/gallery/index.html`` and one PNG per entry. Each entry
-states the exact commands, the prediction, the published figure and the gap, and the assumptions
-made where a paper does not pin an input down. Nothing here is fitted to the published figures.
+The entries (``ENTRIES``) say which ddlsim commands reproduce which published figure. ``ddlsim
+report gallery --out DIR`` (``simulator/cli/gallery_runs.py``) runs every entry's commands into
+``DIR/runs/<entry>/<run>/``; ``build_gallery(DIR)`` here then reads those result files, and only
+them, and writes ``DIR/README.md``, ``DIR/index.html`` and one PNG per entry. Each entry states the
+exact commands, the prediction, the published figure and the gap, and the assumptions made where a
+paper does not pin an input down. Nothing here is fitted to the published figures. The copy in the
+repository (``reports/gallery``) is made with ``ddlsim report gallery --out reports/gallery``.
 
 Epoch times: time = images per epoch x epochs / predicted throughput, with the ImageNet-1k
 training set of 1,281,167 images ("1.28M"); start-up, evaluation and input pipelines are not
@@ -13,11 +15,8 @@ modelled, so predicted times are lower bounds of what a real run of the same har
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import shlex
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,9 +25,11 @@ from ddlsim.reports import plots
 from ddlsim.reports.html_report import esc, page, table
 from ddlsim.simulator.records import atomic_open, read_csv
 
-DEFAULT_OUT = Path(__file__).resolve().parent / "gallery"
 IMAGENET_IMAGES = 1_281_167
-KEEP_FILES = ("results.csv", "scenario.json", "setup.json")
+# what a run directory keeps (the results, the resolved inputs and what the command printed), and the
+# file that says why an entry could not be computed
+KEEP_FILES = ("results.csv", "scenario.json", "setup.json", "stdout.txt")
+PENDING_FILE = "pending.txt"
 
 
 @dataclass(frozen=True)
@@ -511,31 +512,21 @@ ENTRIES: tuple[Entry, ...] = (
 # --- running and writing ------------------------------------------------------------------------------
 
 
-def run_entry(entry: Entry, runs_dir: Path) -> tuple[Results, str]:
-    """Run the entry's commands (output captured); results per run name, or a reason it is pending."""
-    from ddlsim.simulator.cli.main import main
-
+def read_entry(entry: Entry, runs_dir: Path) -> tuple[Results, str]:
+    """The entry's result files, read back per run name (and ``<run>:stdout``), or why it is pending."""
     if entry.pending:
         return {}, entry.pending
+    pending = runs_dir / entry.key / PENDING_FILE
+    if pending.is_file():
+        return {}, pending.read_text(encoding="utf-8").strip()
     results: Results = {}
     for run in entry.runs:
         out = runs_dir / entry.key / run.name
-        if out.exists():
-            shutil.rmtree(out)
-        captured_out, captured_err = io.StringIO(), io.StringIO()
-        try:
-            with contextlib.redirect_stdout(captured_out), contextlib.redirect_stderr(captured_err):
-                code = main([*run.argv, "--out", str(out)])
-        except SystemExit as error:  # argparse: unknown command or option (a module not there yet)
-            code = int(error.code or 2)
-        if code != 0:
-            lines = captured_err.getvalue().strip().splitlines()
-            return {}, f"`{run.command()}` failed: {lines[-1] if lines else f'exit status {code}'}"
+        if not (out / entry.result_file).is_file():
+            return {}, f"no {entry.result_file} in {out}: run `ddlsim report gallery` to compute it"
         results[run.name] = read_csv(out / entry.result_file)
-        results[f"{run.name}:stdout"] = [{"text": captured_out.getvalue()}]
-        for path in out.iterdir():  # keep the results and the resolved inputs, not traces
-            if path.name not in KEEP_FILES:
-                path.unlink()
+        stdout = out / "stdout.txt"
+        results[f"{run.name}:stdout"] = [{"text": stdout.read_text(encoding="utf-8") if stdout.is_file() else ""}]
     return results, ""
 
 
@@ -551,14 +542,15 @@ def _fmt(value: float | None, unit: str) -> str:
     return f"{value:.3g} {unit}"
 
 
-def build_gallery(out: Path = DEFAULT_OUT, entries: Sequence[Entry] = ENTRIES) -> list[str]:
-    """Run every entry and write README.md, index.html and the PNGs into ``out``; the names written."""
+def build_gallery(out: Path, entries: Sequence[Entry] = ENTRIES) -> list[str]:
+    """Write README.md, index.html and the PNGs into ``out`` from the run directories under
+    ``out/runs`` (``read_entry``); the names written."""
     out = Path(out)
     runs_dir = out / "runs"
     markdown = [
         "# Gallery: ddlsim beside published results",
         "",
-        "Regenerate with `ddlsim report gallery` (runs every command below; about 30 s). Nothing is fitted "
+        "Regenerate with `ddlsim report gallery --out DIR` (runs every command below). Nothing is fitted "
         "to these figures: the inputs are the catalog datasheets and the stated assumptions. Times from "
         "throughput use 1,281,167 ImageNet images per epoch and leave out start-up, input pipeline and "
         "evaluation, so they are lower bounds. The run outputs are under `runs/<entry>/<run>/`.",
@@ -571,7 +563,7 @@ def build_gallery(out: Path = DEFAULT_OUT, entries: Sequence[Entry] = ENTRIES) -
     summary_rows: list[tuple[str, ...]] = []
     written: list[str] = []
     for entry in entries:
-        results, pending = run_entry(entry, runs_dir)
+        results, pending = read_entry(entry, runs_dir)
         comparisons = entry.compare(results) if not pending else []
         commands = "\n".join(run.command().replace("runs/...", f"runs/{entry.key}") for run in entry.runs)
         md = [f"## {entry.title}", "", f"**Source.** {entry.source}", "", "**Inputs.**", "", "```", commands, "```"]
@@ -621,14 +613,12 @@ def build_gallery(out: Path = DEFAULT_OUT, entries: Sequence[Entry] = ENTRIES) -
         handle.write("\n".join(markdown).rstrip() + "\n")
     summary_html = table(("entry", "quantity", "published", "ddlsim", "gap"), summary_rows, (0, 1))
     intro = (
-        "<p>Regenerate with <code>ddlsim report gallery</code>. Nothing is fitted to these figures; times from "
-        "throughput use 1,281,167 images per epoch and leave out start-up, input pipeline and evaluation.</p>"
+        "<p>Regenerate with <code>ddlsim report gallery --out DIR</code>. Nothing is fitted to these figures; "
+        "times from throughput use 1,281,167 images per epoch and leave out start-up, input pipeline and "
+        "evaluation.</p>"
     )
     with atomic_open(out / "index.html") as handle:
         body = intro + summary_html + "\n".join(sections_html)
         handle.write(page("ddlsim gallery: predictions beside published results", body))
     return ["README.md", "index.html", *written]
 
-
-if __name__ == "__main__":
-    print(", ".join(build_gallery()))

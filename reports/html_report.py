@@ -2,20 +2,30 @@
 
 ``build_report([runs/a, runs/b, reports/validation])`` sorts the directories by kind (simulate,
 collective, validation; ``reports.plots.result_kind``) and renders, per kind, the plots of
-``reports.plots`` and the numbers behind them. No external resources (no scripts, fonts or
-stylesheets), no timestamps: the same inputs give the same bytes.
+``reports.plots`` and the numbers behind them, through the jinja2 templates in ``templates/``
+(every value escaped). Numbers are shown as in the terminal and the plots
+(``reports.formatting``: one unit and format per column, fractions as percent). No external
+resources (no scripts, fonts or stylesheets), no timestamps: the same inputs give the same bytes.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import html
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ddlsim.reports import plots
+from ddlsim.reports.formatting import (
+    format_size,
+    format_table,
+    format_value,
+    label_with_unit,
+    number_or_none,
+    validation_headline,
+)
 from ddlsim.simulator.records import atomic_open
 
 CSS = """
@@ -38,59 +48,66 @@ code { background: #f4f4f4; padding: 0 .25em; }
 """
 
 
+
+Block = dict[str, Any]
+
+
+@functools.cache
+def _templates() -> Any:
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.PackageLoader("ddlsim.reports", "templates"),
+        autoescape=True,
+        trim_blocks=False,
+        keep_trailing_newline=True,
+        undefined=jinja2.StrictUndefined,
+    )
+
+
+def _macro(name: str) -> Any:
+    return getattr(_templates().get_template("blocks.html.j2").module, name)
+
+
 def esc(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
 
-def number(value: Any, digits: int = 4) -> str:
-    """A number for a table: significant digits, thousands kept readable; text passes through."""
-    try:
-        x = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(x):
-        return "-"
-    if x == 0:
-        return "0"
-    if abs(x) >= 1e6 or abs(x) < 1e-3:
-        return f"{x:.{digits}g}"
-    if abs(x) >= 1000:
-        return f"{x:,.0f}"
-    return f"{x:.{digits}g}"
-
-
 def table(columns: Sequence[str], rows: Iterable[Sequence[Any]], text_columns: Sequence[int] = (0,)) -> str:
     """An HTML table; cells are escaped; columns listed in ``text_columns`` are left-aligned."""
-    head = "".join(
-        f'<th class="text">{esc(c)}</th>' if i in text_columns else f"<th>{esc(c)}</th>" for i, c in enumerate(columns)
-    )
-    body = []
-    for row in rows:
-        cells = "".join(
-            f'<td class="text">{esc(cell)}</td>' if i in text_columns else f"<td>{esc(cell)}</td>"
-            for i, cell in enumerate(row)
-        )
-        body.append(f"<tr>{cells}</tr>")
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    return str(_macro("table")(list(columns), [list(row) for row in rows], tuple(text_columns)))
 
 
 def image(png: bytes, alt: str, caption: str = "") -> str:
     """A figure with the PNG inlined as a data URI (width and height from the PNG header)."""
-    width, height = plots.png_size(png)
-    data = base64.b64encode(png).decode("ascii")
-    figcaption = f"<figcaption>{esc(caption)}</figcaption>" if caption else ""
-    return (
-        f'<figure><img src="data:image/png;base64,{data}" alt="{esc(alt)}" '
-        f'width="{width}" height="{height}">{figcaption}</figure>'
-    )
+    return str(_macro("figure")(**_figure_block(png, alt, caption, kind=None)))
 
 
 def page(title: str, body: str) -> str:
-    return (
-        '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{esc(title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n"
-        f"<h1>{esc(title)}</h1>\n{body}\n</body>\n</html>\n"
-    )
+    """The page around ``body`` (HTML, already escaped where it needs to be)."""
+    import markupsafe
+
+    return str(_templates().get_template("page.html.j2").render(title=title, css=markupsafe.Markup(CSS),
+                                                                body=markupsafe.Markup(body)))  # fmt: skip
+
+
+def _figure_block(png: bytes, alt: str, caption: str = "", kind: str | None = "figure") -> Block:
+    width, height = plots.png_size(png)
+    data = base64.b64encode(png).decode("ascii")
+    block = {"src": f"data:image/png;base64,{data}", "alt": alt, "width": width, "height": height, "caption": caption}
+    return block | ({"kind": kind} if kind else {})
+
+
+def _table_block(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], text: Sequence[str] = ()) -> Block:
+    """A table of stored ``columns``: headings with units, each column in one format (as the terminal)."""
+    units, cells = format_table([dict(row) for row in rows], columns)
+    headings = [label_with_unit(column, unit) for column, unit in zip(columns, units, strict=True)]
+    return {"kind": "table", "columns": headings, "rows": cells,
+            "text_columns": tuple(i for i, column in enumerate(columns) if column in text)}  # fmt: skip
+
+
+def _render(blocks: Sequence[Block]) -> str:
+    return str(_macro("section")(list(blocks)))
 
 
 # --- sections ---------------------------------------------------------------------------------------
@@ -109,12 +126,18 @@ SCENARIO_KEYS = (
     "overlap",
     "executor",
 )
+SCALING_TABLE = (
+    "nodes", "devices", "global_batch", "iteration_s", "compute_s", "exposed_comm_s", "comm_s",
+    "throughput_samples_per_s", "speedup", "scaling_efficiency",
+)  # fmt: skip
+# as ddlsim collective prints it (time in µs, as nccl-tests)
+COLLECTIVE_TABLE = ("algorithm", "resolved_algorithm", "ranks", "size", "time_us", "algbw_Bps", "busbw_Bps")
 
 
-def scaling_section(runs: Sequence[Path]) -> str:
-    parts = ["<h2>Training scaling</h2>"]
-    parts.append(
-        image(
+def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
+    blocks: list[Block] = [{"kind": "h2", "text": "Training scaling", "note": ""}]
+    blocks.append(
+        _figure_block(
             plots.scaling_png(runs),
             "scaling efficiency and throughput against devices",
             "Weak-scaling efficiency (throughput / (devices x one device without communication)) and "
@@ -123,99 +146,59 @@ def scaling_section(runs: Sequence[Path]) -> str:
     )
     for run in runs:
         scenario = plots.scenario_of(run)
-        parts.append(f"<h3>{esc(plots.run_label(run))} <span class='note'>({esc(run)})</span></h3>")
+        blocks.append({"kind": "h3", "text": plots.run_label(run), "note": str(run)})
         if scenario:
             shown = [(key, scenario.get(key, "")) for key in SCENARIO_KEYS if key in scenario]
-            parts.append(table(("input", "value"), shown, text_columns=(0, 1)))
+            blocks.append({"kind": "table", "columns": ["input", "value"], "rows": shown, "text_columns": (0, 1)})
         rows = plots.scaling_rows(run)
-        parts.append(
-            table(
-                (
-                    "nodes",
-                    "devices",
-                    "global batch",
-                    "iteration (ms)",
-                    "compute (ms)",
-                    "exposed comm (ms)",
-                    "all comm (ms)",
-                    "throughput (samples/s)",
-                    "speedup",
-                    "efficiency (%)",
-                ),
-                (
-                    (
-                        row["nodes"],
-                        row["devices"],
-                        row.get("global_batch", ""),
-                        number(1e3 * float(row["iteration_s"])),
-                        number(1e3 * float(row["compute_s"])),
-                        number(1e3 * float(row["exposed_comm_s"])),
-                        number(1e3 * float(row["comm_s"])) if row.get("comm_s") else "-",
-                        number(row.get("throughput_samples_per_s", "")),
-                        number(row.get("speedup", "")),
-                        number(100 * float(row["scaling_efficiency"])),
-                    )
-                    for row in rows
-                ),
-                text_columns=(),
-            )
-        )
-        parts.append(
-            image(
+        blocks.append(_table_block(rows, [column for column in SCALING_TABLE if column in rows[0]]))
+        blocks.append(
+            _figure_block(
                 plots.breakdown_png(run),
                 f"iteration breakdown for {run}",
                 "Per node count: compute, exposed communication and idle time per iteration.",
             )
         )
-    return "\n".join(parts)
+    return blocks
 
 
-def collective_section(runs: Sequence[Path]) -> str:
-    parts = ["<h2>Collectives</h2>"]
-    parts.append(
-        image(
+def collective_blocks(runs: Sequence[Path]) -> list[Block]:
+    blocks: list[Block] = [{"kind": "h2", "text": "Collectives", "note": ""}]
+    blocks.append(
+        _figure_block(
             plots.collective_png(runs),
             "collective time and bus bandwidth against message size",
             "Time and bus bandwidth (nccl-tests definition) against the message size per rank.",
         )
     )
     for run in runs:
-        parts.append(f"<h3>{esc(plots.run_label(run))} <span class='note'>({esc(run)})</span></h3>")
-        rows = plots.collective_rows(run)
-        parts.append(
-            table(
-                ("algorithm", "resolved", "ranks", "message (bytes)", "time (us)", "algbw (GB/s)", "busbw (GB/s)"),
-                (
-                    (
-                        row["algorithm"],
-                        row.get("resolved_algorithm", ""),
-                        row["ranks"],
-                        number(row["message_bytes"]),
-                        number(1e6 * float(row["time_s"])),
-                        number(float(row.get("algbw_Bps") or "nan") / 1e9),
-                        number(float(row["busbw_Bps"]) / 1e9),
-                    )
-                    for row in rows
-                ),
-                text_columns=(0, 1),
-            )
-        )
-    return "\n".join(parts)
+        blocks.append({"kind": "h3", "text": plots.run_label(run), "note": str(run)})
+        rows = [
+            row | {"size": format_size(float(row["message_bytes"])), "time_us": 1e6 * float(row["time_s"])}
+            for row in plots.collective_rows(run)
+        ]
+        blocks.append(_table_block(rows, COLLECTIVE_TABLE, text=("algorithm", "resolved_algorithm", "size")))
+    return blocks
 
 
-def validation_section(directory: Path, max_rows: int = 60) -> str:
+def validation_blocks(directory: Path, max_rows: int = 60) -> list[Block]:
     rows = plots.validation_rows(directory)
     summary = plots.validation_summary(directory)
-    parts = [f"<h2>Validation <span class='note'>({esc(directory)})</span></h2>"]
+    blocks: list[Block] = [{"kind": "h2", "text": "Validation", "note": str(directory)}]
     if summary:
-        verdict = "pass" if summary.get("passed") else "fail"
-        parts.append(
-            f"<p>Verdict: <span class='{verdict}'>{verdict.upper()}</span> against a tolerance of "
-            f"{esc(summary.get('tolerance', '?'))}% median APE.</p>"
-        )
-        parts.append(table(("summary", "value"), [(k, number(v)) for k, v in sorted(summary.items())]))
-    parts.append(
-        image(
+        passed = bool(summary.get("passed"))
+        blocks.append({
+            "kind": "verdict", "css": "pass" if passed else "fail", "verdict": "PASS" if passed else "FAIL",
+            "text": f"against a tolerance of {format_value(summary.get('tolerance'), 'tolerance')} median "
+                    f"absolute percentage error: {validation_headline(summary)}.",
+        })  # fmt: skip
+        shown = [
+            (key, ("PASS" if value else "FAIL") if key == "passed" else format_value(value, key))
+            for key, value in sorted(summary.items())
+        ]
+        blocks.append({"kind": "table", "columns": ["summary", "value"], "rows": shown, "text_columns": (0,)})
+    blocks.append(
+        _figure_block(
             plots.validate_png(directory),
             "predicted against measured",
             "Predicted against measured, per metric; shaded bands are +-10% and +-25%.",
@@ -223,48 +206,44 @@ def validation_section(directory: Path, max_rows: int = 60) -> str:
     )
 
     def ape(row: Mapping[str, str]) -> float:
-        try:
-            return abs(float(row["error_pct"]))
-        except (KeyError, ValueError):
-            return -1.0
+        error = number_or_none(row.get("error_pct"))
+        return -1.0 if error is None else abs(error)
 
     predicted = sorted((row for row in rows if row["status"] != "cannot_model"), key=ape, reverse=True)
-    parts.append(f"<h3>Largest errors (up to {max_rows} of {len(predicted)})</h3>")
-    parts.append(
-        table(
-            (
-                "id",
-                "metric",
-                "workload / collective",
-                "device",
-                "nodes",
-                "measured",
-                "predicted",
-                "error (%)",
-                "status",
-            ),
-            (
-                (
-                    row["id"],
-                    row["metric"],
-                    row.get("workload") or row.get("collective", ""),
-                    row.get("device", ""),
-                    row.get("nodes", ""),
-                    number(row["measured"]),
-                    number(row["predicted"]),
-                    number(row.get("error_pct", "")),
-                    row["status"],
-                )
-                for row in predicted[:max_rows]
-            ),
-            text_columns=(0, 1, 2, 3, 8),
-        )
-    )
+    blocks.append({"kind": "h3", "text": f"Largest errors (up to {max_rows} of {len(predicted)})", "note": ""})
+    shown_rows = [
+        {
+            "id": row["id"], "metric": row["metric"], "what": row.get("workload") or row.get("collective", ""),
+            "device": row.get("device", ""), "nodes": row.get("nodes", ""),
+            # one metric per row, each with its own unit: a time beside a throughput in one column
+            "measured": format_value(row["measured"], row["metric"]),
+            "predicted": format_value(row["predicted"], row["metric"]),
+            "error_pct": row.get("error_pct", ""), "status": row["status"],
+        }
+        for row in predicted[:max_rows]
+    ]  # fmt: skip
+    columns = ("id", "metric", "what", "device", "nodes", "measured", "predicted", "error_pct", "status")
+    table_block = _table_block(shown_rows, columns, text=("id", "metric", "what", "device", "status"))
+    table_block["columns"][2] = "workload / collective"
+    blocks.append(table_block)
     unmodeled = [row for row in rows if row["status"] == "cannot_model"]
     if unmodeled:
-        parts.append(f"<h3>Rows the model cannot predict ({len(unmodeled)})</h3>")
-        parts.append(table(("id", "reason"), ((row["id"], row.get("reason", "")) for row in unmodeled), (0, 1)))
-    return "\n".join(parts)
+        blocks.append({"kind": "h3", "text": f"Rows the model cannot predict ({len(unmodeled)})", "note": ""})
+        blocks.append({"kind": "table", "columns": ["id", "reason"], "text_columns": (0, 1),
+                       "rows": [(row["id"], row.get("reason", "")) for row in unmodeled]})  # fmt: skip
+    return blocks
+
+
+def scaling_section(runs: Sequence[Path]) -> str:
+    return _render(scaling_blocks(runs))
+
+
+def collective_section(runs: Sequence[Path]) -> str:
+    return _render(collective_blocks(runs))
+
+
+def validation_section(directory: Path, max_rows: int = 60) -> str:
+    return _render(validation_blocks(directory, max_rows))
 
 
 def build_report(dirs: Sequence[Path], title: str = "ddlsim report") -> str:
@@ -274,19 +253,18 @@ def build_report(dirs: Sequence[Path], title: str = "ddlsim report") -> str:
     by_kind: dict[str, list[Path]] = {"scaling": [], "collective": [], "validation": []}
     for directory in dirs:
         by_kind[plots.result_kind(Path(directory))].append(Path(directory))
-    sources = table(
-        ("directory", "kind"),
-        ((str(d), kind) for kind, ds in by_kind.items() for d in ds),
-        text_columns=(0, 1),
-    )
-    body = [f"<p class='note'>Generated by <code>ddlsim report</code> from:</p>{sources}"]
+    blocks: list[Block] = [
+        {"kind": "paragraph", "css": "note", "text": "Generated by ddlsim report from:"},
+        {"kind": "table", "columns": ["directory", "kind"], "text_columns": (0, 1),
+         "rows": [(str(d), kind) for kind, ds in by_kind.items() for d in ds]},
+    ]  # fmt: skip
     if by_kind["scaling"]:
-        body.append(scaling_section(by_kind["scaling"]))
+        blocks += scaling_blocks(by_kind["scaling"])
     if by_kind["collective"]:
-        body.append(collective_section(by_kind["collective"]))
+        blocks += collective_blocks(by_kind["collective"])
     for directory in by_kind["validation"]:
-        body.append(validation_section(directory))
-    return page(title, "\n".join(body))
+        blocks += validation_blocks(directory)
+    return page(title, _render(blocks))
 
 
 def write_report(dirs: Sequence[Path], out_html: Path, title: str = "ddlsim report") -> None:

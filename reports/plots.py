@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
+from ddlsim.reports.formatting import validation_headline
 from ddlsim.simulator.records import atomic_open, read_csv
 
 DPI = 150
@@ -341,8 +342,16 @@ def validate_png(directory: Path) -> bytes:
     """Predicted against measured, one panel per metric, y = x with +-10 % and +-25 % bands.
 
     Rows with status ``cannot_model`` have no prediction and are counted in the panel title;
-    ``calibration`` rows (used to fit the model) are drawn hollow, ``predicted`` rows filled.
+    ``calibration`` rows (used to fit the model) are drawn hollow, ``predicted`` rows filled. The
+    title is the summary's ``formatting.validation_headline`` (as the report shows it).
     """
+    with validate_figure(directory) as fig:
+        return figure_png(fig)
+
+
+@contextmanager
+def validate_figure(directory: Path) -> Iterator[Figure]:
+    """The figure of ``validate_png``, open for inspection inside the block."""
     rows = validation_rows(directory)
     summary = validation_summary(directory)
     metrics = sorted({row["metric"] for row in rows})
@@ -403,14 +412,9 @@ def validate_png(directory: Path) -> bytes:
                 title += f", {unmodeled} cannot model"
             ax.set_title(title)
         if summary:
-            fig.suptitle(
-                f"median APE {summary.get('median_ape', math.nan):.1f}%, p90 {summary.get('p90_ape', math.nan):.1f}%"
-                f", {summary.get('ci_level', 0.95):.0%} CI coverage {summary.get('ci_coverage', math.nan):.0%}"
-                f", tolerance {summary.get('tolerance', math.nan)}%: {'PASS' if summary.get('passed') else 'FAIL'}",
-                fontsize=11,
-            )
+            fig.suptitle(validation_headline(summary), fontsize=11)
         _legend_below(fig, flat[: len(metrics)], ncols=5)
-        return figure_png(fig)
+        yield fig
 
 
 def plot_validate(directory: Path, out_png: Path) -> None:

@@ -21,7 +21,9 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -42,9 +44,35 @@ SCALING_COLUMNS = (
 )
 
 
+def _umask() -> int:
+    """The process's umask, read without changing it where Linux shows it (/proc/self/status)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # elsewhere: read it by setting it, and put it straight back
+    os.umask(mask)
+    return mask
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits a plain ``open(path, "w")`` would leave: the existing file's, or 0666 & ~umask."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return 0o666 & ~_umask()
+
+
 @contextlib.contextmanager
 def atomic_open(path: Path, mode: str = "w") -> Iterator[TextIO]:
-    """Write to a temporary file beside ``path`` and rename it into place only on success."""
+    """Write to a temporary file beside ``path`` and rename it into place only on success.
+
+    The file ends with the mode a plain write would give it (``file_mode``), not the temporary
+    file's private 0600, so results on a shared file system stay readable by the team.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     text = "b" not in mode
@@ -60,6 +88,7 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[TextIO]:
     try:
         with handle:
             yield handle  # type: ignore[misc]
+        os.chmod(handle.name, file_mode(path))
         os.replace(handle.name, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -87,13 +116,27 @@ def read_csv(path: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(handle))
 
 
+def finite_json(data: Any) -> Any:
+    """``data`` with every non-finite float (NaN: does not apply; inf: unbounded) as None (JSON null),
+    so that the file is JSON by RFC 8259, which has no NaN or Infinity."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, Mapping):
+        return {key: finite_json(value) for key, value in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_json(value) for value in data]
+    return data
+
+
 def write_json(path: Path, data: Any) -> None:
+    """Write ``data`` as strict JSON (``finite_json``: NaN and infinities become null), atomically."""
     with atomic_open(path) as handle:
-        json.dump(data, handle, indent=2, sort_keys=True)
+        json.dump(finite_json(data), handle, indent=2, sort_keys=True, allow_nan=False)
         handle.write("\n")
 
 
 def write_jsonl(path: Path, rows: Iterable[Mapping[str, Any]]) -> None:
+    """One strict JSON object per line (as ``write_json``), atomically."""
     with atomic_open(path) as handle:
         for row in rows:
-            handle.write(json.dumps(row, sort_keys=True) + "\n")
+            handle.write(json.dumps(finite_json(row), sort_keys=True, allow_nan=False) + "\n")

@@ -78,15 +78,15 @@ def write_validation_fixture(directory: Path) -> None:
         writer = csv.DictWriter(handle, VALIDATION_COLUMNS)
         writer.writeheader()
         writer.writerows(rows)
-    summary = {
+    summary = {  # fractions, as validate writes them
         "n_predicted": 3,
         "n_cannot_model": 1,
-        "median_ape": 10.0,
-        "p90_ape": 27.0,
-        "max_ape": 30.0,
+        "median_ape": 0.10,
+        "p90_ape": 0.27,
+        "max_ape": 0.30,
         "ci_level": 0.9,
         "ci_coverage": 0.5,
-        "tolerance": 25.0,
+        "tolerance": 0.25,
         "passed": True,
     }
     (directory / "summary.json").write_text(json.dumps(summary))
@@ -255,6 +255,7 @@ def test_report_renders_in_headless_chromium(tmp_path, results):
 
 def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
     from ddlsim.reports.gallery import ENTRIES, Comparison, Entry, Run, build_gallery, efficiency_pct
+    from ddlsim.simulator.cli.gallery_runs import run_gallery
 
     tiny = Entry(
         "tiny",
@@ -266,14 +267,17 @@ def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
         "none",
     )
     broken = Entry("broken", "Not there yet", "-", (Run("x", "no-such-command"),), lambda _: [], "-", "-", plot="none")
-    written = build_gallery(tmp_path, [tiny, broken])
+    written = run_gallery(tmp_path, [tiny, broken])
     assert written == ["README.md", "index.html", "tiny.png"]
+    assert build_gallery(tmp_path, [tiny, broken]) == written  # the page again, from the result files alone
     readme = (tmp_path / "README.md").read_text()
     assert "| A tiny scaling check | efficiency at 2 nodes | 90.0% |" in readme
     assert "ddlsim simulate --nodes 1,2 --executor-pool serial --out runs/tiny/ring" in readme
     assert "**Pending.**" in readme and "no-such-command" in readme
     assert_png(tmp_path / "tiny.png", "scaling")
-    assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "ring").iterdir()) == ["results.csv", "scenario.json"]
+    assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "ring").iterdir()) == [
+        "results.csv", "scenario.json", "stdout.txt",
+    ]  # fmt: skip
     parser = PageParser()
     parser.feed((tmp_path / "index.html").read_text())
     assert parser.links == ["tiny.png"] and parser.tables == 2

@@ -1,62 +1,98 @@
-"""Helpers shared by the command modules: table printing, progress, key=value options."""
+"""Helpers shared by the command modules: output checks, tables, progress, key=value options.
+
+Light to import (the fabric and the scenario load inside the functions that need them), so that a
+command's module costs nothing until it runs.
+"""
 
 from __future__ import annotations
 
 import argparse
 import copy
+import math
+import os
 import sys
-import time
-from collections.abc import Mapping, Sequence
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from ddlsim.simulator.engine.fabric import topology_of
-from ddlsim.simulator.scenario import ScenarioError
+from ddlsim.simulator.parsing import MAX_COUNT, InputError, parse_counts
+from ddlsim.simulator.progress import Progress
+
+__all__ = [
+    "InputError", "Progress", "add_topology_arguments", "check_output", "parse_counts", "parse_options",
+    "print_table", "topology_options",
+]  # fmt: skip
 
 
-class InputError(ValueError):
-    """Bad command-line input detected by a command itself."""
+def check_output(path: Path | None, kind: str = "directory", what: str = "--out", files: Iterable[str] = ()) -> None:
+    """Refuse, before any work starts, an output the command could not write (InputError, exit 2).
 
-
-def format_cell(value: Any) -> str:
-    if isinstance(value, float):
-        if value == 0:
-            return "0"
-        if abs(value) >= 1e5 or abs(value) < 1e-3:
-            return f"{value:.4g}"
-        return f"{value:.4f}".rstrip("0").rstrip(".") if abs(value) < 10 else f"{value:.2f}"
-    return str(value)
+    ``kind="file"``: ``path`` is the file to write (an existing file is replaced); ``"directory"``:
+    ``path`` is a directory the command writes ``files`` into (created if missing). The message names
+    the user's path. Refused: a directory where a file is wanted and the reverse, a file in the way
+    of a directory to create, and a place this process cannot write (tried by creating and removing
+    a probe file in the nearest existing directory, which holds for read-only mounts and for root).
+    ``None`` (no output asked for) passes.
+    """
+    if path is None:
+        return
+    path = Path(path)
+    if kind not in ("file", "directory"):
+        raise ValueError(f"check_output: kind must be 'file' or 'directory', got {kind!r}")
+    if kind == "file" and path.is_dir():
+        raise InputError(f"{what} {path}: is a directory; give the name of the file to write")
+    if kind == "directory":
+        if path.exists() and not path.is_dir():
+            raise InputError(f"{what} {path}: is a file; give a directory to write {', '.join(files) or 'into'}")
+        for name in files:
+            if (path / name).is_dir():
+                raise InputError(f"{what} {path}: {path / name} is a directory, where the file {name} goes")
+    target = path if kind == "directory" else path.parent
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{what} {path}: {existing} is a file, not a directory")
+    if path.is_file() and not os.access(path, os.W_OK):
+        raise InputError(f"{what} {path}: the file is not writable")
+    try:
+        descriptor, probe = tempfile.mkstemp(dir=existing, prefix=".ddlsim-probe-")
+    except OSError as error:
+        raise InputError(f"{what} {path}: cannot write in {existing}: {error.strerror}") from None
+    os.close(descriptor)
+    os.unlink(probe)
 
 
 def print_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str], out=None) -> None:
+    """Print ``columns`` of ``rows`` aligned, one format per column, the unit in each header
+    (``iteration_s``, ``busbw_GBps``, ``scaling_efficiency_pct``), ``-`` where a figure does not apply; the same
+    formats as the plots and the HTML report (``ddlsim.reports.formatting``)."""
+    from ddlsim.reports.formatting import MISSING, format_table, header
+
     out = out or sys.stdout
-    cells = [[format_cell(row.get(column, "")) for column in columns] for row in rows]
-    widths = [
-        max(len(column), *(len(line[i]) for line in cells)) if cells else len(column)
-        for i, column in enumerate(columns)
+    units, cells = format_table([dict(row) for row in rows], columns)
+    heads = [header(column, unit) for column, unit in zip(columns, units, strict=True)]
+    text = [
+        all(line[i] == MISSING or not _numeric(line[i]) for line in cells) and any(line[i] != MISSING for line in cells)
+        for i in range(len(columns))
     ]
-    print("  ".join(column.rjust(width) for column, width in zip(columns, widths, strict=True)), file=out)
+    widths = [max([len(heads[i]), *(len(line[i]) for line in cells)]) for i in range(len(columns))]
+
+    def align(value: str, i: int) -> str:
+        return value.ljust(widths[i]) if text[i] else value.rjust(widths[i])
+
+    print("  ".join(align(head, i) for i, head in enumerate(heads)).rstrip(), file=out)
     for line in cells:
-        print("  ".join(cell.rjust(width) for cell, width in zip(line, widths, strict=True)), file=out)
+        print("  ".join(align(cell, i) for i, cell in enumerate(line)).rstrip(), file=out)
 
 
-class Progress:
-    """A one-line progress bar on stderr, drawn only when stderr is a terminal (or forced)."""
-
-    def __init__(self, label: str, enabled: bool | None = None) -> None:
-        self.label = label
-        self.enabled = sys.stderr.isatty() if enabled is None else enabled
-        self.started = time.monotonic()
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        width = 30
-        filled = int(width * done / total)
-        elapsed = time.monotonic() - self.started
-        sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total} {elapsed:.1f}s")
-        if done == total:
-            sys.stderr.write("\n")
-        sys.stderr.flush()
+def _numeric(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return cell in ("inf", "-inf")
+    return True
 
 
 def given_flags(args: argparse.Namespace) -> set[str]:
@@ -76,6 +112,8 @@ def given_flags(args: argparse.Namespace) -> set[str]:
 
 def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option") -> dict[str, Any]:
     """Parse KEY=VALUE items; values become int, float, bool or stay strings."""
+    from ddlsim.simulator.scenario import ScenarioError
+
     options: dict[str, Any] = {}
     for item in items or ():
         key, sep, raw = item.partition("=")
@@ -96,6 +134,8 @@ def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option")
 
 def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
     """Parse torus extents "8x8" or "4x4x4"; None stays None."""
+    from ddlsim.simulator.scenario import ScenarioError
+
     if text is None:
         return None
     try:
@@ -104,19 +144,28 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
         raise ScenarioError(f"--torus-dims: cannot parse {text!r}; write e.g. 8x8 or 4x4x4") from None
     if any(extent < 1 for extent in dims):
         raise ScenarioError(f"--torus-dims: extents must be positive, got {text!r}")
+    if math.prod(dims) > MAX_COUNT:
+        raise ScenarioError(f"--torus-dims: {text!r} holds more than {MAX_COUNT:,} nodes")
     return dims
 
 
 def add_topology_arguments(parser) -> None:
     """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
     from ddlsim.simulator.engine.fabric import PLACEMENTS, TOPOLOGIES
+    from ddlsim.simulator.parsing import bounded
 
-    parser.add_argument("--nics-per-node", type=int, default=1, help="network adapters per node")
+    parser.add_argument(
+        "--nics-per-node", type=bounded(int, 1, 64, "--nics-per-node"), default=1, help="network adapters per node"
+    )
     parser.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))
     parser.add_argument(
-        "--oversubscription", type=float, default=1.0, help="fat tree leaf uplink oversubscription (>= 1)"
-    )
-    parser.add_argument("--nodes-per-leaf", type=int, default=16, help="fat tree nodes under one leaf switch")
+        "--oversubscription", type=bounded(float, 1, 1024, "--oversubscription"), default=1.0,
+        help="fat tree leaf uplink oversubscription (1 to 1024)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--nodes-per-leaf", type=bounded(int, 1, 2**16, "--nodes-per-leaf"), default=16,
+        help="fat tree nodes under one leaf switch",
+    )  # fmt: skip
     parser.add_argument("--torus-dims", default=None, help="torus extents in nodes, e.g. 8x8 or 4x4x4")
     parser.add_argument(
         "--placement", default="block", help=f"rank placement: {', '.join(PLACEMENTS)} (scatter ignores leaves)"
@@ -126,4 +175,6 @@ def add_topology_arguments(parser) -> None:
 
 def topology_options(args) -> dict[str, Any]:
     """The ``add_topology_arguments`` options as Scenario / CollectiveSetup fields."""
+    from ddlsim.simulator.engine.fabric import topology_of
+
     return {**topology_of(args), "torus_dims": parse_torus_dims(args.torus_dims)}

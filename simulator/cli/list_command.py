@@ -8,10 +8,12 @@ user catalog directories' entries (``DDLSIM_CATALOG``).
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import device_names, link_names, load_device, load_link
+from ddlsim.simulator.cli.common import print_table
 from ddlsim.simulator.workloads import load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import load_transformer, transformer_names
 from ddlsim.simulator.workloads.transformer_costs import (
@@ -21,6 +23,12 @@ from ddlsim.simulator.workloads.transformer_costs import (
 )
 
 KINDS = ("devices", "networks", "links", "workloads", "algorithms", "training-algorithms")
+
+
+def summary(doc: str | None) -> str:
+    """A docstring's first paragraph on one line, as plain text (RST ``literals`` unquoted)."""
+    paragraph = (doc or "").strip().split("\n\n")[0]
+    return re.sub(r"``([^`]+)``|`([^`]+)`", lambda m: m.group(1) or m.group(2), " ".join(paragraph.split()))
 
 
 def register(subparsers) -> None:
@@ -68,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
     elif args.kind == "training-algorithms":
         from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
+        algorithms = []
         for name in TRAINING_ALGORITHMS.names():
             trainer = TRAINING_ALGORITHMS.get(name)
             module = sys.modules[type(trainer).__module__]
-            doc = (type(trainer).__doc__ or module.__doc__ or "").strip().splitlines()
-            print(f"{name:16s} {trainer.family:13s} {doc[0] if doc else ''}")
+            description = summary(type(trainer).__doc__ or module.__doc__)
+            algorithms.append({"name": name, "family": trainer.family, "description": description})
+        print_table(algorithms, ("name", "family", "description"))
     else:
         for name in COLLECTIVE_ALGORITHMS.names():
             algorithm = COLLECTIVE_ALGORITHMS.get(name)

@@ -1,7 +1,9 @@
 """``ddlsim``: the command line. Each subcommand is a small module with ``register(subparsers)``.
 
-Bad input (unknown names, impossible values) prints one line ``ddlsim: error: ...`` and exits
-with status 2, having written nothing.
+Only the module of the command being run is imported (``ddlsim --help`` imports none, and no
+numpy, SimPy or matplotlib), so the command line starts at once. Bad input (unknown names,
+impossible values, malformed options) prints one line ``ddlsim: error: ...`` and exits with status
+2, having written nothing; an interrupt exits with 130.
 """
 
 from __future__ import annotations
@@ -10,58 +12,133 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
-from ddlsim.algorithms.schedule import ScheduleError
-from ddlsim.hardware_models.catalog import CatalogError
-from ddlsim.hardware_models.units import UnitError
-from ddlsim.registry import UnknownNameError
-from ddlsim.simulator.cli.common import InputError
-from ddlsim.simulator.engine.fabric import FabricError
-from ddlsim.simulator.scenario import ScenarioError
+from ddlsim.simulator.parsing import InputError
 
-# one line per command module; each defines register(subparsers)
-COMMAND_MODULES = (
-    "ddlsim.simulator.cli.simulate_command",
-    "ddlsim.simulator.cli.list_command",
-    "ddlsim.simulator.cli.collective_command",
-    "ddlsim.simulator.cli.measurements_command",
-    "ddlsim.simulator.cli.calibrate_command",
-    "ddlsim.simulator.cli.validate_command",
-    "ddlsim.simulator.cli.run_command",
-    "ddlsim.simulator.cli.bench_command",
-    "ddlsim.simulator.cli.plot_command",
-    "ddlsim.simulator.cli.report_command",
+# command: (module defining register(subparsers), the one-line help shown by ``ddlsim --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "simulate": (
+        "ddlsim.simulator.cli.simulate_command",
+        "simulate a training algorithm over node counts: time per step, throughput, scaling, where time goes",
+    ),
+    "list": (
+        "ddlsim.simulator.cli.list_command",
+        "list devices, networks, links, workloads, algorithms (collectives) or training-algorithms",
+    ),
+    "collective": (
+        "ddlsim.simulator.cli.collective_command",
+        "simulate one collective: time, algbw and busbw (nccl-tests definitions) per message size",
+    ),
+    "measurements": (
+        "ddlsim.simulator.cli.measurements_command",
+        "check, split or convert measurement files (CSV schema)",
+    ),
+    "calibrate": (
+        "ddlsim.simulator.cli.calibrate_command",
+        "fit device efficiencies, link alpha/beta per message size, overlap interference and noise",
+    ),
+    "validate": (
+        "ddlsim.simulator.cli.validate_command",
+        "predict measurements after calibrating on others; exit 1 past --tolerance",
+    ),
+    "run": ("ddlsim.simulator.cli.run_command", "train for real (torch + MPI or gloo) on N ranks and trace every op"),
+    "bench": (
+        "ddlsim.simulator.cli.bench_command",
+        "measure point-to-point, collectives and per-layer compute for calibration",
+    ),
+    "plot": ("ddlsim.simulator.cli.plot_command", "plot result directories: scaling, breakdown, validate, collective"),
+    "report": (
+        "ddlsim.simulator.cli.report_command",
+        "self-contained HTML report of result directories; 'report gallery' runs the published-results gallery",
+    ),
+}
+ALIASES = {"simulate-algorithm": "simulate"}
+
+# (module, class): errors that are the user's input, reported in one line with exit status 2. Looked
+# up in sys.modules when an error arrives: a module never imported cannot have raised its error.
+USER_ERRORS = (
+    ("ddlsim.simulator.scenario", "ScenarioError"),
+    ("ddlsim.registry", "UnknownNameError"),
+    ("ddlsim.hardware_models.units", "UnitError"),
+    ("ddlsim.algorithms.schedule", "ScheduleError"),
+    ("ddlsim.simulator.engine.fabric", "FabricError"),
+    ("ddlsim.hardware_models.catalog", "CatalogError"),
 )
 
-USER_ERRORS = (ScenarioError, UnknownNameError, UnitError, ScheduleError, FabricError, CatalogError)
+
+class Parser(argparse.ArgumentParser):
+    """argparse, with its errors as the one line every other bad input gets (status 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"ddlsim: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        import ddlsim
+
+        print(f"ddlsim {ddlsim.__version__}")
+        parser.exit(0)
+
+
+def command_of(argv: Sequence[str]) -> str | None:
+    """The subcommand named in ``argv`` (aliases resolved), or None."""
+    for arg in argv:
+        if not arg.startswith("-"):
+            return ALIASES.get(arg, arg) if ALIASES.get(arg, arg) in COMMANDS else None
+    return None
+
+
+def build_parser(command: str | None = None, *, every: bool = True) -> argparse.ArgumentParser:
+    """The parser. Subcommands whose module is not loaded are listed by name and help only: with
+    ``every`` (tests, documentation) all modules load; otherwise only ``command``'s."""
+    parser = Parser(
         prog="ddlsim",
         description="Predict how fast distributed deep-learning training runs, and where the time goes.",
     )
+    parser.add_argument("--version", action=VersionAction)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(subparsers)
+    aliases = {name: [alias for alias, target in ALIASES.items() if target == name] for name in COMMANDS}
+    for name, (module, help_text) in COMMANDS.items():
+        if every or name == command:
+            importlib.import_module(module).register(subparsers)
+        else:
+            subparsers.add_parser(name, help=help_text, aliases=aliases[name])
     return parser
 
 
+def is_user_error(error: BaseException) -> bool:
+    for module, name in USER_ERRORS:
+        cls = getattr(sys.modules.get(module), name, None)
+        if cls is not None and isinstance(error, cls):
+            return True
+    return isinstance(error, InputError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    args.command_line = list(sys.argv[1:] if argv is None else argv)  # what the user typed, for given_flags
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = command_of(argv)
+    args = build_parser(command, every=False).parse_args(argv)
+    args.command_line = argv  # what the user typed, for given_flags
     try:
         return int(args.func(args) or 0)
-    except (*USER_ERRORS, InputError) as error:
-        print(f"ddlsim: error: {error}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("ddlsim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM where a command turns it into one
+        signum = int(getattr(interrupt, "signum", 2))
+        detail = f": {interrupt}" if str(interrupt) else ""
+        print(f"ddlsim: interrupted{detail}", file=sys.stderr)
+        return 128 + signum
     except BrokenPipeError:  # the reader of our output went away (ddlsim simulate | head): not an error
         sys.stderr.close()
         return 0
+    except Exception as error:
+        if not is_user_error(error):
+            raise
+        print(f"ddlsim: error: {error}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

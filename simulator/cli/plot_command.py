@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ddlsim.simulator.cli.common import InputError
+from ddlsim.simulator.cli.common import InputError, check_output
 
 KINDS = {
     # plot name: (result kind it needs, how many directories, default file name)
@@ -48,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     dirs = args.dirs if isinstance(args.dirs, list) else [args.dirs]
     try:
         dirs = plots.require_kind(dirs, needed, f"plot {args.plot_kind}")
+        out = args.out if args.out is not None else dirs[0] / default
+        check_output(out, "file")
         render = {
             "scaling": lambda: plots.scaling_png(dirs),
             "breakdown": lambda: plots.breakdown_png(dirs[0]),
@@ -57,7 +59,6 @@ def run(args: argparse.Namespace) -> int:
         data = render()
     except plots.ResultDirError as error:
         raise InputError(str(error)) from None
-    out = args.out if args.out is not None else dirs[0] / default
     plots.save_png(data, out)
     width, height = plots.png_size(data)
     print(f"# wrote {out} ({width} x {height} px)")
