@@ -66,8 +66,8 @@ def sent_bytes(result, rank: int) -> list[float]:
     return [r.nbytes for r in result.records if r.rank == rank and r.kind == "send"]
 
 
-# --- every registry entry ---------------------------------------------------------------------------
-@pytest.mark.parametrize("name", TRAINING_ALGORITHMS.names())
+# --- every registry entry (a transformer layout's: tests/test_megatron.py) ----------------------------
+@pytest.mark.parametrize("name", [name for name in TRAINING_ALGORITHMS.names() if name != "megatron"])
 def test_every_algorithm_runs_to_the_end(name):
     scenario = GPU_NODE if name == "hybrid_parallel" else KNL
     result = simulate(name, 2 if name == "hybrid_parallel" else 4, 6, scenario)

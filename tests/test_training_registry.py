@@ -24,7 +24,17 @@ BASE = Scenario(
 NAMES = TRAINING_ALGORITHMS.names()
 
 
+# a transformer layout: GPT-2 on 2 nodes of 2 A100, tensor parallel inside a node, pipeline across
+LAYOUT = Scenario(
+    workload="gpt2", device="a100_sxm4", devices_per_node=2, intra_node="nvswitch2", network="ib_hdr",
+    nics_per_node=2, nodes=(2,), precision="bf16", algorithm="megatron",
+    options=make_options("megatron", {"layout": {"tp": 2, "pp": 2, "micro_batch": 2, "global_batch": 8}}),
+)  # fmt: skip
+
+
 def scenario_for(name: str) -> Scenario:
+    if name == "megatron":
+        return LAYOUT
     options = {"tau": 2} if "tau" in TRAINING_ALGORITHMS.get(name).options else {}
     return dataclasses.replace(BASE, algorithm=name, options=make_options(name, options))
 
@@ -50,17 +60,21 @@ def test_the_closed_form_equals_the_event_simulation_where_it_exists(name):
     des = run_des(scenario, 2).result
     closed = closed_form_result(scenario, 2)
     assert closed.time_s == pytest.approx(des.time_s, rel=1e-9)
-    assert closed.comm_s == pytest.approx(des.comm_s, rel=1e-9)
+    if name != "megatron":  # a layout's messages wait on their receivers: the closed form counts collectives only
+        assert closed.comm_s == pytest.approx(des.comm_s, rel=1e-9)
 
 
 def test_algorithms_with_a_closed_form():
     """The synchronous all-reduce algorithms have one; the others depend on the order of events."""
-    assert {name for name in NAMES if TRAINING_ALGORITHMS.get(name).has_closed_form} == {"sync_sgd", "sync_easgd"}
+    names = {name for name in NAMES if TRAINING_ALGORITHMS.get(name).has_closed_form}
+    assert names == {"sync_sgd", "sync_easgd", "megatron"}
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_every_algorithm_plans_exactly_the_ranks_a_real_run_has(name):
     algorithm = TRAINING_ALGORITHMS.get(name)
     options = make_options(name, {"stages": 2} if "stages" in algorithm.options else {})
+    if name == "megatron":
+        options = LAYOUT.options
     plan = algorithm.plan_exactly(4, 3, options)
     assert plan.ranks == 4 and len(plan.workers) + len(plan.servers) + len(plan.helpers) == 4
