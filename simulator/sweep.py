@@ -15,12 +15,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-# parse_sizes moved to hardware_models.units and parse_counts to simulator.parsing (the command
-# line's parsing helper); both names stay importable from here for callers not yet moved (simulate_command)
-from ddlsim.hardware_models.units import parse_sizes  # noqa: F401
 from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.executor.des import run_des
-from ddlsim.simulator.parsing import parse_counts  # noqa: F401
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.trainers import with_interference
 

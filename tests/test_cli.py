@@ -294,3 +294,19 @@ def test_the_memory_check_can_be_turned_off(capsys):
     code, out, _ = run(capsys, "simulate", "--workload", "vgg16", "--per-device-batch", "4096", "--nodes", "1",
                        "--no-memory-check")  # fmt: skip
     assert code == 0 and "vgg16" in out
+
+
+def test_simulate_refuses_an_unwritable_out_before_simulating(capsys, tmp_path):
+    blocker = tmp_path / "taken"
+    blocker.write_text("a file, not a directory")
+    code, _, err = run(capsys, "simulate", *SMALL, "--out", str(blocker))
+    assert code == 2 and err.startswith(f"ddlsim: error: --out {blocker}: is a file") and err.count("\n") == 1
+    code, _, err = run(capsys, "simulate", *SMALL, "--trace", str(tmp_path))
+    assert code == 2 and "--trace" in err and "is a directory" in err
+
+
+def test_simulate_writes_each_point_as_it_finishes(capsys, tmp_path):
+    """The results file holds the points in node order however the pool finishes them."""
+    assert run(capsys, "simulate", "--nodes", "1,2,4", "--workers", "2", "--executor-pool", "process",
+               "--out", str(tmp_path))[0] == 0  # fmt: skip
+    assert [row["nodes"] for row in read_csv(tmp_path / "results.csv")] == ["1", "2", "4"]

@@ -7,8 +7,9 @@ import pytest
 from ddlsim.algorithms.training_algorithm import AlgorithmOptions
 from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.executor.des import run_des
+from ddlsim.simulator.parsing import parse_counts
 from ddlsim.simulator.scenario import Scenario
-from ddlsim.simulator.sweep import parse_counts, run_sweep, simulate_point
+from ddlsim.simulator.sweep import run_sweep, simulate_point
 from ddlsim.simulator.training.trainers import layer_times, step_profile
 
 SMALL = Scenario(

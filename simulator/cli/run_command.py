@@ -107,4 +107,7 @@ def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ddlsim.simulator.cli.common import check_output
+
+    check_output(args.out, "directory", files=("results.csv", "metadata.json"))
     return launch_from_args(args, "train", {"train": train_scenario(args)})

@@ -25,13 +25,15 @@ from ddlsim.simulator.cli.common import (
     InputError,
     Progress,
     add_topology_arguments,
+    check_output,
     given_flags,
     print_table,
     topology_options,
 )
+from ddlsim.simulator.parsing import parse_counts
 from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
 from ddlsim.simulator.scenario import EXECUTORS, STRAGGLER_FORMS, Scenario, ScenarioError
-from ddlsim.simulator.sweep import POOLS, parse_counts, run_sweep
+from ddlsim.simulator.sweep import POOLS, run_sweep
 from ddlsim.simulator.training.result import RESULT_COLUMNS, SCALING_COLUMNS
 
 DEFAULT = Scenario()
@@ -215,7 +217,12 @@ def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) ->
         row["time_to_accuracy_s"] = estimate.time_to_accuracy_s
 
 
+OUTPUT_FILES = ("results.csv", "scenario.json", "scaling_efficiency.png", "trace.csv", "roles.csv", "staleness.csv")
+
+
 def run(args: argparse.Namespace) -> int:
+    check_output(args.out, "directory", files=OUTPUT_FILES)
+    check_output(args.trace, "file", "--trace")
     scenario = scenario_from_args(args)
     if args.target_accuracy is not None:  # fail on an unreachable target before simulating anything
         from ddlsim.simulator.statistical_efficiency import profile_for, steps_to_target
@@ -237,8 +244,17 @@ def run(args: argparse.Namespace) -> int:
         options = dataclasses.replace(scenario.options, split=split)
         scenario = dataclasses.replace(scenario, options=options)
         print(f"# best split {','.join(map(str, split))}: {seconds:.6g} s per step")
-    progress = Progress("simulating", args.progress if args.progress is not None else None)
-    rows = run_sweep(scenario, workers=args.workers, pool=args.executor_pool, progress=progress)
+    progress = Progress("simulating", args.progress if args.progress is not None else None, unit="points")
+    written: dict[int, dict] = {}
+
+    def keep(index: int, row: dict) -> None:
+        """Write every finished point at once: an interrupted sweep leaves its finished rows."""
+        written[index] = row
+        if args.out is not None:
+            done = [written[i] for i in sorted(written)]
+            write_csv(args.out / "results.csv", done, RESULT_COLUMNS)
+
+    rows = run_sweep(scenario, workers=args.workers, pool=args.executor_pool, progress=progress, on_row=keep)
     columns: tuple[str, ...] = SCALING_COLUMNS
     if any(row["servers"] for row in rows):
         columns = (*columns, *SERVER_COLUMNS)
