@@ -1,0 +1,117 @@
+"""The megatron training algorithm (transformer layouts): the event simulation equals the closed form
+where nothing contends, the pipeline bubble comes out of the schedule, and the breakdown adds up."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group, rank_of
+from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError, make_options
+from ddlsim.simulator.closed_form.training import closed_form_result
+from ddlsim.simulator.executor.des import run_des
+from ddlsim.simulator.scenario import Scenario, ScenarioError
+
+BREAKDOWN = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
+
+
+def scenario(nodes: int = 2, per_node: int = 4, workload: str = "gpt2", **layout) -> Scenario:
+    """A100 nodes of ``per_node`` GPUs on NVSwitch, one HDR NIC per GPU (no two ranks share a port)."""
+    layout = {"micro_batch": 1, **layout}
+    return Scenario(
+        workload=workload, device="a100_sxm4", devices_per_node=per_node, intra_node="nvswitch2",
+        network="ib_hdr", nics_per_node=per_node, nodes=(nodes,), precision="bf16", algorithm="megatron",
+        options=make_options("megatron", {"layout": layout}),
+    )  # fmt: skip
+
+
+LAYOUTS = [
+    {"tp": 2, "pp": 2, "global_batch": 8},
+    {"tp": 4, "pp": 2, "global_batch": 8, "sequence_parallel": True},
+    {"tp": 1, "pp": 4, "global_batch": 16, "virtual_stages": 3},
+    {"tp": 2, "pp": 2, "global_batch": 8, "zero_stage": 1},
+    {"tp": 2, "pp": 1, "global_batch": 8, "zero_stage": 3},
+    {"tp": 2, "pp": 2, "global_batch": 8, "recompute": "full", "schedule": "gpipe"},
+    {"tp": 2, "pp": 2, "cp": 2, "global_batch": 4},
+]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[str(sorted(layout.items())) for layout in LAYOUTS])
+def test_the_event_simulation_equals_the_closed_form_without_contention(layout):
+    point = scenario(**layout)
+    des = run_des(point, 2).result
+    closed = closed_form_result(point, 2)
+    assert des.path == "vectorised"
+    assert des.iteration_s == pytest.approx(closed.iteration_s, rel=1e-9)
+
+
+def test_a_mixture_of_experts_with_expert_parallelism_runs_and_agrees():
+    point = scenario(nodes=2, per_node=8, workload="mixtral_8x7b", tp=2, pp=2, ep=2, global_batch=8,
+                     sequence_parallel=True, zero_stage=1)  # fmt: skip
+    point = dataclasses.replace(point, enforce_memory=False)
+    des = run_des(point, 2).result
+    assert des.iteration_s == pytest.approx(closed_form_result(point, 2).iteration_s, rel=1e-9)
+    assert des.layout is not None and des.layout["ep_s"] > 0
+
+
+def test_the_breakdown_adds_up_to_the_iteration():
+    result = run_des(scenario(tp=2, pp=2, global_batch=8, zero_stage=1), 2).result
+    row = result.row(1)
+    assert sum(row[name] for name in BREAKDOWN) == pytest.approx(row["iteration_s"], rel=1e-9)
+    assert row["tp_s"] > 0 and row["pipeline_wait_s"] > 0 and row["dp_wait_s"] > 0
+    assert 0 < row["mfu"] < 1
+    assert row["tflops_per_gpu"] == pytest.approx(row["mfu"] * 312.0, rel=1e-6)  # A100 bf16 peak: 312 TFLOP/s
+
+
+def test_more_micro_batches_shrink_the_bubble_and_interleaving_shrinks_it_more():
+    """Narayanan et al. SC21: an iteration of m micro-batches takes (m + p - 1) slowest-stage steps
+    with 1F1B, m + (p - 1) / v interleaved: time per micro-batch falls with m, and with v. (GPT-2's
+    output head makes the last stage the slowest by far, so the fall is smaller than 1.75 -> 1.09.)"""
+
+    def per_micro_batch(global_batch: int, **layout) -> float:
+        result = run_des(scenario(nodes=1, per_node=4, tp=1, pp=4, global_batch=global_batch, **layout), 1).result
+        return result.iteration_s / global_batch
+
+    few, many = per_micro_batch(4), per_micro_batch(32)
+    assert many < 0.85 * few
+    assert per_micro_batch(32, virtual_stages=3) < many
+
+
+def test_ranks_and_groups_follow_megatron_order():
+    """tp fastest, then cp, dp, pp: the tensor group is consecutive ranks, a data group strides over them."""
+    layout = make_options("megatron", {"layout": {"tp": 2, "pp": 2, "dp": 2, "cp": 2}}).layout
+    assert [tuple(vars(coordinates(rank, layout)).values()) for rank in (0, 1, 2, 5, 15)] == [
+        (0, 0, 0, 0), (1, 0, 0, 0), (0, 1, 0, 0), (1, 0, 1, 0), (1, 1, 1, 1),
+    ]  # fmt: skip
+    assert all(rank_of(coordinates(rank, layout), layout) == rank for rank in range(16))
+    assert data_parallel_group(5, layout) == (1, 3, 5, 7)
+
+
+@pytest.mark.parametrize(
+    ("layout", "nodes", "message"),
+    [
+        ({"tp": 3}, 1, "do not divide into tp x pp x cp"),
+        ({"tp": 8, "pp": 1, "dp": 3}, 2, "does not match 8 GPUs"),
+        ({"tp": 4, "pp": 5}, 5, "are not divisible by pp x virtual_stages"),
+        ({"tp": 8, "pp": 1}, 2, r"attention heads \(12\) of bert_base are not divisible by tp \(8\)"),
+    ],
+)
+def test_impossible_layouts_are_one_clear_error(layout, nodes, message):
+    with pytest.raises((ScenarioError, TrainingAlgorithmError), match=message):
+        point = scenario(nodes=nodes, per_node=4, workload="bert_base", **layout)
+        closed_form_result(point, nodes)
+
+
+def test_a_layout_that_does_not_fit_says_where_the_memory_goes():
+    point = scenario(nodes=1, per_node=8, workload="llama2_70b", tp=8, pp=1, global_batch=8)
+    with pytest.raises(ScenarioError, match=r"does not fit: llama2_70b .* optimizer states .* GB"):
+        closed_form_result(point, 1)
+    assert closed_form_result(dataclasses.replace(point, enforce_memory=False), 1).iteration_s > 0
+
+
+def test_a_transformer_needs_the_megatron_algorithm():
+    with pytest.raises(ScenarioError, match="train it with --algorithm megatron"):
+        Scenario(workload="gpt2", device="a100_sxm4", nodes=(1,))
+    with pytest.raises(ScenarioError, match="trains a transformer"):
+        Scenario(workload="resnet50", algorithm="megatron", nodes=(1,))
