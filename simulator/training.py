@@ -20,7 +20,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.hardware_models.compute import optimizer_update_time_s, roofline_time_s
+from ddlsim.hardware_models.compute import (
+    ComputeModel,
+    kernels_per_pass,
+    layer_time_s,
+    optimizer_update_time_s,
+    parameter_tensors,
+)
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.scenario import Scenario
 
@@ -52,8 +58,16 @@ class ComputeProfile:
         return self.forward_s + self.backward_s + self.update_s
 
 
+def compute_model(scenario: Scenario) -> ComputeModel | None:
+    """The calibrated compute model of the scenario's device and precision (None: the datasheet's)."""
+    if scenario.profile is None:
+        return None
+    return scenario.profile.compute_model(scenario.device_spec, scenario.precision, scenario.workload)
+
+
 def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
-    """Roofline time of each layer's forward and backward at the scenario's batch and precision.
+    """Time of each layer's forward and backward at the scenario's batch and precision
+    (``hardware_models.compute.layer_time_s``: roofline, batch dependence, fixed cost per kernel).
 
     Memory traffic: forward reads inputs and weights and writes outputs; backward reads inputs,
     output gradients and weights and writes input and weight gradients (about twice forward).
@@ -61,6 +75,7 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
     multiplied by its ``compute_scale`` (1 without a profile).
     """
     device = scenario.device_spec
+    model = compute_model(scenario)
     scale = scenario.compute_scale
     element = scenario.bytes_per_element / 4.0  # tables hold fp32 bytes
     batch = scenario.per_device_batch
@@ -68,15 +83,25 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
     for layer in scenario.workload_spec.layers:
         weights = layer.parameters * scenario.bytes_per_element
         activations = batch * (layer.input_bytes + layer.output_bytes) * element
-        forward = roofline_time_s(
-            batch * layer.forward_flops, activations + weights, device, scenario.precision, layer.layer_type
-        )
-        backward = roofline_time_s(
-            batch * layer.backward_flops,
-            2 * (activations + weights),
+        forward = layer_time_s(
+            layer.layer_type,
+            batch * layer.forward_flops,
+            activations + weights,
+            batch,
             device,
             scenario.precision,
+            model,
+            kernels_per_pass(layer.layer_type, layer.parameters, backward=False),
+        )
+        backward = layer_time_s(
             layer.layer_type,
+            batch * layer.backward_flops,
+            2 * (activations + weights),
+            batch,
+            device,
+            scenario.precision,
+            model,
+            kernels_per_pass(layer.layer_type, layer.parameters, backward=True),
         )
         out.append(
             LayerTime(layer.name, forward * scale, backward * scale, layer.parameters * scenario.bytes_per_element)
@@ -119,7 +144,11 @@ def bucket_segments(
 def compute_profile(scenario: Scenario) -> ComputeProfile:
     layers = layer_times(scenario)
     segments, buckets = bucket_segments(layers, scenario.bucket_bytes, scenario.overlap)
-    update = optimizer_update_time_s(scenario.workload_spec.parameter_count, scenario.device_spec, scenario.precision)
+    workload = scenario.workload_spec
+    tensors = sum(parameter_tensors(layer.layer_type, layer.parameters) for layer in workload.layers)
+    model = compute_model(scenario)
+    device = scenario.device_spec
+    update = optimizer_update_time_s(workload.parameter_count, device, scenario.precision, model=model, tensors=tensors)
     return ComputeProfile(layers, sum(layer.forward_s for layer in layers), segments, buckets, update)
 
 
