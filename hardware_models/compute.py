@@ -4,14 +4,16 @@ The entry point for the training model is ``layer_time_s`` (one layer's forward 
 over a whole per-device batch) with ``optimizer_update_time_s`` for the update::
 
     time = max(FLOP / (peak(precision) x efficiency(layer type) x batch / (batch + half_batch)),
-               bytes / (memory bandwidth x memory efficiency))
-           + kernels x launch_s
+               bytes / (memory bandwidth x memory efficiency),
+               kernels x launch_s)
 
 * the roofline (compute or memory bound) with the device's efficiencies;
 * a batch-size dependence: small per-device batches do not fill the device (efficiency halves at
   ``half_batch`` samples);
 * the fixed cost of the framework per kernel (``launch_s``: kernel launch plus the framework's
   per-operation dispatch, e.g. Python or the TensorFlow executor), which makes small batches slow.
+  It is a floor, not an addition: a device runs kernels asynchronously, so the host's issue time
+  hides behind any kernel that runs longer than it (the launch-bound regime of small batches).
 
 Without a calibration the ``ComputeModel`` is the datasheet's (``ComputeModel.from_datasheet``:
 its efficiencies, no batch dependence, no fixed cost), which is the plain roofline. A calibration
@@ -30,15 +32,15 @@ from ddlsim.hardware_models.catalog import Device
 BYTES_PER_ELEMENT = {"fp32": 4.0, "fp16": 2.0, "bf16": 2.0}
 
 # Architecture generations, found by the name the datasheet's description gives the part (the
-# vendor's family name or NVIDIA's chip prefix: GK Kepler, GM Maxwell, GP Pascal, GV Volta, GA
-# Ampere, GH Hopper).
+# vendor's family name, NVIDIA's chip prefix: GK Kepler, GM Maxwell, GP Pascal, GV Volta, GA
+# Ampere, GH Hopper, or the product's generation letter: K80, M40, P100, V100, A100, H100).
 ARCHITECTURES = (
-    ("kepler", ("kepler", "gk1", "gk2")),
-    ("maxwell", ("maxwell", "gm2")),
-    ("pascal", ("pascal", "gp1")),
-    ("volta", ("volta", "gv1")),
-    ("ampere", ("ampere", "ga1")),
-    ("hopper", ("hopper", "gh1")),
+    ("kepler", ("kepler", "gk1", "gk2", "k20", "k40", "k80")),
+    ("maxwell", ("maxwell", "gm2", "m40")),
+    ("pascal", ("pascal", "gp1", "p100", "p40")),
+    ("volta", ("volta", "gv1", "v100")),
+    ("ampere", ("ampere", "ga1", "a100")),
+    ("hopper", ("hopper", "gh1", "h100")),
     ("knights_landing", ("knights landing",)),
     ("skylake", ("skylake", "cascade lake")),
     ("cooper_lake", ("cooper lake",)),
@@ -136,8 +138,8 @@ def layer_time_s(
     model at ``precision`` (None: ``ComputeModel.from_datasheet(device)``).
 
     Example: 1e12 FLOP at batch 64 on a 10 TFLOP/s part at efficiency 0.5, half_batch 0 and no
-    launch cost -> 0.2 s, unless memory takes longer; with half_batch 64 -> 0.4 s; with 3 kernels of
-    10 us more -> 0.40003 s.
+    launch cost -> 0.2 s, unless memory takes longer; with half_batch 64 -> 0.4 s; 1e6 FLOP with 3
+    kernels of 10 us -> 30 us (launch bound).
     """
     model = model or ComputeModel.from_datasheet(device)
     efficiency = model.efficiency_for(layer_type)
@@ -145,7 +147,7 @@ def layer_time_s(
         efficiency *= batch / (batch + model.half_batch)
     compute_s = flops / (device.peak_flops_for(precision) * efficiency)
     memory_s = memory_bytes / (device.memory_bandwidth_Bps * model.memory_efficiency)
-    return max(compute_s, memory_s) + kernels * model.launch_s
+    return max(compute_s, memory_s, kernels * model.launch_s)
 
 
 def roofline_time_s(flops: float, memory_bytes: float, device: Device, precision: str, layer_type: str) -> float:
@@ -169,9 +171,9 @@ def optimizer_update_time_s(
 
     Reads weights and gradients (and momentum), writes weights (and momentum): 5 fp32 arrays with
     momentum, 3 without; mixed precision also writes the fp16 working copy (2 bytes per weight).
-    ``tensors`` parameter tensors each cost one kernel launch of ``model.launch_s``.
+    ``tensors`` parameter tensors each need one kernel of at least ``model.launch_s``.
     """
     model = model or ComputeModel.from_datasheet(device)
     arrays = 5 if momentum else 3
     memory_bytes = parameters * (4.0 * arrays + (2.0 if precision != "fp32" else 0.0))
-    return memory_bytes / (device.memory_bandwidth_Bps * model.memory_efficiency) + tensors * model.launch_s
+    return max(memory_bytes / (device.memory_bandwidth_Bps * model.memory_efficiency), tensors * model.launch_s)

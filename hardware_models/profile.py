@@ -225,28 +225,33 @@ class Profile:
         return self.compute.model(device, precision, workload) if self.compute else None
 
     def sigma(self, kind: str) -> float:
-        """The lognormal sigma of a prediction of ``kind`` (``noise_sigma`` when not fitted)."""
-        return self.noise.get(kind, self.noise_sigma)
+        """The lognormal sigma of a prediction of ``kind``: fitted for the kind, else for its parent
+        (``"training, 1 device: pinned compute"`` -> ``"training, 1 device"`` -> ``"training"``),
+        else ``noise_sigma``."""
+        while kind:
+            if kind in self.noise:
+                return self.noise[kind]
+            cut = max(kind.rfind(":"), kind.rfind(","))
+            kind = kind[:cut] if cut > 0 else ""
+        return self.noise_sigma
 
     def link_fit(self, token: str, device: str | None = None) -> LinkFit | None:
-        """The most specific fit: ``token@device@software``, then ``token@device``, then the fit pooled
-        over devices ``token@*@software``, then ``token``.
+        """The most specific fit: ``token@device@software``, then ``token@device``, then ``token``.
 
         ``device`` is a device token, optionally followed by ``@software`` (the library or
         algorithm that ran: software overheads differ between stacks on the same hardware).
         """
+        key = self.link_fit_key(token, device)
+        return self.links[key] if key else None
+
+    def link_fit_key(self, token: str, device: str | None = None) -> str | None:
+        """The key of the fit ``link_fit`` uses, or None."""
         scope = device
         while scope:
             if f"{token}@{scope}" in self.links:
-                return self.links[f"{token}@{scope}"]
+                return f"{token}@{scope}"
             scope = scope.rpartition("@")[0]
-        # pooled over devices: the same link and software on another device (``token@*@software``)
-        software = (device or "").partition("@")[2]
-        while software:
-            if f"{token}@*@{software}" in self.links:
-                return self.links[f"{token}@*@{software}"]
-            software = software.rpartition("@")[0]
-        return self.links.get(token)
+        return token if token in self.links else None
 
     def link(
         self, link: Link, device: str | None = None, message_bytes: float | None = None, host_ranks: int = 1
