@@ -25,15 +25,10 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.simulator.calibration.fit import calibrate
-from ddlsim.simulator.calibration.measurements import Measurement, load_measurements, packaged_published_dev
-from ddlsim.simulator.cli.validate_command import validate_rows
+from ddlsim.simulator.calibration.crossval import group_key, leave_one_source_out
+from ddlsim.simulator.calibration.measurements import Measurement, packaged_published_dev, read_measurements
 
 SCALES = ((1, 1, "1"), (2, 4, "2-4"), (5, 8, "5-8"), (9, 32, "9-32"), (33, 10**9, "33+"))
-
-
-def group_key(row: Measurement, by: str) -> str:
-    return row.id.split("-")[0] if by == "family" else row.source
 
 
 def scale_of(row: Measurement) -> str:
@@ -53,20 +48,13 @@ def group_labels(rows: list[Measurement], by: str) -> dict[str, str]:
 
 
 def leave_one_out(rows: list[Measurement], by: str, bootstrap: int, ci: float) -> list[dict[str, Any]]:
-    groups: dict[str, list[Measurement]] = {}
-    for row in rows:
-        groups.setdefault(group_key(row, by), []).append(row)
     labels = group_labels(rows, by)
-    table: list[dict[str, Any]] = []
-    for index, (key, members) in enumerate(groups.items(), start=1):
-        others = [row for row in rows if group_key(row, by) != key]
-        profile = calibrate(others, bootstrap=bootstrap, seed=0).profile
-        out, _ = validate_rows(members, set(), profile, tolerance=1.0, ci=ci)
-        for row, result in zip(members, out, strict=True):
-            result["group"] = labels[key]
-            result["scale"] = scale_of(row)
-        table.extend(out)
-        print(f"# fold {index}/{len(groups)}: {labels[key]} ({len(members)} rows)", file=sys.stderr, flush=True)
+    table = leave_one_source_out(
+        rows, ci, by, bootstrap, progress=lambda done, total: print(f"# fold {done}/{total}", file=sys.stderr)
+    )
+    for row, result in zip(rows, table, strict=True):
+        result["group"] = labels[group_key(row, by)]
+        result["scale"] = scale_of(row)
     return table
 
 
@@ -112,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=20)
     parser.add_argument("--ci", type=float, default=0.9)
     args = parser.parse_args(argv)
-    rows = load_measurements([packaged_published_dev()])
+    rows = read_measurements([packaged_published_dev()]).rows
     started = time.perf_counter()
     table = leave_one_out(rows, args.by, args.bootstrap, args.ci)
     elapsed = time.perf_counter() - started
