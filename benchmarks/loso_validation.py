@@ -5,7 +5,7 @@ calibrated on all the other sources' rows. The script prints, overall, per sourc
 (devices in the run): rows, the share predicted, median |error|, p90 |error|, signed median error,
 median interval width (high / low) and the share of measurements inside their interval.
 
-    python benchmarks/loso_validation.py [--by source|family] [--bootstrap 20] [--ci 0.9]
+    python benchmarks/loso_validation.py [--by source|family] [--bootstrap 20] [--ci 0.9] [--out table.csv]
 
 ``--by family`` leaves out a whole family (the id prefix: TFBENCH, DEEPBENCH, ...), the stricter
 split. The issue's targets: predicted >= 95 %, median <= 8 %, p90 <= 20 %, signed median within
@@ -21,12 +21,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ddlsim.simulator.calibration.crossval import group_key, leave_one_source_out
+from ddlsim.simulator.calibration.crossval import VALIDATION_COLUMNS, group_key, leave_one_source_out
 from ddlsim.simulator.calibration.measurements import Measurement, packaged_published_dev, read_measurements
+from ddlsim.simulator.records import write_csv
 
 SCALES = ((1, 1, "1"), (2, 4, "2-4"), (5, 8, "5-8"), (9, 32, "9-32"), (33, 10**9, "33+"))
 
@@ -99,11 +101,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--by", choices=("source", "family"), default="source")
     parser.add_argument("--bootstrap", type=int, default=20)
     parser.add_argument("--ci", type=float, default=0.9)
+    parser.add_argument("--out", type=Path, default=None, help="also write the table here (CSV)")
     args = parser.parse_args(argv)
     rows = read_measurements([packaged_published_dev()]).rows
     started = time.perf_counter()
     table = leave_one_out(rows, args.by, args.bootstrap, args.ci)
     elapsed = time.perf_counter() - started
+    if args.out:
+        write_csv(args.out, table, (*VALIDATION_COLUMNS, "group", "scale"))
     print(f"# leave-one-{args.by}-out on {len(rows)} rows of published_dev.csv, {100 * args.ci:.0f} % intervals")
     print_breakdown(f"by {args.by}", table, lambda row: row["group"])
     print_breakdown("by scale (devices)", table, lambda row: row["scale"])

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from scipy import stats
 from scipy.optimize import least_squares
 
 from ddlsim.hardware_models.compute import (
@@ -94,6 +95,7 @@ class Passes:
     bandwidth: np.ndarray
     memory_efficiency: np.ndarray  # the datasheet's
     base_log: np.ndarray  # log of the datasheet's compute efficiency of the layer
+    update: np.ndarray  # 1 for the optimizer update's pass (not scaled by a pin), else 0
     groups: dict[str, np.ndarray]  # parameter name -> passes it applies to (boolean)
 
 
@@ -145,6 +147,7 @@ def _row_passes(row: Measurement) -> tuple[dict[str, np.ndarray], tuple[str, str
         "bandwidth": np.full(n, device.memory_bandwidth_Bps),
         "memory_efficiency": np.full(n, device.memory_efficiency),
         "base_log": interleave(base, base, math.log(device.compute_efficiency)),
+        "update": interleave(np.zeros(len(layers)), np.zeros(len(layers)), 1.0),
     }
     label = (precision_class(device, row.precision), architecture(device), device.token, device.kind, row.workload)
     return arrays, label
@@ -214,7 +217,12 @@ class ComputeModelFit:
         self.exposed = np.zeros(len(self.rows))
         self.theta = np.zeros(len(self.names))  # the fitted transformed parameters
 
-    def times(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def update_times(self, theta: np.ndarray) -> np.ndarray:
+        """The optimizer update's seconds per row (a pin scales the layers, not the update)."""
+        total, _ = self.times(theta, self.passes.update > 0)
+        return total
+
+    def times(self, theta: np.ndarray, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(compute seconds per row, d compute / d theta per row and parameter)."""
         p = self.passes
         g = p.groups
@@ -242,6 +250,8 @@ class ComputeModelFit:
         memory_bound = ~compute_bound & ~launch_bound
         pass_s = np.where(compute_bound, compute_s, np.where(launch_bound, launch_s, memory_s))
         rows = len(self.rows)
+        if only is not None:
+            pass_s = np.where(only, pass_s, 0.0)
         total = np.bincount(p.row, weights=pass_s, minlength=rows)
         d_log_efficiency = np.where(compute_bound, -compute_s, 0.0)
         d_half = np.where(compute_bound, compute_s * half / (p.batch + half), 0.0)
@@ -323,10 +333,25 @@ def fit_compute_model(
         f"fitted by ddlsim calibrate across devices (least squares on log time with priors) to {len(chosen)} "
         f"training rows: {ids}"
     )
+    sources = {name: source for name in values}
     samples: list[dict[str, float]] = []
-    generator = rng or np.random.default_rng(0)
-    for _ in range(bootstrap):
-        drawn = generator.integers(0, len(chosen), len(chosen))
-        sample = to_values(model.names, model.fit(drawn, start=theta))
-        samples.append({f"compute.{name}": value for name, value in sample.items()})
-    return ComputeFit(values, {name: source for name in values}), model, samples
+    if bootstrap >= 2 and len(chosen) >= 2:
+        # resampled rows refit from the fitted point; the percentile interval goes into each source
+        result = stats.bootstrap(
+            (np.arange(len(chosen)),),
+            lambda drawn: model.fit(np.asarray(drawn, dtype=int), start=theta),
+            n_resamples=bootstrap,
+            vectorized=False,
+            method="percentile",
+            confidence_level=0.9,
+            rng=rng or np.random.default_rng(0),
+        )
+        distribution = np.exp(np.atleast_2d(result.bootstrap_distribution))  # (parameters, resamples)
+        samples = [
+            {f"compute.{name}": float(value) for name, value in zip(model.names, column, strict=True)}
+            for column in distribution.T
+        ]
+        low, high = np.exp(result.confidence_interval.low), np.exp(result.confidence_interval.high)
+        for index, name in enumerate(model.names):
+            sources[name] += f"; 90 % bootstrap interval {low[index]:.3g} to {high[index]:.3g}"
+    return ComputeFit(values, sources), model, samples

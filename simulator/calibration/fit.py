@@ -109,14 +109,17 @@ def pin_shapes(
     if model is None:
         return profile, samples
     compute, _ = model.times(model.theta)
+    update = model.update_times(model.theta)
     scales: dict[tuple[str, str], list[tuple[str, float]]] = {}
     through_comm: set[tuple[str, str]] = set()
-    for row, modeled_s, exposed_s, measured_s in zip(model.rows, compute, model.exposed, model.measured, strict=True):
-        busy = measured_s - exposed_s
-        if busy < 0.3 * measured_s:  # mostly communication: the row says little about compute
+    for index, row in enumerate(model.rows):
+        busy = model.measured[index] - model.exposed[index]
+        if busy < 0.3 * model.measured[index]:  # mostly communication: the row says little about compute
             continue
         key = (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
-        scales.setdefault(key, []).append((row.id, busy / modeled_s))
+        # the pin scales the layers' time (simulator.training.layer_times), not the update's
+        layers_s = compute[index] - update[index]
+        scales.setdefault(key, []).append((row.id, (busy - update[index]) / layers_s))
         if row.devices > 1:
             through_comm.add(key)
     devices = dict(profile.devices)

@@ -19,11 +19,13 @@ algorithm (library)       GPUs: ``nccl`` (``openmpi``, ``ring``); CPUs and Xeon 
 per_device_batch          ``DEFAULT_BATCH`` per device kind: GPU 64 (32, 128, 256), CPU 32 per
                           socket (16, 64), Xeon Phi 64 (32, 128); the value tf_cnn_benchmarks and
                           Intel Caffe's ImageNet examples used
-precision                 ``fp16`` (mixed) on parts with a faster reduced-precision path (Volta and
-                          later: what MLPerf-era and Horovod benchmarks ran), else ``fp32``; the
-                          other is the alternative where the part has both
+precision                 ``fp16`` (mixed) on parts with Tensor Cores (a reduced-precision peak
+                          4x fp32 or more: Volta and later, what MLPerf-era and Horovod
+                          benchmarks ran), else ``fp32``; the other is the alternative where the
+                          part has both
 network                   per generation: ``ERA_NETWORKS`` (Kepler/Maxwell 10 GbE or FDR, Pascal/
-                          Volta EDR, Ampere HDR, Hopper NDR, Xeon/Xeon Phi Omni-Path)
+                          Volta EDR, Ampere HDR, Hopper NDR, Xeon/Xeon Phi Omni-Path; the
+                          alternatives of the era, e.g. FDR for Pascal)
 intra_node_link           GPUs: PCIe of their generation (``pcie3_x16``; ``pcie4_x16`` from
                           Ampere), NVLink of the generation as the alternative; CPUs: ``upi``
 ========================  =====================================================================
@@ -54,7 +56,7 @@ GENERATION_PARTS = {
 ERA_NETWORKS = {
     "kepler": ("eth_10g", "ib_fdr"),
     "maxwell": ("eth_10g", "ib_fdr"),
-    "pascal": ("ib_edr", "ib_fdr", "eth_10g"),
+    "pascal": ("ib_edr", "ib_fdr"),
     "volta": ("ib_edr", "eth_25g", "ib_hdr"),
     "ampere": ("ib_hdr", "roce_100g", "ib_edr"),
     "hopper": ("ib_ndr", "ib_hdr"),
@@ -65,6 +67,9 @@ ERA_NETWORKS = {
 ERA_NVLINK = {"pascal": "nvlink1", "volta": "nvlink2", "ampere": "nvswitch2"}
 DEFAULT_BATCH = {"gpu": (64, 32, 128, 256), "cpu": (32, 16, 64), "manycore": (64, 32, 128)}
 GPU_LIBRARIES = ("nccl", "openmpi", "ring")
+# a reduced-precision peak this many times fp32 marks matrix units (Tensor Cores) that mixed-precision
+# training was run for; a 2x path (P100 fp16, Cooper Lake bf16) was mostly left unused in fp32 code
+TENSOR_CORE_RATIO = 4.0
 CPU_LIBRARIES = ("mpich", "mlsl", "openmpi")
 
 
@@ -134,15 +139,20 @@ def open_choices(row: Measurement) -> list[Choice] | str:
             )
         )
     if row.kind == "training" and not row.precision:  # a collective's size is given in bytes
-        fast = [p for p in ("fp16", "bf16") if device.peak_flops.get(p, 0.0) > device.peak_flops["fp32"]]
-        default, others = (fast[0], ("fp32",)) if fast else ("fp32", ())
+        fp32 = device.peak_flops["fp32"]
+        fast = [p for p in ("fp16", "bf16") if device.peak_flops.get(p, 0.0) > fp32]
+        others: tuple[str, ...]
+        if fast and device.peak_flops[fast[0]] >= TENSOR_CORE_RATIO * fp32:
+            default, others = fast[0], ("fp32",)
+        else:
+            default, others = "fp32", tuple(fast[:1])
         choices.append(
             Choice(
                 "precision",
                 default,
                 others,
                 f"precision not stated: {default} assumed"
-                + (f" (mixed precision on {device.token}); interval spans fp32" if others else ""),
+                + (f" (what {device.token}'s era ran by default); interval spans {others[0]}" if others else ""),
             )
         )
     if row.modeled().nodes > 1 and not row.network:
@@ -160,7 +170,7 @@ def open_choices(row: Measurement) -> list[Choice] | str:
         if device.kind == "gpu":
             pcie = "pcie4_x16" if generation in ("ampere", "hopper") else "pcie3_x16"
             nvlink = ERA_NVLINK.get(generation)
-            default, others = pcie, ((nvlink,) if nvlink else ())
+            default, others = pcie, tuple(link for link in (nvlink,) if link)
         else:
             default, others = "upi", ()
         choices.append(
