@@ -74,11 +74,11 @@ def layer_kind(layer_type: str) -> str:
 
 
 def precision_class(device: Device, precision: str) -> str:
-    """``reduced`` when ``precision`` runs at a faster reduced-precision peak of ``device`` (Tensor
-    Cores, AVX-512 BF16), else ``fp32`` (parts without a fast path compute in fp32)."""
-    if precision == "fp32":
-        return "fp32"
-    return "reduced" if device.peak_flops.get(precision, 0.0) > device.peak_flops["fp32"] else "fp32"
+    """The device kind and ``reduced`` when ``precision`` runs at a faster reduced-precision peak
+    of ``device`` (Tensor Cores, AVX-512 BF16), else ``fp32`` (parts without a fast path compute in
+    fp32): ``gpu_fp32``, ``gpu_reduced``, ``cpu_reduced``, ..."""
+    fast = precision != "fp32" and device.peak_flops.get(precision, 0.0) > device.peak_flops["fp32"]
+    return f"{device.kind}_{'reduced' if fast else 'fp32'}"
 
 
 def kernels_per_pass(layer_type: str, parameters: float, backward: bool) -> int:

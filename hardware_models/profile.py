@@ -28,7 +28,7 @@ units) written by ``ddlsim calibrate``::
     "links.pcie3_x16@titanx_pascal.alpha_s.0" = 2.1e-5
 
     [compute]                                  # the cross-device compute model (compute_fit.py)
-    "factor.precision.fp32" = { value = 1.2, source = "fitted ..." }      # multipliers of the datasheet's
+    "factor.precision.gpu_fp32" = { value = 1.2, source = "fitted ..." }  # multipliers of the datasheet's
     "factor.architecture.volta" = { value = 1.3, source = "fitted ..." }  # compute efficiency
     "launch_s.gpu" = { value = 2e-5, source = "fitted ..." }         # fixed seconds per kernel
 
@@ -171,15 +171,24 @@ class ComputeFit:
     def efficiency(self, device: Device, precision: str, layer_type: str, workload: str = "") -> float:
         """Large-batch compute efficiency of ``layer_type`` layers of ``workload`` on ``device`` at ``precision``."""
         efficiency = device.efficiency_for(layer_type)
-        for name in (
-            f"factor.precision.{precision_class(device, precision)}",
+        for name in self.factor_names(device, precision, workload, layer_type):
+            if name.startswith("factor."):
+                efficiency *= self.values.get(name, 1.0)
+        return efficiency
+
+    @staticmethod
+    def factor_names(device: Device, precision: str, workload: str, layer_type: str = "conv") -> tuple[str, ...]:
+        """The names of the parameters that set ``device``'s compute at ``precision`` for ``workload``
+        (the efficiency factors, then the memory factor)."""
+        pclass = precision_class(device, precision)
+        return (
+            f"factor.precision.{pclass}",
             f"factor.architecture.{architecture(device)}",
             f"factor.device.{device.token}",
             f"factor.layer.{layer_kind(layer_type)}",
             f"factor.workload.{workload}",
-        ):
-            efficiency *= self.values.get(name, 1.0)
-        return efficiency
+            f"memory_factor.{pclass}",
+        )
 
     def model(self, device: Device, precision: str, workload: str = "") -> ComputeModel:
         """The ``ComputeModel`` of ``device`` at ``precision`` running ``workload``."""
@@ -225,14 +234,17 @@ class Profile:
         return self.compute.model(device, precision, workload) if self.compute else None
 
     def sigma(self, kind: str) -> float:
-        """The lognormal sigma of a prediction of ``kind``: fitted for the kind, else for its parent
-        (``"training, 1 device: pinned compute"`` -> ``"training, 1 device"`` -> ``"training"``),
-        else ``noise_sigma``."""
-        while kind:
-            if kind in self.noise:
-                return self.noise[kind]
-            cut = max(kind.rfind(":"), kind.rfind(","))
-            kind = kind[:cut] if cut > 0 else ""
+        """The lognormal sigma of a prediction of ``kind``: fitted for the kind, else its nearest
+        parent's (``"training, 1 node: pinned compute"`` -> ``"training, 1 node"`` -> ``"training"``);
+        when only the root (``"training"``, ``"collective"``) was fitted, the larger of the root's and
+        ``noise_sigma``: nothing of that scale was checked on held-out rows."""
+        parent = kind
+        while parent:
+            if parent in self.noise:
+                root = not any(mark in parent for mark in ":,")
+                return max(self.noise[parent], self.noise_sigma) if root and parent != kind else self.noise[parent]
+            cut = max(parent.rfind(":"), parent.rfind(","))
+            parent = parent[:cut] if cut > 0 else ""
         return self.noise_sigma
 
     def link_fit(self, token: str, device: str | None = None) -> LinkFit | None:

@@ -48,7 +48,7 @@ from ddlsim.simulator.calibration.predict import predict, training_scenario
 # framework dispatch of 5-50 us per op (PyTorch/TensorFlow op overheads, e.g. the TF executor's
 # ~10-20 us and CUDA launch ~5 us), half-saturation at a few samples per device.
 PRIORS: dict[str, tuple[float, float]] = {
-    "factor.precision.": (0.0, 1.0),
+    "factor.precision.": (0.0, 0.5),
     "factor.architecture.": (0.0, 0.5),
     "factor.device.": (0.0, 0.25),
     "factor.layer.": (0.0, 1.0),
@@ -194,6 +194,11 @@ def _passes(rows: Sequence[Measurement]) -> Passes:
 
 def _prior(name: str) -> tuple[float, float]:
     return next(prior for prefix, prior in PRIORS.items() if name.startswith(prefix))
+
+
+def prior_sigma(name: str) -> float:
+    """The prior standard deviation of parameter ``name`` (log units): its uncertainty without data."""
+    return _prior(name)[1]
 
 
 def _transformed_bounds(name: str) -> tuple[float, float]:

@@ -7,7 +7,10 @@ The interval at level ``ci`` is p x exp(-/+ z sigma) with sigma^2 = sigma_kind^2
   ``noise.loso_noise``). The kinds (``prediction_kind``) separate what the model knows well (a
   run shape whose compute a calibration row pins, a link fitted on the same device and library)
   from what it transfers (compute fitted across devices, the datasheets).
-* ``sigma_param``: the spread of log p over the profile's bootstrap samples.
+* ``sigma_param``: the spread of log p over the profile's bootstrap samples, and, for compute
+  predicted by the cross-device model, the prior uncertainty of every factor no calibration row
+  informed (a generation, precision class, device or workload the data did not contain): one
+  prior standard deviation of each moves log p by the amount added (in quadrature).
 
 A field the source leaves open is filled with its default (``open_fields``); the interval then
 spans every alternative's interval too, and the note says what was assumed. Predictions are cached
@@ -16,6 +19,7 @@ per distinct configuration (repeated measurements of one setup are predicted onc
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass, field
@@ -23,7 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.hardware_models.profile import Profile
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.profile import ComputeFit, Profile
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.calibration.open_fields import open_choices, with_choice
 from ddlsim.simulator.calibration.predict import Prediction, needs_input_pipeline, predict
@@ -52,20 +57,27 @@ def config_key(row: Measurement) -> tuple[Any, ...]:
 
 
 def prediction_kind(row: Measurement, profile: Profile | None) -> str:
-    """What the prediction of ``row`` rests on, e.g. ``"training, several devices: pinned compute"``
-    or ``"collective: datasheet link"`` (parents: the text before the last ':' or ',')."""
+    """What the prediction of ``row`` rests on, e.g. ``"training, 1 node, real data: pinned compute"``
+    or ``"collective: datasheet link"`` (parents: the text before the last ':' or ',').
+
+    Training rows are told apart by scale (one device, one node, several nodes: communication and
+    its missing costs grow with it), by real input data (the input pipeline is not modeled) and by
+    what their compute rests on (a pinned shape, the compute model fitted across devices, the
+    datasheets); collective rows by their link (fitted for the device and library, or datasheet).
+    """
+    data = ", real data" if needs_input_pipeline(row) else ""
     row = row.modeled()
     if row.kind == "training":
         if row.metric == "scaling_efficiency":
             return "training: scaling efficiency"
-        scale = "1 device" if row.devices == 1 else "several devices"
+        scale = "1 device" if row.devices == 1 else "1 node" if row.nodes == 1 else "several nodes"
         if profile and profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0):
             source = "pinned compute"
         elif profile and profile.compute:
             source = "compute fitted across devices"
         else:
             source = "datasheet compute"
-        return f"training, {scale}: {source}"
+        return f"training, {scale}{data}: {source}"
     token = row.network if row.nodes > 1 else row.intra_node_link
     key = profile.link_fit_key(token, f"{row.device}@{row.algorithm}@{row.collective}") if profile else None
     if key is None:
@@ -137,7 +149,8 @@ class Estimator:
         sigma_kind = self.profile.sigma(kind)
         logs = [math.log(p.value) for i in range(len(self._samples)) if (p := self.predict(resolved, i)).value]
         sigma_param = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
-        sigma = math.hypot(sigma_kind, sigma_param)
+        unfitted, sigma_prior = self._unfitted_compute(resolved, kind, value)
+        sigma = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2)
         spread = math.exp(self.z * sigma)
         low, high = value / spread, value * spread
         notes = [choice.note for choice in choices]
@@ -152,8 +165,34 @@ class Estimator:
         if kind.endswith("compute fitted across devices") or kind.endswith("datasheet compute"):
             pinned = self.profile.sigma(kind.rsplit(":", 1)[0] + ": pinned compute")
             notes.append(
-                f"compute not measured for this device and shape: {kind.rsplit(': ', 1)[1]} "
-                f"(interval x{spread**2:.2f} wide, x{math.exp(2 * self.z * math.hypot(pinned, sigma_param)):.2f} "
+                f"compute not measured for this device and shape: {kind.rsplit(': ', 1)[1]}"
+                + (f", no calibration row informs {', '.join(unfitted)}" if unfitted else "")
+                + f" (interval x{spread**2:.2f} wide, x{math.exp(2 * self.z * math.hypot(pinned, sigma_param)):.2f} "
                 "for a pinned shape)"
             )
         return Estimate(value, low, high, kind, sigma, "; ".join(notes), detail=prediction.detail)
+
+    def _unfitted_compute(self, row: Measurement, kind: str, value: float) -> tuple[list[str], float]:
+        """(compute parameters of ``row`` that no calibration row informed, the sigma they add to log p)."""
+        from ddlsim.simulator.calibration.compute_fit import prior_sigma
+
+        compute = self.profile.compute
+        if compute is None or not kind.endswith("compute fitted across devices"):
+            return [], 0.0
+        device = self.profile.device(load_device(row.device))
+        names = [
+            name
+            for name in ComputeFit.factor_names(device, row.precision, row.workload)
+            if name not in compute.values and not name.startswith("factor.layer.")
+        ]
+        total = 0.0
+        for name in names:
+            key = ("prior", config_key(row), name)
+            if key not in self._cache:
+                sigma = prior_sigma(name)
+                values = {**compute.values, name: math.exp(sigma)}
+                trial = dataclasses.replace(self.profile, compute=dataclasses.replace(compute, values=values))
+                shifted = predict(row, trial, self.executor).value
+                self._cache[key] = math.log(shifted / value) if shifted else sigma
+            total += self._cache[key] ** 2
+        return names, math.sqrt(total)

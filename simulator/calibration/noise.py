@@ -6,11 +6,11 @@ contribute), and the source's rows predicted. The log residuals r are grouped by
 prediction (``intervals.prediction_kind``); a kind's sigma is the 90th percentile of |r| divided by
 1.645, so its 90 % interval holds 90 % of those held-out residuals whatever their distribution
 (a split-conformal interval; a root mean square would let a few outliers, the rows of a mechanism
-the model lacks, widen every interval of the kind). Each parent (``"training, several devices"``,
+the model lacks, widen every interval of the kind). Each parent (``"training, 1 node"``,
 ``"training"``, ``"collective"``) gets one from all of its kinds' residuals together. A kind
-needs ``MIN_RESIDUALS`` residuals; the well-pinned kinds (a fitted link of the same device, pinned
-compute) that no left-out source exercises take the in-sample ``noise_sigma`` instead of their
-parent's, which is dominated by transfers to other devices.
+needs ``MIN_RESIDUALS`` residuals, else it takes its parent's; a link fitted for the same device
+and library, which no left-out source exercises, takes the in-sample ``noise_sigma`` of the link
+fits instead of its parent's (which holds only datasheet predictions).
 
 ``check_fit``: warnings for fits no physical system gives (a noise sigma that means a factor of 2
 per standard deviation, a link beta far above its line rate, compute far from its datasheet).
@@ -36,11 +36,9 @@ MIN_RESIDUALS = 4
 QUANTILE = 0.9  # the interval level the per-kind sigma reproduces exactly
 Z_QUANTILE = 1.6448536269514722  # the standard normal quantile at 0.5 + QUANTILE / 2
 FLOOR = 0.02
-WELL_PINNED = (
-    "collective: fitted link",
-    "training, 1 device: pinned compute",
-    "training, several devices: pinned compute",
-)
+# kinds whose parent pools only transfers (the datasheet links): without held-out residuals of
+# their own they take the in-sample sigma of the link fits
+WELL_PINNED = ("collective: fitted link",)
 SIGMA_WARN = 0.4  # a factor exp(0.4) = 1.5 per standard deviation
 BETA_WARN = 1.5  # fitted beta above 1.5 x the datasheet's port bandwidth
 SCALE_WARN = 3.0  # pinned compute 3 x off the model's, or a compute factor 3 x off the datasheet
@@ -106,8 +104,8 @@ def loso_noise(
         if kind not in noise:
             noise[kind] = profile.noise_sigma
             sources[f"noise.{kind}"] = (
-                "in-sample noise sigma: no left-out source had its rows predicted this way (the same device's "
-                "fit or pin stays in every fold)"
+                "in-sample noise sigma of the link fits: no left-out source had its rows predicted this way (a "
+                "device's link fit comes from its own source)"
             )
     return noise, sources, []
 
