@@ -175,7 +175,9 @@ def load_workload_file(path: Path | str) -> Workload:
             raise WorkloadError(f"{path}: missing metadata line '# {key}: ...'")
     sample_shape = _parse_shape(metadata["sample_shape"], path)
     layers = _parse_rows(lines[first_table_line:], first_table_line + 1, path)
-    return Workload(name=path.stem, description=metadata["description"], sample_shape=sample_shape, layers=layers)
+    return Workload(
+        name=path.stem, description=metadata["description"], sample_shape=sample_shape, layers=layers
+    )
 
 
 def _parse_shape(text: str, path: Path) -> tuple[int, ...]:
@@ -225,7 +227,9 @@ def _parse_rows(lines: Iterable[str], first_line_number: int, path: Path) -> tup
                 f"valid: {', '.join(LAYER_TYPES)}"
             )
         if not re.fullmatch(r"[0-9]+", row["parameters"]):
-            raise WorkloadError(f"{where}, column 'parameters': must be a whole number >= 0, got {row['parameters']!r}")
+            raise WorkloadError(
+                f"{where}, column 'parameters': must be a whole number >= 0, got {row['parameters']!r}"
+            )
         layers.append(
             Layer(
                 name=name,

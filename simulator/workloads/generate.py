@@ -95,7 +95,9 @@ def _pool_window(call: Call) -> int:
     if isinstance(module, nn.AdaptiveAvgPool2d):
         (_, _, height, width), (_, _, out_height, out_width) = call.input_shapes[0], call.output_shape
         if height % out_height or width % out_width:
-            raise ValueError(f"{call.name}: adaptive pooling {height}x{width} -> {out_height}x{out_width} is uneven")
+            raise ValueError(
+                f"{call.name}: adaptive pooling {height}x{width} -> {out_height}x{out_width} is uneven"
+            )
         return (height // out_height) * (width // out_width)
     assert isinstance(module, nn.MaxPool2d | nn.AvgPool2d)
     kernel_height, kernel_width = _pair(module.kernel_size)
@@ -249,7 +251,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ddlsim.simulator.workloads.generate", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("names", nargs="*", metavar="name", help=f"workloads (default all): {', '.join(MODELS)}")
+    parser.add_argument(
+        "names", nargs="*", metavar="name", help=f"workloads (default all): {', '.join(MODELS)}"
+    )
     parser.add_argument("--out", type=Path, default=DATA_DIR, help="output folder (default: %(default)s)")
     arguments = parser.parse_args(argv)
     unknown = [name for name in arguments.names if name not in MODELS]

@@ -47,7 +47,9 @@ class PositionalEncoding(nn.Module):
         super().__init__()
         self.scale = math.sqrt(d_model)
         position = torch.arange(max_length, dtype=torch.float32).unsqueeze(1)
-        frequency = torch.exp(torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model))
+        frequency = torch.exp(
+            torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(10000.0) / d_model)
+        )
         encoding = torch.zeros(max_length, d_model)
         encoding[:, 0::2] = torch.sin(position * frequency)
         encoding[:, 1::2] = torch.cos(position * frequency)
@@ -381,7 +383,9 @@ class InceptionE(nn.Module):
         branch3x3 = self.branch3x3_1(x)
         branch3x3 = self.branch3x3_concat(self.branch3x3_2a(branch3x3), self.branch3x3_2b(branch3x3))
         branch3x3dbl = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
-        branch3x3dbl = self.branch3x3dbl_concat(self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl))
+        branch3x3dbl = self.branch3x3dbl_concat(
+            self.branch3x3dbl_3a(branch3x3dbl), self.branch3x3dbl_3b(branch3x3dbl)
+        )
         branch_pool = self.branch_pool(self.branch_pool_avg(x))
         return self.concat(branch1x1, branch3x3, branch3x3dbl, branch_pool)
 
@@ -613,9 +617,13 @@ class Transformer(nn.Module):
         target = nn.Embedding(vocabulary, d_model)
         target.weight = shared.weight
         self.encoder = Embedder(shared, d_model, max_length, dropout)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(d_model, heads, d_ff, dropout) for _ in range(layers))
+        self.encoder_layers = nn.ModuleList(
+            EncoderLayer(d_model, heads, d_ff, dropout) for _ in range(layers)
+        )
         self.decoder = Embedder(target, d_model, max_length, dropout)
-        self.decoder_layers = nn.ModuleList(DecoderLayer(d_model, heads, d_ff, dropout) for _ in range(layers))
+        self.decoder_layers = nn.ModuleList(
+            DecoderLayer(d_model, heads, d_ff, dropout) for _ in range(layers)
+        )
         self.output_projection = nn.Linear(d_model, vocabulary, bias=False)
         self.output_projection.weight = shared.weight
 
