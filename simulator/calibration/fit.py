@@ -13,7 +13,8 @@
    pins) and links are both pinned (a grid search on [0, 1]); 0 when no such row exists.
 6. Noise: the lognormal sigma of measured/fitted over the rows with residual degrees of freedom
    (``noise_sigma``), and per kind of prediction from the residuals of a leave-one-source-out refit
-   (``noise.py``): the sigma the intervals of ``validate`` use.
+   (``noise.py``): the sigma the intervals of ``validate`` use. Training or collective predictions
+   when no row of that kind calibrated get ``UNCALIBRATED_SIGMA``.
 7. Uncertainty: ``bootstrap`` resamples of the rows refit the link segments, the compute model and
    the pinned scales; the samples go into the profile.
 8. Checks: implausible fits are reported as warnings (``Calibration.warnings``); every number stays
@@ -40,6 +41,7 @@ from ddlsim.simulator.calibration.predict import predict, static_reason
 NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not resolved (DeepBench ~1%)
 DEFAULT_NOISE = 0.05  # used when no residual has degrees of freedom left
 NOISE_MAX = 5.0  # the profile loader's bound on every sigma
+UNCALIBRATED_SIGMA = 0.4  # sigma of a kind of prediction no calibration row covers
 
 Progress = Callable[[int, int], None]
 
@@ -288,10 +290,20 @@ def calibrate(
         sources=sources,
     )
     warnings: list[str] = []
+    noise: dict[str, float] = {}
+    noise_sources: dict[str, str] = {}
     if noise_by_source:
         noise, noise_sources, notes = loso_noise(usable, fitted, profile, rng)
-        profile = dataclasses.replace(profile, noise=noise, sources={**profile.sources, **noise_sources})
         warnings += notes
+    for root, present in (("training", "training"), ("collective", "collective")):
+        if not any((row.kind == "training") == (present == "training") for row in usable) and root not in noise:
+            # nothing of this kind calibrated: the datasheets' typical miss, not the other kind's scatter
+            noise[root] = UNCALIBRATED_SIGMA
+            noise_sources[f"noise.{root}"] = (
+                f"no {root} row calibrated: {UNCALIBRATED_SIGMA} (a typical datasheet-only prediction in the "
+                "published data is 20-30 % off, some a factor of 2)"
+            )
+    profile = dataclasses.replace(profile, noise=noise, sources={**profile.sources, **noise_sources})
     warnings += check_fit(profile, residuals)
     return Calibration(profile, residuals, unused, warnings)
 
