@@ -27,6 +27,14 @@ units) written by ``ddlsim calibrate``::
     "devices.k80.compute_efficiency" = 0.40
     "links.pcie3_x16@titanx_pascal.alpha_s.0" = 2.1e-5
 
+    [compute]                                  # the cross-device compute model (compute_fit.py)
+    "factor.precision.gpu_fp32" = { value = 1.2, source = "fitted ..." }  # multipliers of the datasheet's
+    "factor.architecture.volta" = { value = 1.3, source = "fitted ..." }  # compute efficiency
+    "launch_s.gpu" = { value = 2e-5, source = "fitted ..." }         # fixed seconds per kernel
+
+    [noise]                                    # lognormal sigma per kind of prediction, from the
+    "training: compute from datasheet" = { value = 0.09, source = "..." }  # leave-one-source-out residuals
+
 The segment of a message of S bytes is the number of breakpoints <= S. A fitted link replaces the
 datasheet's (latency + per-message overhead, line rate x efficiency x links) by (alpha, beta):
 alpha is all the per-message time the path's other (uncalibrated) parts do not already carry.
@@ -46,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from ddlsim.hardware_models.catalog import CatalogError, Device, Link
+from ddlsim.hardware_models.compute import LAYER_TYPES, ComputeModel, architecture, layer_kind, precision_class
 
 SCHEMA_VERSION = 1
 
@@ -61,6 +70,8 @@ TOP_KEYS = (
     "devices",
     "links",
     "bootstrap",
+    "compute",
+    "noise",
 )
 
 
@@ -125,6 +136,73 @@ class DeviceFit:
         )
 
 
+# Names of the compute model's parameters (``ComputeFit.values``); ``factor.*`` multiply the
+# datasheet's compute efficiency. The product may exceed 1: it is the efficiency against the FLOP
+# the layer table counts (direct convolution), and Winograd or FFT convolutions do fewer.
+COMPUTE_PREFIXES = (
+    "factor.precision.",
+    "factor.architecture.",
+    "factor.device.",
+    "factor.layer.",
+    "factor.workload.",
+    "memory_factor.",
+    "half_batch.",
+    "launch_s.",
+)
+
+
+@dataclass(frozen=True)
+class ComputeFit:
+    """The cross-device compute model: the datasheet's efficiencies times factors per
+    precision class, architecture generation, device, layer kind and workload (the mix of kernels a network's layers
+    get: Winograd 3x3 convolutions, asymmetric ones), effective memory bandwidth per precision class
+    (``memory_factor`` x the datasheet's memory efficiency; above 1 / efficiency when a framework fuses
+    element-wise layers and moves fewer bytes than the layer table counts), batch dependence and
+    fixed cost per device kind.
+
+    A name missing from ``values`` takes its neutral value (factor 1, no batch dependence, no fixed
+    cost; the datasheet's memory efficiency), so a device, generation, kind or workload the
+    calibration data did not contain is predicted from what was fitted across the others.
+    """
+
+    values: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def efficiency(self, device: Device, precision: str, layer_type: str, workload: str = "") -> float:
+        """Large-batch compute efficiency of ``layer_type`` layers of ``workload`` on ``device`` at ``precision``."""
+        efficiency = device.efficiency_for(layer_type)
+        for name in self.factor_names(device, precision, workload, layer_type):
+            if name.startswith("factor."):
+                efficiency *= self.values.get(name, 1.0)
+        return efficiency
+
+    @staticmethod
+    def factor_names(device: Device, precision: str, workload: str, layer_type: str = "conv") -> tuple[str, ...]:
+        """The names of the parameters that set ``device``'s compute at ``precision`` for ``workload``
+        (the efficiency factors, then the memory factor)."""
+        pclass = precision_class(device, precision)
+        return (
+            f"factor.precision.{pclass}",
+            f"factor.architecture.{architecture(device)}",
+            f"factor.device.{device.token}",
+            f"factor.layer.{layer_kind(layer_type)}",
+            f"factor.workload.{workload}",
+            f"memory_factor.{pclass}",
+        )
+
+    def model(self, device: Device, precision: str, workload: str = "") -> ComputeModel:
+        """The ``ComputeModel`` of ``device`` at ``precision`` running ``workload``."""
+        by_type = {layer_type: self.efficiency(device, precision, layer_type, workload) for layer_type in LAYER_TYPES}
+        memory = device.memory_efficiency * self.values.get(f"memory_factor.{precision_class(device, precision)}", 1.0)
+        return ComputeModel(
+            default_efficiency=self.efficiency(device, precision, "", workload),
+            memory_efficiency=memory,
+            efficiency=by_type,
+            half_batch=self.values.get(f"half_batch.{device.kind}", 0.0),
+            launch_s=self.values.get(f"launch_s.{device.kind}", 0.0),
+        )
+
+
 def workload_key(workload: str, precision: str, per_device_batch: int) -> str:
     return f"{workload}/{precision}/{per_device_batch}"
 
@@ -142,11 +220,32 @@ class Profile:
     bootstrap: tuple[dict[str, float], ...] = ()
     sources: dict[str, str] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
+    compute: ComputeFit | None = None  # the cross-device compute model (None: datasheets)
+    # lognormal sigma per kind of prediction (``noise_sigma`` for kinds not listed)
+    noise: dict[str, float] = field(default_factory=dict)
 
     # --- applying ------------------------------------------------------------------------------
     def device(self, device: Device) -> Device:
         fit = self.devices.get(device.token)
         return fit.apply(device) if fit else device
+
+    def compute_model(self, device: Device, precision: str, workload: str = "") -> ComputeModel | None:
+        """The fitted compute model of ``device`` at ``precision`` for ``workload``; None without a compute fit."""
+        return self.compute.model(device, precision, workload) if self.compute else None
+
+    def sigma(self, kind: str) -> float:
+        """The lognormal sigma of a prediction of ``kind``: fitted for the kind, else its nearest
+        parent's (``"training, 1 node: pinned compute"`` -> ``"training, 1 node"`` -> ``"training"``);
+        when only the root (``"training"``, ``"collective"``) was fitted, the larger of the root's and
+        ``noise_sigma``: nothing of that scale was checked on held-out rows."""
+        parent = kind
+        while parent:
+            if parent in self.noise:
+                root = not any(mark in parent for mark in ":,")
+                return max(self.noise[parent], self.noise_sigma) if root and parent != kind else self.noise[parent]
+            cut = max(parent.rfind(":"), parent.rfind(","))
+            parent = parent[:cut] if cut > 0 else ""
+        return self.noise_sigma
 
     def link_fit(self, token: str, device: str | None = None) -> LinkFit | None:
         """The most specific fit: ``token@device@software``, then ``token@device``, then ``token``.
@@ -154,12 +253,17 @@ class Profile:
         ``device`` is a device token, optionally followed by ``@software`` (the library or
         algorithm that ran: software overheads differ between stacks on the same hardware).
         """
+        key = self.link_fit_key(token, device)
+        return self.links[key] if key else None
+
+    def link_fit_key(self, token: str, device: str | None = None) -> str | None:
+        """The key of the fit ``link_fit`` uses, or None."""
         scope = device
         while scope:
             if f"{token}@{scope}" in self.links:
-                return self.links[f"{token}@{scope}"]
+                return f"{token}@{scope}"
             scope = scope.rpartition("@")[0]
-        return self.links.get(token)
+        return token if token in self.links else None
 
     def link(
         self, link: Link, device: str | None = None, message_bytes: float | None = None, host_ranks: int = 1
@@ -191,6 +295,9 @@ class Profile:
                 out[f"devices.{token}.layer_efficiency.{layer}"] = value
             for key, value in fit.workload_scale.items():
                 out[f"devices.{token}.workload_scale.{key}"] = value
+        if self.compute:
+            for name, value in self.compute.values.items():
+                out[f"compute.{name}"] = value
         for key, link in self.links.items():
             for index, value in enumerate(link.alpha_s):
                 out[f"links.{key}.alpha_s.{index}"] = value
@@ -208,10 +315,13 @@ class Profile:
         }
         links = {key: fit for key, fit in self.links.items()}
         interference = self.overlap_interference
+        compute = dict(self.compute.values) if self.compute else None
         for name, value in values.items():
             parts = name.split(".")
             if parts[0] == "overlap_interference":
                 interference = value
+            elif parts[0] == "compute" and compute is not None:
+                compute[name.partition(".")[2]] = value
             elif parts[0] == "devices" and parts[1] in devices:
                 fit = devices[parts[1]]
                 if parts[2] == "compute_efficiency":
@@ -230,7 +340,10 @@ class Profile:
                     alphas, betas = list(link.alpha_s), list(link.beta_Bps)
                     (alphas if what == "alpha_s" else betas)[index] = value
                     links[key] = dataclasses.replace(link, alpha_s=tuple(alphas), beta_Bps=tuple(betas))
-        return dataclasses.replace(self, devices=devices, links=links, overlap_interference=interference)
+        fitted = dataclasses.replace(self.compute, values=compute) if self.compute and compute is not None else None
+        return dataclasses.replace(
+            self, devices=devices, links=links, overlap_interference=interference, compute=fitted
+        )
 
     def samples(self) -> list[Profile]:
         """One profile per bootstrap sample (empty when the profile carries none)."""
@@ -244,6 +357,8 @@ class Profile:
             "links": sorted(self.links),
             "overlap_interference": self.overlap_interference,
             "noise_sigma": self.noise_sigma,
+            "noise": dict(self.noise),
+            "compute": dict(self.compute.values) if self.compute else None,
             "bootstrap_samples": len(self.bootstrap),
         }
 
@@ -306,10 +421,65 @@ def profile_to_toml(profile: Profile) -> str:
             value = getattr(link, name)
             if math.isfinite(value):  # absent = inf: free reduction, never stretched
                 lines.append(f"{name} = {_entry(value, link.source)}")
+    lines += _extension_toml(profile)
     for sample in profile.bootstrap:
         lines += ["", "[[bootstrap]]"]
         lines += [f"{_toml_string(name)} = {_toml_value(float(sample[name]))}" for name in sorted(sample)]
     return "\n".join(lines) + "\n"
+
+
+def _extension_toml(profile: Profile) -> list[str]:
+    """The ``[compute]`` and ``[noise]`` tables (written only when fitted)."""
+    lines: list[str] = []
+    compute = profile.compute or ComputeFit()
+    tables = (("compute", compute.values, compute.sources), ("noise", profile.noise, profile.sources))
+    for table, values, sources in tables:
+        if values:
+            lines += ["", f"[{table}]"]
+            for key in sorted(values):
+                source = sources.get(key if table == "compute" else f"noise.{key}", "fitted")
+                lines.append(f"{_toml_string(key)} = {_entry(values[key], source)}")
+    return lines
+
+
+# Allowed ranges of the compute model's parameters (what a physically meaningful fit can give).
+COMPUTE_BOUNDS = {
+    "factor.": (1e-2, 1e2),
+    "memory_factor.": (0.05, 20.0),
+    "half_batch.": (0.0, 1e4),
+    "launch_s.": (0.0, 1.0),
+}
+NOISE_BOUNDS = (0.0, 5.0)
+
+
+def parse_extensions(data: dict[str, Any], where: str) -> tuple[ComputeFit | None, dict[str, float], dict[str, str]]:
+    """The ``[compute]`` and ``[noise]`` tables: (compute fit or None, noise per kind, noise sources)."""
+    compute = None
+    table = data.get("compute")
+    if table is not None:
+        if not isinstance(table, dict):
+            raise ProfileError(f"{where}: key 'compute' must be a table of parameter = {{ value, source }}")
+        values: dict[str, float] = {}
+        sources: dict[str, str] = {}
+        for name in table:
+            bounds = next((b for prefix, b in COMPUTE_BOUNDS.items() if name.startswith(prefix)), None)
+            if bounds is None or not name.startswith(COMPUTE_PREFIXES):
+                raise ProfileError(
+                    f"{where} [compute]: unknown key {name!r}; allowed: names starting {', '.join(COMPUTE_PREFIXES)}"
+                )
+            value, sources[name] = _number_entry(table, name, f"{where} [compute]", *bounds)
+            values[name] = float(value)
+        compute = ComputeFit(values, sources)
+    noise: dict[str, float] = {}
+    noise_sources: dict[str, str] = {}
+    table = data.get("noise")
+    if table is not None:
+        if not isinstance(table, dict):
+            raise ProfileError(f"{where}: key 'noise' must be a table of prediction kind = {{ value, source }}")
+        for kind in table:
+            value, noise_sources[f"noise.{kind}"] = _number_entry(table, kind, f"{where} [noise]", *NOISE_BOUNDS)
+            noise[kind] = float(value)
+    return compute, noise, noise_sources
 
 
 def _number_entry(
@@ -360,7 +530,7 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         )
     sources: dict[str, str] = {}
     interference, sources["overlap_interference"] = _number_entry(data, "overlap_interference", where, 0.0, 1.0)
-    sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, 0.0, 5.0)
+    sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, *NOISE_BOUNDS)
     devices: dict[str, DeviceFit] = {}
     for token, table in _table(data.get("devices", {}), where, "devices").items():
         at = f"{where} [devices.{token}]"
@@ -415,7 +585,11 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         for name, value in sample.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ProfileError(f"{where}: [[bootstrap]] {index + 1}, key {name!r}: must be a number, got {value!r}")
+    compute, noise, noise_sources = parse_extensions(data, where)
+    sources.update(noise_sources)
     return Profile(
+        compute=compute,
+        noise=noise,
         devices=devices,
         links=links,
         overlap_interference=float(interference),

@@ -59,22 +59,30 @@ def test_protocol_switch_found_between_the_right_sizes():
     assert fit.beta_Bps[0] == pytest.approx(0.3e9, rel=0.15)
 
 
-def test_single_device_rows_pin_compute_and_recover_efficiency():
+def test_single_device_rows_pin_compute_and_predict_an_unmeasured_shape():
+    """Rows generated with efficiency 0.45 and memory efficiency 0.6 on the P100 (datasheet: 0.55 and
+    0.75): every measured shape is reproduced (pinned), and a batch never measured (128) is predicted
+    by the fitted compute model within 5 % of the truth."""
     truth = Profile(devices={"p100_sxm2": DeviceFit(compute_efficiency=0.45, memory_efficiency=0.6)})
-    rows = []
-    for workload in ("resnet50", "inception_v3", "vgg16", "alexnet", "resnet152"):
+
+    def row_of(workload: str, batch: int) -> Measurement:
         row = Measurement(
-            id=f"C-{workload}", kind="training", metric="throughput_samples_per_s", value=1.0, device="p100_sxm2",
-            devices_per_node=1, nodes=1, workload=workload, algorithm="ring", per_device_batch=32, precision="fp32",
+            id=f"C-{workload}-{batch}", kind="training", metric="throughput_samples_per_s", value=1.0,
+            device="p100_sxm2", devices_per_node=1, nodes=1, workload=workload, algorithm="ring",
+            per_device_batch=batch, precision="fp32", source="synthetic",
         )  # fmt: skip
-        value = predict(row, truth, require_pinned=False).value
+        value = predict(row, truth).value
         assert value is not None
-        rows.append(dataclasses.replace(row, value=value))
+        return dataclasses.replace(row, value=value)
+
+    rows = [row_of(workload, 32) for workload in ("resnet50", "inception_v3", "vgg16", "alexnet", "resnet152")]
     result = calibrate(rows, bootstrap=0)
-    fitted = result.profile.devices["p100_sxm2"]
-    assert fitted.compute_efficiency == pytest.approx(0.45, rel=0.1)
     for row in rows:  # the pinned shape reproduces its measurement
         assert predict(row, result.profile).value == pytest.approx(row.value, rel=1e-6)
+    unmeasured = row_of("resnet50", 128)
+    assert not result.profile.pins("p100_sxm2", "resnet50", "fp32", 128)
+    assert predict(unmeasured, result.profile).value == pytest.approx(unmeasured.value, rel=0.05)
+    assert predict(unmeasured, Profile()).value != pytest.approx(unmeasured.value, rel=0.05)  # datasheets alone miss
 
 
 def test_profile_round_trips_through_toml(tmp_path):

@@ -19,9 +19,13 @@ from ddlsim.simulator.cli.validate_command import SUMMARY_KEYS, VALIDATION_COLUM
 from ddlsim.simulator.records import read_csv, write_csv
 from tests.test_calibration import KEY, synthetic_collectives
 
-# Held-out median |error| on published_dev.csv with the documented split: 7.1 % when this test
-# was written (docs/calibration.md); the bound leaves a little margin for numerical drift.
-PUBLISHED_HELD_OUT_MEDIAN_BOUND = 0.08
+# Held-out median |error| on published_dev.csv with the documented split: 8.0 % over all 120
+# held-out rows (docs/calibration.md; 7.1 % over the 85 rows predicted before MLPerf and the rows
+# with open fields were); the bound leaves a little margin for numerical drift.
+PUBLISHED_HELD_OUT_MEDIAN_BOUND = 0.085
+# Leave-one-source-out over the MLPerf rows (each one-node run predicted from the other systems):
+# median 2.5 % when this test was written.
+MLPERF_LOSO_MEDIAN_BOUND = 0.05
 TRUTH = Profile(links={KEY: LinkFit((), (40e-6,), (0.9e9,))})
 
 
@@ -95,9 +99,25 @@ def test_published_held_out_median_error_stays_under_the_bound(tmp_path, capsys)
     )  # fmt: skip
     summary = json.loads((out / "summary.json").read_text())
     assert code == 0, captured.out[-2000:]
-    assert summary["n_predicted"] >= 80
+    assert summary["n_predicted"] == 120 and summary["n_cannot_model"] == 0  # every held-out row answered
     assert summary["median_ape"] <= PUBLISHED_HELD_OUT_MEDIAN_BOUND
     table = {row["id"]: row for row in read_csv(out / "validation.csv")}
-    assert table["TFBENCH-021"]["status"] == "cannot_model" and "input pipeline" in table["TFBENCH-021"]["reason"]
-    assert table["DEEPBENCH-074"]["status"] == "cannot_model" and "network" in table["DEEPBENCH-074"]["reason"]
+    assert table["TFBENCH-026"]["status"] == "predicted" and "input pipeline" in table["TFBENCH-026"]["note"]
+    assert table["DEEPBENCH-074"]["status"] == "predicted" and "network not stated" in table["DEEPBENCH-074"]["note"]
+    assert table["MLPERF-042"]["status"] == "predicted" and "compute not measured" in table["MLPERF-042"]["note"]
     assert table["TFBENCH-001"]["status"] == "calibration"
+
+
+def test_leave_one_source_out_predicts_each_mlperf_system_from_the_others(tmp_path, capsys):
+    rows = [row for row in load_measurements([packaged_published_dev()]) if row.id.startswith("MLPERF")]
+    path = write_measurements(tmp_path / "mlperf.csv", rows)
+    out = tmp_path / "loso"
+    code, captured = run(
+        capsys, "validate", "--measurements", path, "--leave-one-source-out", "--bootstrap", "0", "--out", out
+    )
+    summary = json.loads((out / "summary.json").read_text())
+    assert code == 0, captured.out[-2000:]
+    assert summary["split"] == "leave one source out" and summary["predicted_fraction"] == 1.0
+    assert summary["median_ape"] <= MLPERF_LOSO_MEDIAN_BOUND
+    assert abs(summary["signed_median_error"]) <= 0.03
+    assert "signed median error" in captured.out and "wide (high / low)" in captured.out

@@ -2,9 +2,15 @@
 
 The schema (``MEASUREMENT_COLUMNS``) is described in ``simulator/data/published_sources.md`` and
 the project's data README: one row per measured number, empty cell = not applicable or unknown.
-``load_measurements`` validates a file completely before returning anything: a missing column, an
-unknown token, a NaN, a negative or impossible value, or a device the catalog does not hold fails
-with a message naming the file, the row (its id and line) and the column.
+
+Files are read row by row (``read_measurements``): a row with an unknown token, a NaN, a negative
+or physically impossible value, or cells beyond the header is set aside with a reason naming the
+file, the row (its id and line) and the column, and the other rows are kept; ids that collide
+(between files or within one) are renamed ``ID#2``, ``ID#3`` and reported. Files saved by
+spreadsheets read as they are: a UTF-8 byte-order mark is skipped, Windows-1252 (Latin-1) text is
+decoded with a notice, empty trailing cells and blank lines are ignored. Only what stops a whole
+file (no such file, a missing or unknown column, no rows) raises ``MeasurementError``.
+``load_measurements`` is the strict form: the first bad row or duplicate id raises.
 
 ``from_trace`` turns a harness trace directory (``trace.rank*.jsonl`` + ``metadata.json``, the
 shared trace schema of ``simulator.records``) into measurement rows: one row per (op, bytes) of
@@ -16,6 +22,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import statistics
@@ -69,6 +76,38 @@ POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 
 class MeasurementError(ValueError):
     """A measurement file is malformed; the message names the file, row (id and line) and column."""
+
+
+# Physically meaningful ranges (SI units): beyond them a number is a typo or a unit slip, not a
+# measurement. Times up to a year, rates up to 1e9 samples/s, bus bandwidth up to 1e13 B/s (ten
+# times the fastest link in the catalog), messages up to 1e13 bytes, a million nodes.
+VALUE_RANGES = {
+    "time_s": (1e-9, 3.2e7),
+    "throughput_samples_per_s": (1e-6, 1e9),
+    "scaling_efficiency": (1e-4, 2.0),
+    "bus_bandwidth_Bps": (1.0, 1e13),
+}
+COUNT_LIMITS = {"devices_per_node": 4096, "nodes": 1_000_000, "nics_per_node": 64, "per_device_batch": 10_000_000}
+MESSAGE_BYTES_LIMIT = 1e13
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A row that could not be read, and why (the message names file, row, line and column)."""
+
+    id: str
+    file: str
+    line: int
+    reason: str
+
+
+@dataclass
+class MeasurementSet:
+    """The rows read from measurement files, the rows set aside, and notices about the files."""
+
+    rows: list[Measurement]
+    rejected: list[Rejected]
+    notices: list[str]
 
 
 @dataclass(frozen=True)
@@ -148,7 +187,9 @@ def _fail(path: Path, row_id: str, line: int, column: str, message: str) -> Meas
     return MeasurementError(f"{path}: row {row_id!r} (line {line}), column {column!r}: {message}")
 
 
-def _number(raw: str, path: Path, row_id: str, line: int, column: str, whole: bool) -> float:
+def _number(
+    raw: str, path: Path, row_id: str, line: int, column: str, whole: bool, bounds: tuple[float, float] | None = None
+) -> float:
     try:
         number = float(raw)
     except ValueError:
@@ -159,6 +200,8 @@ def _number(raw: str, path: Path, row_id: str, line: int, column: str, whole: bo
         raise _fail(path, row_id, line, column, f"must be > 0, got {raw!r}")
     if whole and not number.is_integer():
         raise _fail(path, row_id, line, column, f"must be a whole number, got {raw!r}")
+    if bounds and not bounds[0] <= number <= bounds[1]:
+        raise _fail(path, row_id, line, column, f"must be in [{bounds[0]:g}, {bounds[1]:g}], got {raw!r}")
     return number
 
 
@@ -176,14 +219,14 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         token = cell[column]
         if token and token not in allowed:
             raise fail(column, f"unknown token {token!r}; valid: {', '.join(allowed)}")
-    for column in ("kind", "metric", "device", "devices_per_node", "nodes", "value"):
+    for column in ("kind", "metric", "devices_per_node", "nodes", "value"):
         if not cell[column]:
             raise fail(column, "must not be empty")
     kind = cell["kind"]
     if cell["metric"] not in METRICS[kind]:
         raise fail("metric", f"unknown metric {cell['metric']!r} for a {kind} row; valid: {', '.join(METRICS[kind])}")
-    device = cell["device"]
-    if device not in device_names() and device not in SCHEMA_ONLY_DEVICES:
+    device = cell["device"]  # empty: the source names no part (see open_fields.py)
+    if device and device not in device_names() and device not in SCHEMA_ONLY_DEVICES:
         raise fail(
             "device",
             f"device {device!r} is not in the hardware catalog (hardware_models/devices); valid: "
@@ -196,15 +239,16 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
     if kind == "training" and not cell["workload"]:
         raise fail("workload", "a training row must name its workload")
 
-    def number(column: str, whole: bool) -> float | None:
-        return _number(cell[column], path, row_id, line, column, whole) if cell[column] else None
+    def number(column: str, whole: bool, bounds: tuple[float, float] | None = None) -> float | None:
+        return _number(cell[column], path, row_id, line, column, whole, bounds) if cell[column] else None
 
-    value = number("value", whole=False)
+    value = number("value", whole=False, bounds=VALUE_RANGES[cell["metric"]])
     assert value is not None
-    devices_per_node = number("devices_per_node", whole=True)
-    nodes = number("nodes", whole=True)
-    nics = number("nics_per_node", whole=True)
-    batch = number("per_device_batch", whole=True)
+    devices_per_node = number("devices_per_node", whole=True, bounds=(1, COUNT_LIMITS["devices_per_node"]))
+    nodes = number("nodes", whole=True, bounds=(1, COUNT_LIMITS["nodes"]))
+    nics = number("nics_per_node", whole=True, bounds=(1, COUNT_LIMITS["nics_per_node"]))
+    batch = number("per_device_batch", whole=True, bounds=(1, COUNT_LIMITS["per_device_batch"]))
+    message_bytes = number("message_bytes", whole=True, bounds=(1, MESSAGE_BYTES_LIMIT))
     return Measurement(
         id=row_id,
         kind=kind,
@@ -219,7 +263,7 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         intra_node_link=cell["intra_node_link"],
         network=cell["network"],
         nics_per_node=int(nics) if nics is not None else None,
-        message_bytes=number("message_bytes", whole=False),
+        message_bytes=message_bytes,
         per_device_batch=int(batch) if batch is not None else None,
         precision=cell["precision"],
         quote=cell["quote"],
@@ -230,33 +274,114 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
     )
 
 
-def read_measurement_file(path: Path) -> list[Measurement]:
-    """Every row of one measurement CSV, validated; raises MeasurementError at the first bad cell."""
+def _decode(path: Path, notices: list[str]) -> str:
+    """The file's text: UTF-8 (a byte-order mark skipped), else Windows-1252 with a notice."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        notices.append(
+            f"{path}: not UTF-8 (byte {data[error.start]:#04x} at offset {error.start}); read as Windows-1252 "
+            "(Latin-1) text, as spreadsheets save it: save the file as UTF-8 to silence this"
+        )
+        return data.decode("cp1252", errors="replace")
+
+
+def _read_file(path: Path) -> tuple[list[Measurement], list[Rejected], list[str]]:
+    """(rows, rejected rows, notices) of one measurement CSV; raises only for what stops the whole file."""
     path = Path(path)
     if not path.is_file():
         raise MeasurementError(f"{path}: no such measurement file")
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
-        missing = [column for column in MEASUREMENT_COLUMNS if column not in header]
-        if missing:
-            raise MeasurementError(
-                f"{path}: row 'header' (line 1), column {missing[0]!r}: missing column; the schema needs "
-                f"{', '.join(MEASUREMENT_COLUMNS)}"
+    notices: list[str] = []
+    reader = csv.DictReader(io.StringIO(_decode(path, notices), newline=""))
+    header = [column.strip() for column in reader.fieldnames or []]
+    while header and not header[-1]:  # empty trailing header cells of a spreadsheet export
+        header.pop()
+    reader.fieldnames = header
+    missing = [column for column in MEASUREMENT_COLUMNS if column not in header]
+    if missing:
+        raise MeasurementError(
+            f"{path}: row 'header' (line 1), column {missing[0]!r}: missing column; the schema needs "
+            f"{', '.join(MEASUREMENT_COLUMNS)}"
+        )
+    unknown = [column for column in header if column not in MEASUREMENT_COLUMNS]
+    if unknown:
+        raise MeasurementError(
+            f"{path}: row 'header' (line 1), column {unknown[0]!r}: unknown column; the schema has "
+            f"{', '.join(MEASUREMENT_COLUMNS)}"
+        )
+    tokens = _valid_tokens()
+    rows: list[Measurement] = []
+    rejected: list[Rejected] = []
+    for raw in reader:
+        line = reader.line_num
+        extra = [cell for cell in raw.pop(None, None) or [] if cell.strip()]
+        if not any((value or "").strip() for value in raw.values()) and not extra:
+            continue  # a blank line
+        row_id = (raw.get("id") or "").strip()
+        if extra:
+            rejected.append(
+                Rejected(
+                    row_id,
+                    str(path),
+                    line,
+                    f"{path}: row {row_id!r} (line {line}): {len(extra)} cell(s) beyond the header's "
+                    f"{len(header)} columns ({', '.join(map(repr, extra[:3]))}): an unquoted comma or a shifted row",
+                )
             )
-        unknown = [column for column in header if column not in MEASUREMENT_COLUMNS]
-        if unknown:
-            raise MeasurementError(
-                f"{path}: row 'header' (line 1), column {unknown[0]!r}: unknown column; the schema has "
-                f"{', '.join(MEASUREMENT_COLUMNS)}"
-            )
-        tokens = _valid_tokens()
-        rows = []
-        for raw in reader:
-            rows.append(parse_row(raw, path, reader.line_num, tokens))
-    if not rows:
+            continue
+        try:
+            rows.append(parse_row(raw, path, line, tokens))
+        except MeasurementError as error:
+            rejected.append(Rejected(row_id, str(path), line, str(error)))
+    if not rows and not rejected:
         raise MeasurementError(f"{path}: no measurement rows")
+    return rows, rejected, notices
+
+
+def read_measurement_file(path: Path) -> list[Measurement]:
+    """Every row of one measurement CSV, validated; raises MeasurementError at the first bad row."""
+    rows, rejected, _ = _read_file(path)
+    if rejected:
+        raise MeasurementError(rejected[0].reason)
     return rows
+
+
+def read_measurements(paths: Iterable[Path | str]) -> MeasurementSet:
+    """Every readable row of every file, the rows set aside with their reasons, and notices.
+
+    Ids must name one row: a later row with an id already used (in any of the files) is renamed
+    ``ID#2`` (``#3``, ...) and a notice says so. Files without a single readable row raise.
+    """
+    rows: list[Measurement] = []
+    rejected: list[Rejected] = []
+    notices: list[str] = []
+    seen: dict[str, Measurement] = {}
+    collisions: list[str] = []
+    for path in paths:
+        file_rows, file_rejected, file_notices = _read_file(Path(path))
+        rejected.extend(file_rejected)
+        notices.extend(file_notices)
+        for row in file_rows:
+            if row.id in seen:
+                count = 2
+                while f"{row.id}#{count}" in seen:
+                    count += 1
+                collisions.append(f"{row.id!r} ({seen[row.id].where}, again at line {row.line} of {row.file})")
+                row = dataclasses.replace(row, id=f"{row.id}#{count}")
+            seen[row.id] = row
+            rows.append(row)
+    if collisions:
+        notices.append(
+            f"{len(collisions)} row id(s) used more than once, e.g. {collisions[0]}; the later rows are renamed "
+            "ID#2, ID#3, ...: give each run its own ids"
+        )
+    if not rows and not rejected:
+        raise MeasurementError("no measurement files given")
+    if not rows:
+        more = f" (and {len(rejected) - 1} more bad rows)" if len(rejected) > 1 else ""
+        raise MeasurementError(f"no readable rows: {rejected[0].reason}{more}")
+    return MeasurementSet(rows, rejected, notices)
 
 
 def check_rows(rows: Sequence[dict[str, Any]], label: Path | str) -> list[Measurement]:
@@ -271,7 +396,7 @@ def check_rows(rows: Sequence[dict[str, Any]], label: Path | str) -> list[Measur
 
 
 def load_measurements(paths: Iterable[Path | str]) -> list[Measurement]:
-    """All rows of all files, validated; ids must be unique across files."""
+    """All rows of all files, validated strictly: the first bad row or duplicate id raises."""
     rows: list[Measurement] = []
     seen: dict[str, Measurement] = {}
     for path in paths:

@@ -16,11 +16,15 @@
     ``parameter_server``).
   - a library token: the algorithm the library picks for a gradient bucket.
 
-Rows the model cannot express get a reason instead of a number (``Prediction.reason``).
+Rows the model cannot express get a reason instead of a number (``Prediction.reason``); a row
+with fields its source leaves open gets one here too, and ``intervals.Estimator`` predicts it with
+the defaults of ``open_fields``. Compute that no calibration row pins comes from the compute model
+(fitted across devices when the profile has one, else the datasheets).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -67,16 +71,28 @@ def cannot(reason: str) -> Prediction:
 
 
 def needs_input_pipeline(row: Measurement) -> bool:
-    """Real-data training rows include disk and JPEG decoding, which the model does not simulate."""
+    """Real-data training rows include disk and JPEG decoding, which the model does not simulate
+    (it assumes the input pipeline keeps up; the row's note says so)."""
     text = f"{row.notes} {row.source}".lower()
     if "synthetic" in text:
         return False
     return "real imagenet" in text or "input pipeline" in text or "real-data" in text
 
 
+@functools.cache
+def _catalog_devices() -> frozenset[str]:
+    return frozenset(device_names())
+
+
 def static_reason(row: Measurement) -> str | None:
-    """Why the model cannot express ``row`` at all, before any calibration; None if it can."""
-    if row.device not in device_names():
+    """Why the model cannot express ``row`` as it stands, before any calibration; None if it can.
+
+    Open fields (device, intra-node link, network, algorithm, batch, precision) are reasons here;
+    ``intervals.Estimator`` fills them with their defaults first.
+    """
+    if not row.device:
+        return "device not stated"
+    if row.device not in _catalog_devices():
         return f"device {row.device!r} has no datasheet in the hardware catalog (no compute model for it)"
     if row.devices_per_node > 1 and not row.intra_node_link:
         return "intra-node link not stated for a row with several devices per node"
@@ -92,8 +108,6 @@ def static_reason(row: Measurement) -> str | None:
         return "per-device batch not stated"
     if not row.precision:
         return "precision not stated (it changes the compute/communication balance)"
-    if needs_input_pipeline(row):
-        return "real-data row: the input pipeline (disk, JPEG decode on the host) is not modeled"
     return None
 
 
@@ -185,7 +199,7 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
 
 
 def predict_training(
-    row: Measurement, profile: Profile | None, executor: str = "analytic", require_pinned: bool = True
+    row: Measurement, profile: Profile | None, executor: str = "analytic", require_pinned: bool = False
 ) -> Prediction:
     if (
         require_pinned
@@ -212,9 +226,12 @@ def predict(
     row: Measurement,
     profile: Profile | None = None,
     executor: str = "analytic",
-    require_pinned: bool = True,
+    require_pinned: bool = False,
 ) -> Prediction:
     """The model's value for ``row`` in the row's metric, or a reason it cannot give one.
+
+    ``require_pinned``: decline training rows whose compute no calibration row pins (the behaviour
+    before compute was fitted across devices).
 
     Ranks of one machine modeled as one-rank nodes (``Measurement.modeled``) still share its cores:
     the host's rank count is the unmodeled row's devices per node.

@@ -36,7 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "calibrate": (
         "ddlsim.simulator.cli.calibrate_command",
-        "fit device efficiencies, link alpha/beta per message size, overlap interference and noise",
+        "fit compute across devices, link alpha/beta per message size, overlap interference and noise",
     ),
     "validate": (
         "ddlsim.simulator.cli.validate_command",

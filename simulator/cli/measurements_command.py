@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ddlsim.simulator.calibration.measurements import (
@@ -11,6 +12,7 @@ from ddlsim.simulator.calibration.measurements import (
     check_rows,
     from_trace,
     load_measurements,
+    read_measurements,
     split_by_scale,
 )
 from ddlsim.simulator.records import write_csv
@@ -55,15 +57,24 @@ def _input_error(error: Exception):
 
 
 def run_check(args: argparse.Namespace) -> int:
+    """Every problem of every file, one line each; exit 2 if any row is bad."""
     try:
-        rows = load_measurements(args.files)
+        measured = read_measurements(args.files)
     except MeasurementError as error:
         raise _input_error(error) from None
+    for notice in measured.notices:
+        print(f"ddlsim: warning: {notice}", file=sys.stderr)
+    for rejected in measured.rejected:
+        print(f"ddlsim: error: {rejected.reason}", file=sys.stderr)
     kinds: dict[str, int] = {}
-    for row in rows:
+    for row in measured.rows:
         kinds[row.kind] = kinds.get(row.kind, 0) + 1
-    print(f"# {len(rows)} valid rows: " + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items())))
-    return 0
+    print(
+        f"# {len(measured.rows)} valid rows: "
+        + ", ".join(f"{count} {kind}" for kind, count in sorted(kinds.items()))
+        + (f"; {len(measured.rejected)} bad rows" if measured.rejected else "")
+    )
+    return 2 if measured.rejected else 0
 
 
 def run_split(args: argparse.Namespace) -> int:

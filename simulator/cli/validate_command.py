@@ -1,77 +1,75 @@
 """``ddlsim validate``: calibrate on some rows, predict the others, and fail past a tolerance.
 
-Writes ``OUT/validation.csv`` (one row per measurement, ``VALIDATION_COLUMNS``) and
-``OUT/summary.json`` (``SUMMARY_KEYS``); exits 1 when the median absolute percentage error of the
-predicted rows exceeds ``--tolerance`` (a fraction: 0.10 = 10 %), so it can gate CI.
+Writes ``OUT/validation.csv`` (one row per measurement, ``VALIDATION_COLUMNS``: the prediction,
+its interval, what it rests on, what was assumed, or why there is none) and ``OUT/summary.json``
+(``SUMMARY_KEYS``; fractions, not percent); exits 1 when the median absolute percentage error of
+the predicted rows exceeds ``--tolerance`` (a fraction: 0.10 = 10 %), so it can gate CI.
 
-Confidence intervals: the prediction p under the fitted profile and p_b under each bootstrap
-sample give sigma_param = std(log p_b); with the profile's noise sigma_noise the interval at level
-``--ci`` is p x exp(-/+ z sigma), sigma = sqrt(sigma_noise^2 + sigma_param^2), z the normal quantile.
+Splits: ``--calibration FILES`` (fit on those rows, predict every row of ``--measurements``),
+``--profile P`` (a saved profile), ``--leave-one-source-out`` (each source of ``--measurements``
+predicted from a fit to the others; ``--by family`` for whole id-prefix families), or neither (the
+datasheets alone).
+
+Every row gets an answer: a row that cannot be read or modeled is listed with its reason, and a
+row whose source leaves a field open is predicted with the documented default (its note says
+which, and its interval spans the alternatives). Intervals: see ``simulator/calibration/intervals.py``.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ddlsim.hardware_models.profile import Profile, load_profile
+from ddlsim.simulator.calibration.crossval import (
+    SUMMARY_KEYS,
+    VALIDATION_COLUMNS,
+    leave_one_source_out,
+    rejected_row,
+    summarise,
+    summary_line,
+    validate_table,
+)
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
-from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, load_measurements
-from ddlsim.simulator.calibration.predict import ape_summary, predict
-from ddlsim.simulator.cli.common import print_table
+from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, read_measurements
+from ddlsim.simulator.cli.common import Progress, print_table
 from ddlsim.simulator.records import write_csv, write_json
 
-VALIDATION_COLUMNS = (
+__all__ = ["PRINTED", "SUMMARY_KEYS", "VALIDATION_COLUMNS", "register", "validate_rows"]
+
+PRINTED = (
     "id",
-    "kind",
-    "metric",
-    "workload",
-    "collective",
-    "algorithm",
     "device",
     "devices_per_node",
     "nodes",
-    "message_bytes",
-    "per_device_batch",
-    "precision",
     "measured",
     "predicted",
     "error_pct",
-    "ci_low",
-    "ci_high",
+    "ci_width",
     "in_ci",
     "status",
-    "reason",
 )
-SUMMARY_KEYS = (
-    "n_predicted",
-    "n_cannot_model",
-    "median_ape",
-    "p90_ape",
-    "max_ape",
-    "ci_level",
-    "ci_coverage",
-    "tolerance",
-    "passed",
-)
-PRINTED = ("id", "device", "devices_per_node", "nodes", "measured", "predicted", "error_pct", "in_ci", "status")
+FULL_TABLE_ROWS = 200  # above this many rows, print the largest errors only (the CSV has them all)
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
         "validate",
         help="predict measurements after calibrating on others; exit 1 past --tolerance",
-        description="Calibrate on the --calibration rows only (or load --profile), predict every row of "
-        "--measurements, print and write the error table and summary.",
+        description="Calibrate on the --calibration rows only (or load --profile, or leave each source out in "
+        "turn), predict every row of --measurements, print and write the error table and summary.",
     )
     parser.add_argument("--measurements", nargs="+", type=Path, required=True, help="rows to predict")
     parser.add_argument("--calibration", nargs="*", type=Path, default=[], help="rows to calibrate on")
     parser.add_argument("--profile", type=Path, default=None, help="use this profile instead of fitting")
+    parser.add_argument(
+        "--leave-one-source-out",
+        action="store_true",
+        help="predict each source of --measurements from a fit to the other sources",
+    )
+    parser.add_argument("--by", choices=("source", "family"), default="source", help="what a left-out source is")
     parser.add_argument("--tolerance", type=float, default=0.10, help="max median |error| (fraction)")
     parser.add_argument("--ci", type=float, default=0.9, help="confidence level of the intervals")
     parser.add_argument("--bootstrap", type=int, default=20, help="bootstrap resamples when calibrating")
@@ -88,59 +86,39 @@ def validate_rows(
     tolerance: float,
     ci: float,
     executor: str = "analytic",
+    progress=None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The validation table and summary (see the module docstring)."""
-    z = statistics.NormalDist().inv_cdf(0.5 + ci / 2)
-    samples = profile.samples()
-    table = []
-    apes: list[float] = []
-    covered = 0
-    for row in rows:
-        out: dict[str, Any] = {
-            column: getattr(row, column, "") for column in VALIDATION_COLUMNS if hasattr(row, column)
-        }
-        if row.message_bytes is not None and float(row.message_bytes).is_integer():
-            out["message_bytes"] = int(row.message_bytes)
-        out.update(measured=row.value, predicted="", error_pct="", ci_low="", ci_high="", in_ci="", reason="")
-        prediction = predict(row, profile, executor)
-        if prediction.value is None:
-            out.update(status="cannot_model", reason=prediction.reason)
-            table.append(out)
-            continue
-        value = prediction.value
-        logs = [math.log(p.value) for p in (predict(row, s, executor) for s in samples) if p.value]
-        sigma_param = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
-        sigma = math.hypot(profile.noise_sigma, sigma_param)
-        low, high = value * math.exp(-z * sigma), value * math.exp(z * sigma)
-        inside = low <= row.value <= high
-        out.update(
-            predicted=value,
-            error_pct=100.0 * (value - row.value) / row.value,
-            ci_low=low,
-            ci_high=high,
-            in_ci=inside,
+    """The validation table and summary of ``rows`` under ``profile``."""
+    table = validate_table(rows, calibration_ids, profile, ci, executor, progress)
+    return table, summarise(table, ci, tolerance, "calibration rows" if calibration_ids else "profile")
+
+
+def _check_destination(out: Path) -> None:
+    from ddlsim.simulator.cli.common import InputError
+
+    if out.exists() and not out.is_dir():
+        raise InputError(
+            f"--out {out}: exists and is not a directory (validate writes validation.csv and summary.json)"
         )
-        if row.id in calibration_ids:
-            out["status"] = "calibration"
+    parent = next((p for p in (out, *out.parents) if p.exists()), Path("."))
+    if not parent.is_dir():
+        raise InputError(f"--out {out}: {parent} is not a directory")
+
+
+def _calibration_ids(rows: list[Measurement], calibration_rows: list[Measurement]) -> tuple[set[str], int]:
+    """Ids of ``rows`` that are calibration rows (same id and content), and how many ids collide
+    with a different calibration row (two runs that reuse ids)."""
+    by_id = {row.id: row for row in calibration_rows}
+    same, collide = set(), 0
+    for row in rows:
+        other = by_id.get(row.id)
+        if other is None:
+            continue
+        if other.to_row() == row.to_row():
+            same.add(row.id)
         else:
-            out["status"] = "predicted"
-            apes.append(abs(value - row.value) / row.value)
-            covered += inside
-        table.append(out)
-    n = len(apes)
-    median, p90, largest = ape_summary(apes)
-    summary = {
-        "n_predicted": n,
-        "n_cannot_model": sum(1 for out in table if out["status"] == "cannot_model"),
-        "median_ape": median,
-        "p90_ape": p90,
-        "max_ape": largest,
-        "ci_level": ci,
-        "ci_coverage": covered / n if n else math.nan,
-        "tolerance": tolerance,
-        "passed": bool(n and median <= tolerance),
-    }
-    return table, summary
+            collide += 1
+    return same, collide
 
 
 def run(args: argparse.Namespace) -> int:
@@ -150,31 +128,62 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--ci must be in (0, 1), got {args.ci}")
     if not args.tolerance > 0:
         raise InputError(f"--tolerance must be > 0 (a fraction: 0.10 = 10 %), got {args.tolerance}")
+    if args.bootstrap < 0:
+        raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if args.leave_one_source_out and (args.profile or args.calibration):
+        raise InputError("--leave-one-source-out fits its own profiles: drop --profile and --calibration")
+    _check_destination(args.out)
     try:
-        rows = load_measurements(args.measurements)
-        calibration_rows = load_measurements(args.calibration) if args.calibration else []
-        if args.profile is not None:
-            profile = load_profile(args.profile)
-        elif calibration_rows:
-            profile = calibrate(calibration_rows, bootstrap=args.bootstrap, seed=args.seed).profile
+        measured = read_measurements(args.measurements)
+        calibration = read_measurements(args.calibration) if args.calibration else None
+        for notice in measured.notices + (calibration.notices if calibration else []):
+            print(f"ddlsim: warning: {notice}", file=sys.stderr)
+        rows = measured.rows
+        calibration_ids: set[str] = set()
+        if args.leave_one_source_out:
+            table = leave_one_source_out(
+                rows, args.ci, args.by, args.bootstrap, args.seed, args.executor, Progress("validate: sources")
+            )
+            split = f"leave one {args.by} out"
         else:
-            profile = Profile()  # the datasheets alone
+            if args.profile is not None:
+                profile = load_profile(args.profile)
+            elif calibration and calibration.rows:
+                profile = calibrate(calibration.rows, bootstrap=args.bootstrap, seed=args.seed).profile
+                calibration_ids, collide = _calibration_ids(rows, calibration.rows)
+                if collide:
+                    print(
+                        f"ddlsim: warning: {collide} id(s) of --measurements name different rows in --calibration "
+                        "(two runs that reuse ids?): they are predicted as held-out rows",
+                        file=sys.stderr,
+                    )
+            else:
+                profile = Profile()  # the datasheets alone
+            table = validate_table(rows, calibration_ids, profile, args.ci, args.executor, Progress("validate"))
+            split = "profile" if args.profile else "calibration rows" if calibration else "datasheets"
     except (MeasurementError, CalibrationError) as error:
         raise InputError(str(error)) from None
-    calibration_ids = {row.id for row in calibration_rows}
-    table, summary = validate_rows(rows, calibration_ids, profile, args.tolerance, args.ci, args.executor)
-    print_table(table, PRINTED)
-    for out in table:
-        if out["status"] == "cannot_model":
-            print(f"# cannot model {out['id']}: {out['reason']}")
-    print(
-        f"# {summary['n_predicted']} predicted, {summary['n_cannot_model']} cannot be modeled; "
-        f"median |error| {100 * summary['median_ape']:.1f} %, p90 {100 * summary['p90_ape']:.1f} %, "
-        f"max {100 * summary['max_ape']:.1f} %; {100 * summary['ci_coverage']:.0f} % inside the "
-        f"{100 * args.ci:.0f} % interval; tolerance {100 * args.tolerance:.1f} %: "
-        + ("PASSED" if summary["passed"] else "FAILED")
-    )
+    table += [rejected_row(rejected) for rejected in measured.rejected]
+    summary = summarise(table, args.ci, args.tolerance, split)
+    _print(table)
+    print(summary_line(summary))
     write_csv(args.out / "validation.csv", table, VALIDATION_COLUMNS)
     write_json(args.out / "summary.json", summary)
     print(f"# wrote {args.out / 'validation.csv'} and {args.out / 'summary.json'}")
     return 0 if summary["passed"] else 1
+
+
+def _print(table: list[dict[str, Any]]) -> None:
+    shown = [row for row in table if row["status"] != "cannot_model"]
+    if len(shown) > FULL_TABLE_ROWS:
+        shown = sorted(shown, key=lambda row: -abs(row["error_pct"]))[:20]
+        print(f"# the 20 largest errors of {len(table)} rows (validation.csv has every row)")
+    print_table(shown, PRINTED)
+    reasons = [row for row in table if row["status"] == "cannot_model"]
+    for row in reasons[:50]:
+        print(f"# cannot model {row['id']}: {row['reason']}")
+    if len(reasons) > 50:
+        print(f"# ... and {len(reasons) - 50} more rows that cannot be modeled (see validation.csv)")
+    for row in table:
+        if row["note"] and row["status"] != "cannot_model" and len(table) <= FULL_TABLE_ROWS:
+            print(f"# note {row['id']}: {row['note']}")

@@ -30,7 +30,13 @@ import numpy as np
 from ddlsim.algorithms.comm import Sized
 from ddlsim.algorithms.gradient_buckets import StepProfile
 from ddlsim.algorithms.training_algorithm import TrainingAlgorithm, TrainingAlgorithmError
-from ddlsim.hardware_models.compute import optimizer_update_time_s, roofline_time_s
+from ddlsim.hardware_models.compute import (
+    ComputeModel,
+    kernels_per_pass,
+    layer_time_s,
+    optimizer_update_time_s,
+    parameter_tensors,
+)
 from ddlsim.simulator.scenario import Scenario, Stragglers
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.setup import TrainingSetup
@@ -43,11 +49,26 @@ class LayerTime:
     forward_s: float
     backward_s: float
     gradient_bytes: float
+    tensors: int = 0  # parameter tensors the optimizer updates (one kernel each unless fused)
+
+
+def compute_model(scenario: Scenario) -> ComputeModel | None:
+    """The calibrated compute model of the scenario's device and precision (None: the datasheet's)."""
+    if scenario.profile is None:
+        return None
+    return scenario.profile.compute_model(scenario.device_spec, scenario.precision, scenario.workload)
 
 
 def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
-    """Roofline seconds of each layer's forward and backward, and its gradient's wire bytes."""
+    """Seconds of each layer's forward and backward, and its gradient's wire bytes
+    (``hardware_models.compute.layer_time_s``: roofline, batch dependence, fixed cost per kernel;
+    the datasheet roofline without a calibrated compute model).
+
+    Memory traffic: forward reads inputs and weights and writes outputs; backward reads inputs,
+    output gradients and weights and writes input and weight gradients (about twice forward).
+    """
     device = scenario.device_spec
+    model = compute_model(scenario)
     scale = scenario.compute_scale
     element = scenario.bytes_per_element / 4.0  # tables hold fp32 bytes
     batch = scenario.per_device_batch
@@ -55,14 +76,30 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
     for layer in scenario.workload_spec.layers:
         weights = layer.parameters * scenario.bytes_per_element
         activations = batch * (layer.input_bytes + layer.output_bytes) * element
-        forward = roofline_time_s(
-            batch * layer.forward_flops, activations + weights, device, scenario.precision, layer.layer_type
-        )
-        backward = roofline_time_s(
-            batch * layer.backward_flops, 2 * (activations + weights), device, scenario.precision, layer.layer_type
+        forward, backward = (
+            layer_time_s(
+                layer.layer_type,
+                batch * flops,
+                traffic * (activations + weights),
+                batch,
+                device,
+                scenario.precision,
+                model,
+                kernels_per_pass(layer.layer_type, layer.parameters, backward=is_backward),
+            )
+            for flops, traffic, is_backward in (
+                (layer.forward_flops, 1, False),
+                (layer.backward_flops, 2, True),
+            )
         )
         out.append(
-            LayerTime(layer.name, forward * scale, backward * scale, layer.parameters * scenario.bytes_per_element)
+            LayerTime(
+                layer.name,
+                forward * scale,
+                backward * scale,
+                layer.parameters * scenario.bytes_per_element,
+                parameter_tensors(layer.layer_type, layer.parameters),
+            )
         )
     return tuple(out)
 
@@ -70,7 +107,14 @@ def layer_times(scenario: Scenario) -> tuple[LayerTime, ...]:
 def step_profile(scenario: Scenario, layers: tuple[LayerTime, ...], momentum: bool) -> StepProfile:
     """A worker's step over ``layers``: forward, backward in the scenario's buckets, optimizer update."""
     parameters = math.fsum(layer.gradient_bytes for layer in layers) / scenario.bytes_per_element
-    update = optimizer_update_time_s(parameters, scenario.device_spec, scenario.precision, momentum)
+    update = optimizer_update_time_s(
+        parameters,
+        scenario.device_spec,
+        scenario.precision,
+        momentum,
+        model=compute_model(scenario),
+        tensors=sum(layer.tensors for layer in layers),
+    )
     return StepProfile.of_layers(
         [layer.forward_s for layer in layers],
         [layer.backward_s for layer in layers],

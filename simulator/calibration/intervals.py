@@ -1,0 +1,198 @@
+"""One row's answer: the prediction, its interval, the kind of prediction it is, and its note.
+
+The interval at level ``ci`` is p x exp(-/+ z sigma) with sigma^2 = sigma_kind^2 + sigma_param^2:
+
+* ``sigma_kind``: the lognormal scatter of predictions of the same kind about their measurements
+  when the measurement's whole source was left out of the fit (``Profile.sigma``, fitted by
+  ``noise.loso_noise``). The kinds (``prediction_kind``) separate what the model knows well (a
+  run shape whose compute a calibration row pins, a link fitted on the same device and library)
+  from what it transfers (compute fitted across devices, the datasheets).
+* ``sigma_param``: the spread of log p over the profile's bootstrap samples, and, for compute
+  predicted by the cross-device model, the prior uncertainty of every factor no calibration row
+  informed (a generation, precision class, device or workload the data did not contain): one
+  prior standard deviation of each moves log p by the amount added (in quadrature).
+
+A field the source leaves open is filled with its default (``open_fields``); the interval then
+spans every alternative's interval too, and the note says what was assumed. Predictions are cached
+per distinct configuration (repeated measurements of one setup are predicted once).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.profile import ComputeFit, Profile
+from ddlsim.simulator.calibration.measurements import Measurement
+from ddlsim.simulator.calibration.open_fields import open_choices, with_choice
+from ddlsim.simulator.calibration.predict import Prediction, needs_input_pipeline, predict
+
+CONFIG_FIELDS = (
+    "kind",
+    "metric",
+    "device",
+    "devices_per_node",
+    "nodes",
+    "workload",
+    "collective",
+    "algorithm",
+    "intra_node_link",
+    "network",
+    "nics_per_node",
+    "message_bytes",
+    "per_device_batch",
+    "precision",
+)
+
+
+def config_key(row: Measurement) -> tuple[Any, ...]:
+    """What a prediction depends on: the row without its id, value and provenance."""
+    return tuple(getattr(row, name) for name in CONFIG_FIELDS)
+
+
+def prediction_kind(row: Measurement, profile: Profile | None) -> str:
+    """What the prediction of ``row`` rests on, e.g. ``"training, 1 node, real data: pinned compute"``
+    or ``"collective: datasheet link"`` (parents: the text before the last ':' or ',').
+
+    Training rows are told apart by scale (one device, one node, several nodes: communication and
+    its missing costs grow with it), by real input data (the input pipeline is not modeled) and by
+    what their compute rests on (a pinned shape, the compute model fitted across devices, the
+    datasheets); collective rows by their link (fitted for the device and library, or datasheet).
+    """
+    data = ", real data" if needs_input_pipeline(row) else ""
+    row = row.modeled()
+    if row.kind == "training":
+        if row.metric == "scaling_efficiency":
+            return "training: scaling efficiency"
+        scale = "1 device" if row.devices == 1 else "1 node" if row.nodes == 1 else "several nodes"
+        if profile and profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0):
+            source = "pinned compute"
+        elif profile and profile.compute:
+            source = "compute fitted across devices"
+        else:
+            source = "datasheet compute"
+        return f"training, {scale}{data}: {source}"
+    token = row.network if row.nodes > 1 else row.intra_node_link
+    key = profile.link_fit_key(token, f"{row.device}@{row.algorithm}@{row.collective}") if profile else None
+    if key is None:
+        return "collective: datasheet link"
+    if key.startswith(f"{token}@{row.device}"):
+        return "collective: fitted link"
+    return "collective: link fitted for any device"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A row's prediction in its metric's unit with its interval, or None and the reason."""
+
+    value: float | None
+    low: float | None = None
+    high: float | None = None
+    kind: str = ""
+    sigma: float = 0.0
+    note: str = ""
+    reason: str = ""
+    detail: str = ""
+
+    @property
+    def width(self) -> float:
+        """high / low (nan without an interval)."""
+        return self.high / self.low if self.high and self.low else math.nan
+
+
+@dataclass
+class Estimator:
+    """Estimates under one profile at one interval level, cached per configuration."""
+
+    profile: Profile
+    ci: float = 0.9
+    executor: str = "analytic"
+    intervals: bool = True  # False: point predictions only (no bootstrap, no alternatives)
+    _samples: list[Profile] = field(default_factory=list)
+    _cache: dict[tuple[Any, ...], Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.z = statistics.NormalDist().inv_cdf(0.5 + self.ci / 2)
+        self._samples = self.profile.samples() if self.intervals else []
+
+    def predict(self, row: Measurement, sample: int = -1) -> Prediction:
+        """``predict`` under the profile (``sample`` -1) or one bootstrap sample, cached."""
+        key = (config_key(row), sample)
+        if key not in self._cache:
+            profile = self.profile if sample < 0 else self._samples[sample]
+            self._cache[key] = predict(row, profile, self.executor)
+        return self._cache[key]
+
+    def estimate(self, row: Measurement) -> Estimate:
+        """The prediction of ``row`` with its interval, kind and note (cached per configuration)."""
+        key = ("estimate", config_key(row), needs_input_pipeline(row))
+        if key not in self._cache:
+            self._cache[key] = self._estimate(row)
+        return self._cache[key]
+
+    def _estimate(self, row: Measurement) -> Estimate:
+        choices = open_choices(row)
+        if isinstance(choices, str):
+            return Estimate(None, reason=choices)
+        resolved = with_choice(row, choices)
+        prediction = self.predict(resolved)
+        if prediction.value is None:
+            return Estimate(None, reason=prediction.reason)
+        value = prediction.value
+        kind = prediction_kind(resolved, self.profile)
+        sigma_kind = self.profile.sigma(kind)
+        logs = [math.log(p.value) for i in range(len(self._samples)) if (p := self.predict(resolved, i)).value]
+        sigma_param = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
+        unfitted, sigma_prior = self._unfitted_compute(resolved, kind, value)
+        sigma = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2)
+        spread = math.exp(self.z * sigma)
+        low, high = value / spread, value * spread
+        notes = [choice.note for choice in choices]
+        if self.intervals:
+            for choice in choices:
+                for alternative in choice.alternatives:
+                    other = self.predict(with_choice(row, choices, (choice.column, alternative))).value
+                    if other is not None:
+                        low, high = min(low, other / spread), max(high, other * spread)
+        if needs_input_pipeline(row):
+            notes.append("real data: the input pipeline is not modeled (assumed to keep up)")
+        if kind.endswith("compute fitted across devices") or kind.endswith("datasheet compute"):
+            pinned = self.profile.sigma(kind.rsplit(":", 1)[0] + ": pinned compute")
+            notes.append(
+                f"compute not measured for this device and shape: {kind.rsplit(': ', 1)[1]}"
+                + (f", no calibration row informs {', '.join(unfitted)}" if unfitted else "")
+                + f" (interval x{spread**2:.2f} wide, x{math.exp(2 * self.z * math.hypot(pinned, sigma_param)):.2f} "
+                "for a pinned shape)"
+            )
+        return Estimate(value, low, high, kind, sigma, "; ".join(notes), detail=prediction.detail)
+
+    def _unfitted_compute(self, row: Measurement, kind: str, value: float) -> tuple[list[str], float]:
+        """(compute parameters of ``row`` that no calibration row informed, the sigma they add to log p)."""
+        from ddlsim.simulator.calibration.compute_fit import prior_sigma
+
+        compute = self.profile.compute
+        if compute is None or not kind.endswith("compute fitted across devices"):
+            return [], 0.0
+        device = self.profile.device(load_device(row.device))
+        names = [
+            name
+            for name in ComputeFit.factor_names(device, row.precision, row.workload)
+            if name not in compute.values and not name.startswith("factor.layer.")
+        ]
+        total = 0.0
+        for name in names:
+            key = ("prior", config_key(row), name)
+            if key not in self._cache:
+                sigma = prior_sigma(name)
+                values = {**compute.values, name: math.exp(sigma)}
+                trial = dataclasses.replace(self.profile, compute=dataclasses.replace(compute, values=values))
+                shifted = predict(row, trial, self.executor).value
+                self._cache[key] = math.log(shifted / value) if shifted else sigma
+            total += self._cache[key] ** 2
+        return names, math.sqrt(total)

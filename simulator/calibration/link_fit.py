@@ -1,0 +1,410 @@
+"""Calibration step 2: links, per (link, device, software), from collective and ping-pong rows.
+
+Intra-node links from one-node rows first, then networks from multi-node rows (which run over the
+fitted intra-node links). The model's time for a row is linear in the link's alpha and 1/beta
+while the bottleneck does not move: T = a + b alpha + c / beta, with a, b, c read off the model
+itself by probing (three model runs per distinct configuration: repeated measurements of one
+setup are probed once). Every split of the sorted message sizes into at most three segments is
+fitted by bounded linear least squares on the relative error (``scipy.optimize.lsq_linear``, alpha
+>= 0 and beta within the profile's range); the split is chosen by extrapolation to the largest
+scale, or by BIC. The coefficients are re-read at the fitted point twice.
+
+A device without rows of its own gets the datasheets, not another device's fit: in the published
+data one box's PCIe (8 TitanX behind PLX switches, 8.8 GB/s bus bandwidth) says little about another's
+(8 P100 on a workstation board, 5.9 GB/s); leaving each DeepBench spreadsheet out, a fit pooled over
+the others predicted it worse than the datasheet did (median |error| 58 % against 9 % for TitanX).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import lsq_linear
+
+from ddlsim.hardware_models.catalog import load_device, load_link
+from ddlsim.hardware_models.profile import LinkFit, Profile
+from ddlsim.simulator.calibration.intervals import config_key
+from ddlsim.simulator.calibration.measurements import Measurement
+from ddlsim.simulator.calibration.predict import predict
+from ddlsim.simulator.collective_sim import bus_factor
+
+MAX_SEGMENTS = 3
+LINK_PROBE_ALPHA = 0.5  # relative alpha step of the coefficient probes
+LINK_PROBE_BETA = 0.25  # relative 1/beta step
+# candidate receiver reduction rates (inf = free) and host core counts for ranks sharing a CPU
+REDUCE_GRID_BPS = (math.inf, 32e9, 16e9, 8e9, 4e9, 2e9, 1e9, 0.5e9)
+CORES_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
+# the profile loader's ranges: a fit never leaves them (issue 15: calibrate must not write a profile
+# its own loader rejects)
+ALPHA_MAX_S = 1e3
+BETA_RANGE_BPS = (1.0, 1e15)
+
+
+def collective_time_s(row: Measurement, value: float) -> float:
+    """A collective or point-to-point row's value (time or bus bandwidth) as seconds."""
+    if row.metric == "time_s":
+        return value
+    assert row.message_bytes is not None
+    factor = bus_factor(row.collective, row.devices) if row.kind == "collective" else 1.0
+    return row.message_bytes * factor / value
+
+
+def distinct_measurements(rows: list[Measurement]) -> list[Measurement]:
+    """One row per measured run: a bus bandwidth row that restates a time row of the same run
+    (nccl-tests prints both; the harness writes both) is the same number and would count twice."""
+    timed = {_run_key(row) for row in rows if row.metric == "time_s"}
+    return [row for row in rows if row.metric == "time_s" or _run_key(row) not in timed]
+
+
+def _run_key(row: Measurement) -> tuple:
+    return (
+        row.kind,
+        row.collective,
+        row.algorithm,
+        row.device,
+        row.devices_per_node,
+        row.nodes,
+        row.intra_node_link,
+        row.network,
+        row.nics_per_node,
+        row.message_bytes,
+        row.source,
+    )
+
+
+def link_group(row: Measurement) -> str:
+    """The (link, device, software) key a collective row calibrates: its network if multi-node, else intra-node."""
+    modeled = row.modeled()
+    token = modeled.network if modeled.nodes > 1 else modeled.intra_node_link
+    if shares_host_cpu([row]):
+        # ranks sharing a CPU run software whose per-byte costs differ per collective (a library's
+        # code paths, our executor's receive-then-reduce or copy): one fit per collective
+        return f"{token}@{row.device}@{row.algorithm}@{row.collective}"
+    return f"{token}@{row.device}@{row.algorithm}"
+
+
+def with_link(profile: Profile, key: str, fit: LinkFit) -> Profile:
+    return dataclasses.replace(profile, links={**profile.links, key: fit})
+
+
+# --- step 2: links -------------------------------------------------------------------------------
+
+
+@dataclass
+class LinearRows:
+    """T_i ~= a_i + b_i alpha + c_i u (u = 1/beta) for the rows of one link group."""
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    y: np.ndarray  # measured seconds
+    sizes: np.ndarray  # message bytes
+
+
+def _model_time(row: Measurement, profile: Profile) -> float:
+    prediction = predict(row, profile)
+    assert prediction.value is not None
+    return collective_time_s(row, prediction.value)
+
+
+def _probe(
+    rows: list[Measurement],
+    profile: Profile,
+    key: str,
+    alpha: np.ndarray,
+    beta: np.ndarray,
+    host: tuple[float, float] = (math.inf, math.inf),
+) -> LinearRows:
+    """Linear coefficients of each row at its own (alpha_i, beta_i), with ``host`` = (reduce_Bps, cores) held.
+
+    Rows of one configuration probed at the same point share their coefficients (computed once).
+    """
+    reduce_Bps, cores = host
+    done: dict[tuple, tuple[float, float, float]] = {}
+    a, b, c = [], [], []
+    for row, alpha_i, beta_i in zip(rows, alpha, beta, strict=True):
+        point = (config_key(row), row.devices_per_node, float(alpha_i), float(beta_i))
+        if point not in done:
+
+            def time(al: float, be: float, row=row) -> float:
+                fit = LinkFit((), (al,), (be,), "probe", reduce_Bps=reduce_Bps, cores=cores)
+                return _model_time(row, with_link(profile, key, fit))
+
+            base = time(alpha_i, beta_i)
+            d_alpha = LINK_PROBE_ALPHA * alpha_i + 1e-7
+            slope_alpha = (time(alpha_i + d_alpha, beta_i) - base) / d_alpha
+            u = 1.0 / beta_i
+            d_u = LINK_PROBE_BETA * u
+            slope_u = (time(alpha_i, 1.0 / (u + d_u)) - base) / d_u
+            done[point] = (base - slope_alpha * alpha_i - slope_u * u, slope_alpha, slope_u)
+        coefficients = done[point]
+        a.append(coefficients[0])
+        b.append(coefficients[1])
+        c.append(coefficients[2])
+    return LinearRows(
+        np.array(a),
+        np.array(b),
+        np.array(c),
+        np.array([collective_time_s(row, row.value) for row in rows]),
+        np.array([float(row.message_bytes or 0) for row in rows]),
+    )
+
+
+def _solve_segment(lin: LinearRows, index: np.ndarray, fallback: tuple[float, float]) -> tuple[float, float, float]:
+    """(alpha, beta, weighted RSS) minimising sum ((a + b alpha + c u - y) / y)^2 within the profile's ranges."""
+    w = 1.0 / lin.y[index]
+    target = (lin.y[index] - lin.a[index]) * w
+    design = np.column_stack([lin.b[index] * w, lin.c[index] * w])
+    alpha0, beta0 = fallback
+
+    def rss(alpha: float, u: float) -> float:
+        r = design @ np.array([alpha, u]) - target
+        return float(r @ r)
+
+    candidates = []
+    scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
+    u_range = (1.0 / BETA_RANGE_BPS[1], 1.0 / BETA_RANGE_BPS[0])
+    if index.size >= 2 and np.linalg.matrix_rank(design / scale, tol=1e-9) == 2:
+        # bounded linear least squares: alpha in [0, ALPHA_MAX_S], 1/beta in the profile's range
+        solution = lsq_linear(
+            design / scale,
+            target,
+            bounds=([0.0, u_range[0] * scale[1]], [ALPHA_MAX_S * scale[0], u_range[1] * scale[1]]),
+        )
+        candidates.append((float(solution.x[0] / scale[0]), float(solution.x[1] / scale[1])))
+    # one-parameter fits on the boundary: alpha = 0, or beta kept at its prior
+    if float(design[:, 1] @ design[:, 1]) > 0:
+        u = float(design[:, 1] @ target / (design[:, 1] @ design[:, 1]))
+        if u > 0:
+            candidates.append((0.0, min(max(u, u_range[0]), u_range[1])))
+    if float(design[:, 0] @ design[:, 0]) > 0:
+        u0 = 1.0 / beta0
+        alpha = float(design[:, 0] @ (target - design[:, 1] * u0) / (design[:, 0] @ design[:, 0]))
+        candidates.append((min(max(alpha, 0.0), ALPHA_MAX_S), u0))
+    candidates.append((alpha0, 1.0 / beta0))
+    alpha, u = min(candidates, key=lambda pair: rss(*pair))
+    return alpha, 1.0 / u, rss(alpha, u)
+
+
+def _segmentations(sizes: np.ndarray) -> list[tuple[float, ...]]:
+    distinct = np.unique(sizes)
+    cuts = [math.sqrt(lo * hi) for lo, hi in itertools.pairwise(distinct)]
+    out: list[tuple[float, ...]] = []
+    for count in range(MAX_SEGMENTS):
+        out.extend(itertools.combinations(cuts, count))
+    return out
+
+
+def _fit_segments(
+    lin: LinearRows, breakpoints: tuple[float, ...], prior: tuple[float, float], rows: np.ndarray, minimum: int
+):
+    """Per-segment (alphas, betas, weighted RSS) fitted on ``rows``; None if a segment has too few."""
+    segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
+    alphas, betas, total = [], [], 0.0
+    for s in range(len(breakpoints) + 1):
+        index = rows[segment[rows] == s]
+        if index.size < minimum:
+            return None
+        alpha, beta, rss = _solve_segment(lin, index, prior)
+        alphas.append(alpha)
+        betas.append(beta)
+        total += rss
+    return tuple(alphas), tuple(betas), total
+
+
+def _extrapolation_error(lin: LinearRows, breakpoints: tuple[float, ...], fitted, test: np.ndarray) -> float:
+    alphas, betas, _ = fitted
+    segment = np.searchsorted(np.array(breakpoints), lin.sizes[test], side="right")
+    predicted = lin.a[test] + lin.b[test] * np.array(alphas)[segment] + lin.c[test] / np.array(betas)[segment]
+    return float(np.sum(np.log(np.maximum(predicted, 1e-300) / lin.y[test]) ** 2))
+
+
+def choose_segments(lin: LinearRows, scales: np.ndarray, prior: tuple[float, float]) -> tuple[float, ...]:
+    """The message-size breakpoints of one link group.
+
+    With rows at two or more scales (rank counts), the split is the one whose fit on the smaller
+    scales best predicts the largest scale: the same extrapolation validate asks for. With one
+    scale, the lowest BIC among splits with at least three rows per segment.
+    """
+    n = lin.y.size
+    everything = np.arange(n)
+    largest = scales == scales.max()
+    candidates = _segmentations(lin.sizes)
+    if len(np.unique(scales)) >= 2:
+        train, test = everything[~largest], everything[largest]
+        scored = []
+        for breakpoints in candidates:
+            fitted = _fit_segments(lin, breakpoints, prior, train, 2)
+            if fitted is not None and _fit_segments(lin, breakpoints, prior, everything, 2) is not None:
+                scored.append((_extrapolation_error(lin, breakpoints, fitted, test), len(breakpoints), breakpoints))
+        if scored:
+            return min(scored)[2]
+    best: tuple[float, tuple[float, ...]] | None = None
+    for breakpoints in candidates:
+        fitted = _fit_segments(lin, breakpoints, prior, everything, 3)
+        if fitted is None:
+            continue
+        params = 2 * (len(breakpoints) + 1) + len(breakpoints)
+        bic = n * math.log(fitted[2] / n + 1e-12) + params * math.log(n)
+        if best is None or bic < best[0]:
+            best = (bic, breakpoints)
+    return best[1] if best else ()
+
+
+def _fit_alpha_beta(
+    profile: Profile,
+    key: str,
+    rows: list[Measurement],
+    prior: tuple[float, float],
+    host: tuple[float, float],
+    rereads: int,
+):
+    """Segmented alpha/beta of one group with (reduce_Bps, cores) held: (breakpoints, alphas, betas, RSS, lin)."""
+    n = len(rows)
+    everything = np.arange(n)
+    lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), host)
+    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior)
+    fitted = _fit_segments(lin, breakpoints, prior, everything, 1)
+    assert fitted is not None
+    alphas, betas, rss = fitted
+    for _ in range(rereads):  # re-read the coefficients at the fitted point
+        segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
+        lin = _probe(rows, profile, key, np.array(alphas)[segment], np.array(betas)[segment], host)
+        refit = _fit_segments(lin, breakpoints, prior, everything, 1)
+        if refit is not None:
+            alphas, betas, rss = refit
+    return breakpoints, alphas, betas, rss, lin
+
+
+def shares_host_cpu(rows: list[Measurement]) -> bool:
+    """Rows of several ranks on one host's CPU (the harness): reduction and core sharing show in them."""
+    return any(row.devices_per_node > 1 for row in rows) and all(load_device(row.device).kind == "cpu" for row in rows)
+
+
+def fit_host(profile: Profile, key: str, rows: list[Measurement], prior: tuple[float, float]) -> tuple[float, float]:
+    """(reduce_Bps, cores) of a group whose ranks share a host CPU: coordinate search by BIC.
+
+    Each candidate refits alpha/beta (one coefficient re-read); the reduction rate and the core count
+    enter the model nonlinearly through the schedule (only REDUCE receivers pay gamma; only hosts with
+    more ranks than cores stretch), so they are searched on grids rather than solved for.
+    """
+    n = len(rows)
+    host_ranks = max(row.devices_per_node for row in rows)
+    cores_grid = [math.inf] + [c for c in CORES_GRID if c < host_ranks]
+
+    def score(host: tuple[float, float]) -> float:
+        _, alphas, _, rss, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
+        extra = sum(math.isfinite(value) for value in host)
+        return n * math.log(rss / n + 1e-12) + (2 * len(alphas) + extra) * math.log(n)
+
+    best = (math.inf, math.inf)
+    for _ in range(2):
+        reduce_Bps = min(REDUCE_GRID_BPS, key=lambda r: score((r, best[1])))
+        cores = min(cores_grid, key=lambda c: score((reduce_Bps, c)))
+        if (reduce_Bps, cores) == best:
+            break
+        best = (reduce_Bps, cores)
+    return best
+
+
+def fit_link_group(
+    profile: Profile, key: str, rows: list[Measurement], rng: np.random.Generator, samples: int
+) -> tuple[LinkFit, list[dict[str, float]]]:
+    """Step 2 for one (link, device, software) group: alpha/beta per message-size segment."""
+    token, _, scope = key.partition("@")
+    link = load_link(token)
+    prior = (link.per_message_overhead_s + link.latency_s, link.port_bandwidth_Bps)
+    broader = profile.link_fit(token, scope.rpartition("@")[0] or None)
+    if broader is not None:
+        prior = (broader.alpha_s[-1], broader.beta_Bps[-1])
+    n = len(rows)
+    host = fit_host(profile, key, rows, prior) if shares_host_cpu(rows) else (math.inf, math.inf)
+    breakpoints, alphas, betas, _, lin = _fit_alpha_beta(profile, key, rows, prior, host, 2)
+    source = (
+        f"fitted by ddlsim calibrate to {n} collective rows ({rows[0].id} ... {rows[-1].id}); "
+        f"{len(alphas)} message-size segment(s)"
+    )
+    if shares_host_cpu(rows):
+        source += "; reduce_Bps and cores by grid search (BIC), inf = not supported by the data"
+    fit = LinkFit(
+        tuple(float(b) for b in breakpoints), tuple(alphas), tuple(betas), source, reduce_Bps=host[0], cores=host[1]
+    )
+    boot: list[dict[str, float]] = []
+    segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
+    for _ in range(samples):
+        drawn = rng.integers(0, n, n)
+        sample: dict[str, float] = {}
+        for s in range(len(alphas)):
+            index = drawn[segment[drawn] == s]
+            alpha, beta = alphas[s], betas[s]
+            if np.unique(index).size >= 2:
+                alpha, beta, _ = _solve_segment(lin, index, (alphas[s], betas[s]))
+            sample[f"links.{key}.alpha_s.{s}"] = alpha
+            sample[f"links.{key}.beta_Bps.{s}"] = beta
+        boot.append(sample)
+    return fit, boot
+
+
+@dataclass
+class LinkFits:
+    """Step 2's result: the profile with every fit, the rows of each group, bootstrap samples."""
+
+    profile: Profile
+    groups: dict[str, list[Measurement]]
+    samples: list[dict[str, float]]
+    parameters: int  # fitted numbers of the device groups (for the noise's degrees of freedom)
+    unused: list[tuple[str, str]]
+
+
+def fit_links(
+    profile: Profile,
+    rows: list[Measurement],
+    rng: np.random.Generator,
+    bootstrap: int,
+    reuse: Profile | None = None,
+    changed: set[str] | None = None,
+    progress=None,
+) -> LinkFits:
+    """Every link group of ``rows`` (collective and point-to-point rows with a message size),
+    intra-node groups before networks.
+
+    ``reuse``/``changed``: take a group's fit from ``reuse`` unless its key is in ``changed`` (a
+    refit without one source refits only the groups that source contributed to).
+    """
+    from ddlsim.simulator.calibration.predict import MODEL_ERRORS
+
+    groups: dict[str, list[Measurement]] = {}
+    for row in rows:
+        groups.setdefault(link_group(row), []).append(row)
+    samples: list[dict[str, float]] = [{} for _ in range(bootstrap)]
+    unused: list[tuple[str, str]] = []
+    parameters = 0
+    order = sorted(groups, key=lambda key: (any(row.modeled().nodes > 1 for row in groups[key]), key))
+    for done, key in enumerate(order, start=1):
+        members = sorted(groups[key], key=lambda row: (row.message_bytes or 0, row.devices))
+        if reuse is not None and key in reuse.links and key not in (changed or set()):
+            fit, boot = reuse.links[key], [_reused(reuse, key, index) for index in range(bootstrap)]
+        else:
+            try:
+                fit, boot = fit_link_group(profile, key, distinct_measurements(members), rng, bootstrap)
+            except MODEL_ERRORS as error:
+                unused.extend((row.id, f"link fit failed: {error}") for row in members)
+                continue
+        profile = with_link(profile, key, fit)
+        parameters += 2 * len(fit.alpha_s) + len(fit.breakpoints_bytes)
+        for index, sample in enumerate(boot):
+            samples[index].update(sample)
+        if progress:
+            progress(done, len(order))
+    return LinkFits(profile, groups, samples, parameters, unused)
+
+
+def _reused(profile: Profile, key: str, index: int) -> dict[str, float]:
+    if index >= len(profile.bootstrap):
+        return {}
+    prefix = f"links.{key}."
+    return {name: value for name, value in profile.bootstrap[index].items() if name.startswith(prefix)}
