@@ -6,6 +6,10 @@ file must be rejected with a message that names the file and the offending key.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -467,3 +471,40 @@ def test_bad_catalog_directories_are_named(tmp_path: Path, monkeypatch, clean_se
     monkeypatch.setenv(CATALOG_ENVIRONMENT_VARIABLE, str(tmp_path / "gone"))
     with pytest.raises(CatalogError, match=r"environment variable DDLSIM_CATALOG: catalog directory"):
         device_names()
+
+
+def _ddlsim(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    environment = {k: v for k, v in os.environ.items() if k != CATALOG_ENVIRONMENT_VARIABLE}
+    return subprocess.run(
+        [sys.executable, "-m", "ddlsim", *argv],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=environment | (env or {}),
+    )
+
+
+def test_the_catalog_flag_reaches_every_process_of_a_command(tmp_path: Path) -> None:
+    """``--catalog DIR`` before or after the command; a sweep's pool workers see the user's device too.
+    10 TFLOP/s x 0.5 efficiency on one device: the step is the workload's roofline at 5 TFLOP/s."""
+    root = user_catalog(tmp_path / "mine")
+    listed = _ddlsim("--catalog", str(root), "list", "devices")
+    assert listed.returncode == 0, listed.stderr
+    assert "my_gpu" in listed.stdout
+    out = tmp_path / "run"
+    done = _ddlsim(
+        "simulate", "--catalog", str(root), "--device", "my_gpu", "--network", "my_fabric", "--workload", "resnet50",
+        "--nodes", "1,2", "--executor-pool", "process", "--out", str(out),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert len((out / "results.csv").read_text().splitlines()) == 3  # both points, from the pool's workers
+    written = json.loads((out / "scenario.json").read_text())
+    assert written["device"]["description"] == "test device" and written["device"]["peak_flops"]["fp32"] == 10e12
+
+
+def test_a_bad_catalog_flag_is_one_line(tmp_path: Path) -> None:
+    done = _ddlsim("list", "devices", "--catalog", str(tmp_path / "nowhere"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("ddlsim: error: --catalog: catalog directory") and done.stderr.count("\n") == 1
+    missing = _ddlsim("list", "devices", "--catalog")
+    assert missing.returncode == 2 and "--catalog needs a directory" in missing.stderr

@@ -85,6 +85,42 @@ class VersionAction(argparse.Action):
         parser.exit(0)
 
 
+def catalog_arguments(argv: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The ``--catalog DIR`` values anywhere in ``argv`` (before or after the command), and the rest.
+
+    Taken out before parsing so that every command accepts the flag in either place."""
+    directories: list[str] = []
+    rest: list[str] = []
+    items = iter(argv)
+    for arg in items:
+        if arg == "--":
+            rest += [arg, *items]
+            break
+        if arg == "--catalog":
+            value = next(items, None)
+            if value is None:
+                raise InputError("--catalog needs a directory (of devices/, links/ or transformers/ TOML files)")
+            directories.append(value)
+        elif arg.startswith("--catalog="):
+            directories.append(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+    return directories, rest
+
+
+def use_catalogs(directories: Sequence[str]) -> None:
+    """Search the user's catalog directories after the built-ins, here and in every process this
+    command starts (process pools, MPI ranks: through ``DDLSIM_CATALOG``). A directory that does not
+    exist or holds no catalog is one line, exit status 2."""
+    import os
+
+    from ddlsim.hardware_models.catalog import CATALOG_ENVIRONMENT_VARIABLE, register_catalog_directory
+
+    resolved = [str(register_catalog_directory(directory)) for directory in directories]
+    inherited = os.environ.get(CATALOG_ENVIRONMENT_VARIABLE, "")
+    os.environ[CATALOG_ENVIRONMENT_VARIABLE] = os.pathsep.join([*resolved, *([inherited] if inherited else [])])
+
+
 def command_of(argv: Sequence[str]) -> str | None:
     """The subcommand named in ``argv`` (aliases resolved), or None."""
     for arg in argv:
@@ -101,6 +137,13 @@ def build_parser(command: str | None = None, *, every: bool = True) -> argparse.
         description="Predict how fast distributed deep-learning training runs, and where the time goes.",
     )
     parser.add_argument("--version", action=VersionAction)
+    parser.add_argument(
+        "--catalog",
+        metavar="DIR",
+        action="append",
+        help="also read devices/, links/ and transformers/ datasheets (TOML) from DIR, checked like the "
+        "built-ins; repeatable, before or after the command (or DDLSIM_CATALOG=dir1:dir2)",
+    )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     aliases = {name: [alias for alias, target in ALIASES.items() if target == name] for name in COMMANDS}
     for name, (module, help_text) in COMMANDS.items():
@@ -121,10 +164,17 @@ def is_user_error(error: BaseException) -> bool:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        catalogs, argv = catalog_arguments(argv)
+    except InputError as error:
+        print(f"ddlsim: error: {error}", file=sys.stderr)
+        return 2
     command = command_of(argv)
     args = build_parser(command, every=False).parse_args(argv)
     args.command_line = argv  # what the user typed, for given_flags
     try:
+        if catalogs:
+            use_catalogs(catalogs)
         return int(args.func(args) or 0)
     except KeyboardInterrupt as interrupt:  # Ctrl-C, or SIGTERM where a command turns it into one
         signum = int(getattr(interrupt, "signum", 2))
