@@ -114,3 +114,25 @@ def test_from_trace_takes_the_median_span_over_ranks(tmp_path):
     out = tmp_path / "rows.csv"
     assert main(["measurements", "from-trace", str(trace), "--algorithm", "ring", "--out", str(out)]) == 0
     assert load_measurements([out])[0].nodes == 2
+
+
+def test_from_trace_of_a_failed_run_warns_and_keeps_what_every_rank_finished(tmp_path, capsys):
+    """Rank 1 was killed in iteration 3 (its iteration-3 op is cut short at 0.5 s): iterations 1 and 2
+    (spans 1.0 and 2.0, after the warm-up) are converted, the median is 1.5 s, and the user is told."""
+    trace = tmp_path / "trace"
+    trace.mkdir()
+    spans = {0: (9.0, 1.0, 2.0, 3.0, 4.0), 1: (9.0, 1.0, 2.0, 0.5)}
+    for rank, durations in spans.items():
+        lines = [{"rank": rank, "iteration": i, "op": "allreduce", "peer": -1, "bytes": 64, "start_s": 10.0 * i,
+                  "end_s": 10.0 * i + span} for i, span in enumerate(durations)]  # fmt: skip
+        (trace / f"trace.rank{rank}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        status = {"rank": rank, "exit_status": -9 if rank else 0, "signal": "SIGKILL" if rank else None}
+        (trace / f"status.rank{rank}.json").write_text(json.dumps(status))
+    out = tmp_path / "rows.csv"
+    args = ["measurements", "from-trace", str(trace), "--algorithm", "ring", "--device", "local_cpu", "--out", str(out)]
+    assert main(args) == 0
+    err = capsys.readouterr().err
+    assert "warning" in err and "failed run (rank 1 (signal SIGKILL))" in err
+    row = load_measurements([out])[0]
+    assert row.value == pytest.approx(1.5)
+    assert "FAILED RUN" in row.notes

@@ -460,6 +460,22 @@ def _trace_rows(directory: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def failed_ranks(directory: Path) -> str:
+    """How a harness run in ``directory`` failed ('' if every rank's ``status.rank*.json``, written by
+    the launcher, says exit status 0, or there are none): e.g. ``rank 1 (signal SIGKILL)``."""
+    failures = []
+    for path in sorted(Path(directory).glob("status.rank*.json")):
+        try:
+            status = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            failures.append(f"{path.name} (unreadable)")
+            continue
+        if status.get("exit_status", 0) != 0:
+            how = f"signal {status['signal']}" if status.get("signal") else f"exit status {status.get('exit_status')}"
+            failures.append(f"rank {status.get('rank', '?')} ({how})")
+    return ", ".join(failures)
+
+
 def from_trace(directory: Path, overrides: dict[str, Any] | None = None, warmup: int = 1) -> list[dict[str, Any]]:
     """Measurement rows (schema dicts) from one harness trace directory.
 
@@ -469,6 +485,9 @@ def from_trace(directory: Path, overrides: dict[str, Any] | None = None, warmup:
     the median over iterations of the span of all ranks' ops. Row fields that the trace cannot know
     (device, network, ...) come from ``metadata.json`` keys of the same name (top level or under
     ``measurement``/``scenario``) and from ``overrides``.
+
+    A failed run (``failed_ranks``) gives only the repetitions every rank finished (each rank's
+    last traced one may be cut short), and its rows' notes say so.
     """
     directory = Path(directory)
     metadata: dict[str, Any] = {}
@@ -482,6 +501,13 @@ def from_trace(directory: Path, overrides: dict[str, Any] | None = None, warmup:
     fields.update({k: v for k, v in (overrides or {}).items() if v not in (None, "")})
     rows = _trace_rows(directory)
     ranks = len({int(row["rank"]) for row in rows})
+    failure = failed_ranks(directory)
+    if failure:
+        last: dict[int, int] = {}
+        for row in rows:
+            last[int(row["rank"])] = max(last.get(int(row["rank"]), -1), row["iteration"])
+        finished = min(last.values())  # every rank reached it; the failed rank's last one is cut short
+        rows = [row for row in rows if row["iteration"] < finished]
     fields.setdefault("nodes", ranks // int(fields.get("devices_per_node", 1) or 1))
     fields.setdefault("devices_per_node", 1)
     fields.setdefault("source", f"ddlsim harness trace {directory.name}")
@@ -525,10 +551,12 @@ def from_trace(directory: Path, overrides: dict[str, Any] | None = None, warmup:
         row["notes"] = (
             f"{row.get('notes') or ''} median of {len(times)} repetitions after {warmup} warm-up; "
             f"{ranks} ranks; converted by ddlsim measurements from-trace"
+            + (f"; FAILED RUN ({failure}): repetitions every rank finished only" if failure else "")
         ).strip()
         out.append(row)
     if not out:
-        raise MeasurementError(f"{directory}: no timed repetitions after {warmup} warm-up")
+        failed = f" that every rank finished (failed run: {failure})" if failure else ""
+        raise MeasurementError(f"{directory}: no timed repetitions{failed} after {warmup} warm-up")
     return out
 
 

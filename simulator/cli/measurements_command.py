@@ -10,6 +10,7 @@ from ddlsim.simulator.calibration.measurements import (
     MEASUREMENT_COLUMNS,
     MeasurementError,
     check_rows,
+    failed_ranks,
     from_trace,
     load_measurements,
     read_measurements,
@@ -111,6 +112,13 @@ def run_from_trace(args: argparse.Namespace) -> int:
         check_rows(rows, args.trace_dir)  # what we write must load back through the same checks
     except MeasurementError as error:
         raise _input_error(error) from None
+    failure = failed_ranks(args.trace_dir)
+    if failure:
+        print(
+            f"ddlsim: warning: {args.trace_dir} is a failed run ({failure}): converted the repetitions every "
+            "rank finished only; the rows' notes say so",
+            file=sys.stderr,
+        )
     write_csv(args.out, rows, MEASUREMENT_COLUMNS)
     print(f"# {len(rows)} rows from {args.trace_dir} -> {args.out}")
     return 0
