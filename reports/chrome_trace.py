@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.simulator.records import atomic_open
+from ddlsim.simulator.records import atomic_open, finite_json
 
 COMPUTE_OPS = ("forward", "backward", "update")
 WAIT = "wait_allreduce"
@@ -223,9 +223,12 @@ def trace_events(
 
 
 def write_trace(path: Path, trace: Mapping[str, Any]) -> None:
-    """Write the trace JSON atomically (compact: traces get large)."""
+    """Write the trace JSON atomically (compact: traces get large) and strictly: figures that do not
+    apply in ``otherData`` become null; the events' times are finite by construction (a NaN there
+    is a bug and raises rather than writing a file other tools reject)."""
+    strict = {**trace, "otherData": finite_json(trace.get("otherData", {}))}
     with atomic_open(Path(path)) as handle:
-        json.dump(trace, handle, separators=(",", ":"))
+        json.dump(strict, handle, separators=(",", ":"), allow_nan=False)
         handle.write("\n")
 
 

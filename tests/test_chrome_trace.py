@@ -199,3 +199,19 @@ def test_every_algorithm_traces_and_adds_up(algorithm):
     for rank, total in totals.items():
         assert total == pytest.approx(last_compute[rank], rel=1e-9)
         assert total <= run.finish_s[rank] * (1 + 1e-12)
+
+
+def test_trace_file_is_strict_json(tmp_path):
+    """A figure that does not apply (NaN) in the trace's otherData is written as null: the file parses
+    under a strict reader (Python's json accepts NaN unless told not to)."""
+    from ddlsim.reports.chrome_trace import write_trace
+
+    trace = trace_events([row(0, "forward", 0.0, 1.0)], 1, other_data={"staleness": float("nan"), "iteration_s": 1.0})
+    path = tmp_path / "t.json"
+    write_trace(path, trace)
+
+    def refuse(token):
+        raise ValueError(f"non-JSON constant {token}")
+
+    data = json.loads(path.read_text(), parse_constant=refuse)
+    assert data["otherData"]["staleness"] is None and data["otherData"]["iteration_s"] == 1.0
