@@ -26,8 +26,9 @@ from ddlsim.algorithms.training_algorithm import (
 from ddlsim.hardware_models.catalog import PEAK_PRECISIONS, PRECISIONS, Device, Link, load_device, load_link
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
+from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
-from ddlsim.simulator.workloads import Workload, load_workload
+from ddlsim.simulator.workloads import Workload, load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
 EXECUTORS = ("des", "analytic")
@@ -135,6 +136,11 @@ class Scenario:
         # names: each lookup raises UnknownNameError listing the valid tokens
         if self.is_transformer:
             load_transformer(self.workload)
+        elif self.workload not in workload_names():
+            raise UnknownNameError(
+                f"unknown workload {self.workload!r}; valid: layer tables {', '.join(workload_names())}; "
+                f"transformers (--algorithm megatron) {', '.join(transformer_names())}"
+            )
         else:
             load_workload(self.workload)
         device = load_device(self.device)

@@ -115,3 +115,29 @@ def test_a_transformer_needs_the_megatron_algorithm():
         Scenario(workload="gpt2", device="a100_sxm4", nodes=(1,))
     with pytest.raises(ScenarioError, match="trains a transformer"):
         Scenario(workload="resnet50", algorithm="megatron", nodes=(1,))
+
+
+@pytest.mark.parametrize(
+    ("workload", "layout", "nodes", "message"),
+    [
+        ("llama3_8b", "tp = 8\npp = 2\ndp = 3", 2, "megatron: tp x pp x dp x cp = 8 x 2 x 3 x 1 = 48 does not match 16 GPUs"),
+        ("llama3_8b", "tp = 3\npp = 2\ndp = 4", 3, "attention heads (32) of llama3_8b are not divisible by tp (3)"),
+        ("llama3_8b", "tp = 8\npp = 2\nvirtual_stages = 3", 2,
+         "layers (32) of llama3_8b are not divisible by pp x virtual_stages = 2 x 3 = 6"),
+        ("llama9_8b", "tp = 8\npp = 2", 2, "unknown workload 'llama9_8b'; valid: layer tables alexnet"),
+    ],
+)  # fmt: skip
+def test_bad_layouts_on_the_command_line_are_one_line_and_exit_2(tmp_path, capsys, workload, layout, nodes, message):
+    from ddlsim.simulator.cli.main import main
+
+    path = tmp_path / "layout.toml"
+    path.write_text(
+        f'workload = "{workload}"\nalgorithm = "megatron"\ndevice = "h100_sxm5"\n'
+        f"[options.layout]\n{layout}\nglobal_batch = 16\nmicro_batch = 1\n"
+    )
+    out = tmp_path / "out"
+    code = main(["simulate", "--scenario", str(path), "--nodes", str(nodes), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"ddlsim: error: {message}") and err.count("\n") == 1, err
+    assert not out.exists()
