@@ -120,7 +120,8 @@ def test_a_transformer_needs_the_megatron_algorithm():
 @pytest.mark.parametrize(
     ("workload", "layout", "nodes", "message"),
     [
-        ("llama3_8b", "tp = 8\npp = 2\ndp = 3", 2, "megatron: tp x pp x dp x cp = 8 x 2 x 3 x 1 = 48 does not match 16 GPUs"),
+        ("llama3_8b", "tp = 8\npp = 2\ndp = 3", 2,
+         "megatron: tp x pp x dp x cp = 8 x 2 x 3 x 1 = 48 does not match 16 GPUs"),
         ("llama3_8b", "tp = 3\npp = 2\ndp = 4", 3, "attention heads (32) of llama3_8b are not divisible by tp (3)"),
         ("llama3_8b", "tp = 8\npp = 2\nvirtual_stages = 3", 2,
          "layers (32) of llama3_8b are not divisible by pp x virtual_stages = 2 x 3 = 6"),
