@@ -35,6 +35,7 @@ from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 _FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of the first end together
+_STEADY_ULPS = 64  # advances differing by at most this many units in the last place count as equal
 
 
 class ContentionDetected(RuntimeError):
@@ -50,6 +51,28 @@ class TransferLog:
     nbytes: list[np.ndarray]
     start_s: list[np.ndarray]
     end_s: list[np.ndarray]
+
+
+@dataclass
+class _RoundBytes:
+    """What a round's byte counts give, kept with its structure while the same arrays come back."""
+
+    chunk_count: Any  # the round's arrays these were computed from (held, so compared by identity)
+    op: Any
+    message_bytes: float
+    nbytes: np.ndarray
+    reduce_s: np.ndarray | None
+    flow_s: np.ndarray  # uncontended: bytes / bottleneck
+    fluid_s: np.ndarray | None = None  # contended transfers' durations when they start together
+
+
+@dataclass
+class _Steady:
+    """A run of identical rounds that advance every taking-part rank by ``advance_s`` each."""
+
+    structure: _Structure
+    advance_s: float
+    skipped: int = 0
 
 
 @dataclass
@@ -73,6 +96,8 @@ class _Structure:
     contended_owner: np.ndarray
     contended_link: np.ndarray
     contended_capacity_Bps: np.ndarray
+    participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
+    bytes: _RoundBytes | None = None
 
 
 class VectorisedExecutor:
@@ -99,6 +124,7 @@ class VectorisedExecutor:
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
         self._pairs: dict[tuple[int, int], tuple[np.ndarray, float, float, float]] = {}
         self.transfers = 0
+        self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -111,9 +137,7 @@ class VectorisedExecutor:
             global_src = src if members is None else members[src]
             global_dst = dst if members is None else members[dst]
             routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
-            valid = routes >= 0
-            flat_links = routes[valid]
-            owner = np.nonzero(valid)[0]
+            flat_links, owner = self._binding_hops(routes)
             contended, c_owner, c_link, c_capacity = self._contention(flat_links, owner, src.size)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
@@ -146,6 +170,7 @@ class VectorisedExecutor:
                 c_owner,
                 c_link,
                 c_capacity,
+                None if identity else np.union1d(src, dst),
             )
             if len(self._structures) > 256:
                 self._structures.clear()
@@ -155,6 +180,17 @@ class VectorisedExecutor:
             structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
             structure.version = self._shared_version
         return structure
+
+    def _binding_hops(self, routes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(link, transfer index) of every hop that can bind: padding and redundant links dropped.
+
+        A redundant link (``Fabric.redundant``: its constraint is implied by other links') changes
+        no rate and never makes two flows contend, so it needs neither the overlap check nor a place
+        in the in-round max-min computation.
+        """
+        valid = routes >= 0
+        valid[valid] = ~self.fabric.redundant[routes[valid]]
+        return routes[valid], np.nonzero(valid)[0]
 
     def _contention(self, flat_links: np.ndarray, owner: np.ndarray, transfers: int):
         """Transfers sharing a link within the round, with their contended links numbered locally."""
@@ -193,29 +229,38 @@ class VectorisedExecutor:
             self.link_sender[shared] = -2
             self._shared_version += 1
 
-    def _fluid_round(self, st: _Structure, nbytes: np.ndarray) -> np.ndarray:
-        """Flow durations of the contended transfers when they all start at the same instant.
+    def _fluid_round(self, st: _Structure, nbytes: np.ndarray, flow_begin: np.ndarray) -> np.ndarray:
+        """Flow end times of the contended transfers, whose flows start at ``flow_begin``.
 
-        Max-min rates hold until the first of them ends; then the rest are re-rated, and so on:
-        exactly what the flow network does when no other flow touches these links meanwhile.
+        A fluid simulation of just these flows, event by event (a flow starts or ends): max-min
+        rates hold until the next event, then every active flow is re-rated: exactly what the flow
+        network does when no other flow touches these links meanwhile (the caller checks that).
+        Flows that start or end at the same instant are handled in one step.
         """
         remaining = nbytes[st.contended].astype(np.float64)
-        duration = np.zeros(remaining.size)
-        active = remaining > 0
-        elapsed = 0.0
-        while active.any():
+        end = flow_begin.copy()  # zero-byte flows end as they start
+        pending = remaining > 0  # not yet ended
+        if not pending.any():
+            return end
+        now = float(flow_begin[pending].min())
+        while True:
+            active = pending & (flow_begin <= now)
             keep = active[st.contended_owner]
             rates = max_min_fair_rates_flat(
                 st.contended_owner[keep], st.contended_link[keep], remaining.size, st.contended_capacity_Bps
             )
             until = np.where(active, remaining / np.where(active, rates, 1.0), np.inf)
-            step = until.min()
-            ending = active & (until <= step * (1 + _FLUID_TOLERANCE))
-            elapsed += step
-            duration[ending] = elapsed
+            waiting = pending & ~active
+            next_start = float(flow_begin[waiting].min()) if waiting.any() else np.inf
+            step = min(float(until.min()), next_start - now)
+            after = now + step
+            ending = active & (now + until <= after + _FLUID_TOLERANCE * max(abs(after), 1e-9))
             remaining = np.where(active, remaining - rates * step, remaining)
-            active &= ~ending
-        return duration
+            end[ending] = after
+            pending &= ~ending
+            if not pending.any():
+                return end
+            now = after
 
     def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
         if members is None:
@@ -244,64 +289,145 @@ class VectorisedExecutor:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
-        busy = self.busy_until
-        last_bytes_key: tuple[int, int, int] | None = None
-        nbytes = flow_s = end_offset = np.empty(0)
-        reduce_s: np.ndarray | None = None
+        previous: Round | None = None  # the last round executed or skipped
+        previous_input = t  # the times the last executed round started from
+        steady: _Steady | None = None
         for rnd in schedule.rounds():
             if len(rnd) == 0:
                 continue
+            same = (
+                previous is not None
+                and rnd.src is previous.src
+                and rnd.dst is previous.dst
+                and rnd.chunk_count is previous.chunk_count
+                and rnd.op is previous.op
+            )
+            previous = rnd
+            if same and steady is not None:
+                steady.skipped += 1
+                continue
+            if steady is not None:
+                t = self._leave_steady(steady, t)
+                steady = None
             st = self._structure(rnd, ranks, t, members)
-            bytes_key = (id(st), id(rnd.chunk_count), id(rnd.op))
-            if bytes_key != last_bytes_key:
-                nbytes = schedule.transfer_bytes(rnd, message_bytes)
-                reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
-                flow_s = nbytes / st.bottleneck_Bps
-                if st.contended.size:
-                    flow_s = flow_s.copy()
-                    flow_s[st.contended] = self._fluid_round(st, nbytes)
-                end_offset = st.alpha_s + flow_s
-                last_bytes_key = bytes_key
-            begin = t if st.identity_src else t[st.src]
-            if st.contended.size:
-                starts = begin[st.contended] + st.overhead_s[st.contended]
-                if np.any(starts != starts[0]):
-                    raise ContentionDetected("flows sharing a link within a round start at different times")
-            if st.checked.size:
-                owners = st.flat_owner[st.checked]
-                links = st.flat_links[st.checked]
-                flow_begin = begin[owners] + st.overhead_s[owners]
-                if np.any(flow_begin < busy[links]):
-                    raise ContentionDetected("flows of different rounds may overlap on a link")
-                if st.contended.size:
-                    np.maximum.at(busy, links, flow_begin + flow_s[owners])
-                else:
-                    busy[links] = flow_begin + flow_s[owners]
-            end = begin + end_offset
-            # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
-            received = end if reduce_s is None else end + reduce_s
-            if log is not None:
-                log.src.append(st.senders)
-                log.dst.append(st.dst if members is None else members[st.dst])
-                log.nbytes.append(nbytes)
-                log.start_s.append(begin.copy())
-                log.end_s.append(end.copy())
-            if st.shift:
-                new = np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
-            elif st.identity_src and st.permutation:
-                new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
-                new[st.dst] = np.maximum(end[st.dst], received)
-            elif st.permutation:
-                new = t.copy()
-                new[st.src] = end
-                new[st.dst] = np.maximum(new[st.dst], received)
-            else:
-                new = t.copy()
-                np.maximum.at(new, st.src, end)
-                np.maximum.at(new, st.dst, received)
-            t = new
+            rb = st.bytes
+            if rb is None or not (
+                rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
+            ):
+                st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
+            new = self._execute(st, t, log, members)
             self.transfers += len(rnd)
+            if same and log is None:
+                steady = self._steady_advance(st, previous_input, t, new)
+            previous_input, t = t, new
+        if steady is not None:
+            t = self._leave_steady(steady, t)
         self._advance_clocks(t, members)
+        return t
+
+    def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
+        """Bytes, reduction times and uncontended flow times of a round's transfers."""
+        nbytes = schedule.transfer_bytes(rnd, message_bytes)
+        return _RoundBytes(
+            rnd.chunk_count,
+            rnd.op,
+            message_bytes,
+            nbytes,
+            self.fabric.reduce_times(nbytes, rnd.op),
+            nbytes / st.bottleneck_Bps,
+        )
+
+    def _execute(self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None):
+        """Per-rank times after one round entered at ``t``; checks and updates the link state."""
+        rb = st.bytes
+        assert rb is not None
+        begin = t if st.identity_src else t[st.src]
+        flow_s = rb.flow_s
+        if st.contended.size:
+            starts = begin[st.contended] + st.overhead_s[st.contended]
+            flow_s = flow_s.copy()
+            if np.all(starts == starts[0]):
+                # all contended flows start together: their durations do not depend on when
+                if rb.fluid_s is None:
+                    rb.fluid_s = self._fluid_round(st, rb.nbytes, np.zeros(starts.size))
+                flow_s[st.contended] = rb.fluid_s
+            else:
+                flow_s[st.contended] = self._fluid_round(st, rb.nbytes, starts) - starts
+        if st.checked.size:
+            busy = self.busy_until
+            owners = st.flat_owner[st.checked]
+            links = st.flat_links[st.checked]
+            flow_begin = begin[owners] + st.overhead_s[owners]
+            if np.any(flow_begin < busy[links]):
+                raise ContentionDetected("flows of different rounds may overlap on a link")
+            if st.contended.size:
+                np.maximum.at(busy, links, flow_begin + flow_s[owners])
+            else:
+                busy[links] = flow_begin + flow_s[owners]
+        end = begin + st.alpha_s + flow_s
+        # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
+        received = end if rb.reduce_s is None else end + rb.reduce_s
+        if log is not None:
+            log.src.append(st.senders)
+            log.dst.append(st.dst if members is None else members[st.dst])
+            log.nbytes.append(rb.nbytes)
+            log.start_s.append(begin.copy())
+            log.end_s.append(end.copy())
+        if st.shift:
+            return np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
+        if st.identity_src and st.permutation:
+            new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
+            new[st.dst] = np.maximum(end[st.dst], received)
+            return new
+        new = t.copy()
+        if st.permutation:
+            new[st.src] = end
+            new[st.dst] = np.maximum(new[st.dst], received)
+        else:
+            np.maximum.at(new, st.src, end)
+            np.maximum.at(new, st.dst, received)
+        return new
+
+    def _steady_advance(self, st: _Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray):
+        """A ``_Steady`` when the round just executed from ``t`` repeats the one executed from
+        ``before`` and every rank taking part entered it exactly ``c`` later (None otherwise).
+
+        Why the rest of the run of identical rounds can then be extrapolated: a round maps entry
+        times to exit times by t -> max(t_i + a, t_j + b) terms (max-plus linear), so shifting every
+        entry time by c shifts every exit time by c: F(t + c) = F(t) + c. Entered at t = before + c,
+        this round therefore leaves every rank at ``after = t + c`` too, and so does every further
+        identical round. The overlap checks repeat as well: each compares a round's flow starts with
+        the busy times the previous identical round left on the same links, both shifted by c, and
+        the check of the round just executed passed. Ranks that take no part in the round keep their
+        times and influence nothing. ``c`` is taken as uniform when the advances differ by no more
+        than rounding (a few units in the last place of the times).
+        """
+        part = st.participants
+        advance = t - before if part is None else t[part] - before[part]
+        if not advance.size:
+            return None
+        low, high = float(advance.min()), float(advance.max())
+        scale = float(np.abs(t if part is None else t[part]).max())
+        if high - low > _STEADY_ULPS * np.spacing(max(scale, 1e-300)):
+            return None
+        return _Steady(st, high)
+
+    def _leave_steady(self, steady: _Steady, t: np.ndarray) -> np.ndarray:
+        """Apply the ``steady.skipped`` rounds that were extrapolated, not executed: every taking
+        part rank and every checked link's busy time advance by skipped x c."""
+        if not steady.skipped:
+            return t
+        st, shift = steady.structure, steady.skipped * steady.advance_s
+        if st.checked.size:
+            links = np.unique(st.flat_links[st.checked])
+            self.busy_until[links] += shift
+        self.transfers += steady.skipped * st.src.size
+        self.extrapolated_rounds += steady.skipped
+        t = t.copy()
+        if st.participants is None:
+            t += shift
+        else:
+            t[st.participants] += shift
         return t
 
     def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
@@ -316,7 +442,7 @@ class VectorisedExecutor:
         if pair is None:
             a, b = np.array([src]), np.array([dst])
             routes, alpha, bottleneck = self.fabric.path_properties(a, b)
-            links = routes[0][routes[0] >= 0]
+            links, _ = self._binding_hops(routes)
             pair = (links, float(alpha[0]), float(bottleneck[0]), float(self.fabric.overheads(a, b)[0]))
             self._pairs[(src, dst)] = pair
         links, alpha, bottleneck, overhead = pair
