@@ -22,8 +22,9 @@ Times are absolute seconds; ``start`` gives each rank's time of entering the col
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -462,13 +463,34 @@ class VectorisedExecutor:
         return start_s + alpha + flow
 
 
+@dataclass
+class _Plan:
+    """One round as the message path needs it (schedule ranks; Python lists for scalar access)."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    routes: np.ndarray
+    latency_s: list[float]
+    overhead_s: list[float]
+    nbytes: np.ndarray
+    reduce_s: list[float] | None
+    sends: dict[int, list[int]]
+    receives: dict[int, list[int]]
+
+
 class MessageExecutor:
-    """Message-by-message execution in SimPy over a shared ``FlowNetwork`` (exact under contention)."""
+    """Message-by-message execution in SimPy over a shared ``FlowNetwork`` (exact under contention).
+
+    A transfer is a chain of callbacks (overhead timeout, flow, latency timeout, arrival), not a
+    process of its own, and a rank moves to its next round when a counter of its transfers in the
+    current round reaches zero: a few events per transfer. Under LogGP a rank's CPU serialises its
+    overheads, which needs SimPy resources and processes (``_process_loggp``).
+    """
 
     def __init__(self, fabric: Fabric, env: simpy.Environment | None = None) -> None:
         self.fabric = fabric
         self.env = env or simpy.Environment()
-        self.network = FlowNetwork(self.env, fabric.capacity_Bps)
+        self.network = FlowNetwork(self.env, fabric.capacity_Bps, getattr(fabric, "redundant", None))
         self.transfers = 0
         # LogGP: each rank's CPU handles one message overhead at a time
         self._cpus: dict[int, simpy.Resource] = {}
@@ -477,6 +499,36 @@ class MessageExecutor:
         if rank not in self._cpus:
             self._cpus[rank] = simpy.Resource(self.env, capacity=1)
         return self._cpus[rank]
+
+    def _plans(self, schedule: Schedule, message_bytes: float) -> list[_Plan]:
+        plans = []
+        for rnd in schedule.rounds():
+            if not len(rnd):
+                continue
+            src = np.asarray(rnd.src, dtype=np.int64)
+            dst = np.asarray(rnd.dst, dtype=np.int64)
+            routes = self.fabric.routes(src, dst)
+            nbytes = schedule.transfer_bytes(rnd, message_bytes)
+            reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
+            sends: dict[int, list[int]] = {}
+            receives: dict[int, list[int]] = {}
+            for index, (s, d) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+                sends.setdefault(s, []).append(index)
+                receives.setdefault(d, []).append(index)
+            plans.append(
+                _Plan(
+                    src,
+                    dst,
+                    routes,
+                    self.fabric.latencies(routes).tolist(),
+                    self.fabric.overheads(src, dst).tolist(),
+                    np.broadcast_to(nbytes, src.shape),
+                    None if reduce_s is None else reduce_s.tolist(),
+                    sends,
+                    receives,
+                )
+            )
+        return plans
 
     def process(
         self,
@@ -489,69 +541,130 @@ class MessageExecutor:
 
         Returns one event per rank that fires when that rank has finished the collective.
         """
-        env = self.env
-        rounds = [rnd for rnd in schedule.rounds() if len(rnd)]
-        plans = []
-        for rnd in rounds:
-            routes = self.fabric.routes(rnd.src, rnd.dst)
-            latency = self.fabric.latencies(routes)
-            overhead = self.fabric.overheads(rnd.src, rnd.dst)
-            nbytes = schedule.transfer_bytes(rnd, message_bytes)
-            reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
-            arrivals = [env.event() for _ in range(len(rnd))]
-            sends: dict[int, list[int]] = {}
-            receives: dict[int, list[int]] = {}
-            for index, (s, d) in enumerate(zip(rnd.src.tolist(), rnd.dst.tolist(), strict=True)):
-                sends.setdefault(s, []).append(index)
-                receives.setdefault(d, []).append(index)
-            plans.append((rnd, routes, latency, overhead, nbytes, arrivals, sends, receives, reduce_s))
-        loggp = self.fabric.spec.loggp
+        plans = self._plans(schedule, message_bytes)
+        if self.fabric.spec.loggp:
+            return self._process_loggp(schedule.ranks, plans, ready, log)
+        env, network = self.env, self.network
+        ranks = schedule.ranks
+        finished = [env.event() for _ in range(ranks)]
+        at = [0] * ranks  # the round each rank is in (an index into plans)
+        entered = [False] * ranks  # whether it has started that round's sends
+        # transfers each rank still waits for, per round (receives may arrive before it enters)
+        left = [
+            {r: len(p.sends.get(r, ())) + len(p.receives.get(r, ())) for r in (*p.sends, *p.receives)} for p in plans
+        ]
 
-        def transfer(plan, index):
-            rnd, routes, latency, overhead, nbytes, arrivals, _, _, _ = plan
+        def enter(r: int) -> None:
+            while at[r] < len(plans):
+                k = at[r]
+                if r in left[k]:
+                    entered[r] = True
+                    for index in plans[k].sends.get(r, ()):
+                        send(k, index)
+                    if left[k][r]:
+                        return
+                at[r] += 1
+                entered[r] = False
+            finished[r].succeed()
+
+        def complete(k: int, r: int) -> None:
+            left[k][r] -= 1
+            if not left[k][r] and at[r] == k and entered[r]:
+                at[r] += 1
+                entered[r] = False
+                enter(r)
+
+        def send(k: int, index: int) -> None:
             begin = env.now
-            o = float(overhead[index])
-            if loggp:
-                with self._cpu(int(rnd.src[index])).request() as cpu:
-                    yield cpu
-                    yield env.timeout(o)
+            overhead = plans[k].overhead_s[index]
+            if overhead > 0:
+                env.timeout(overhead).callbacks.append(lambda _e: stream(k, index, begin))
             else:
-                yield env.timeout(o)
-            yield self.network.transfer(routes[index], float(nbytes[index]))
-            yield env.timeout(float(latency[index]))
-            if loggp:
-                with self._cpu(int(rnd.dst[index])).request() as cpu:
-                    yield cpu
-                    yield env.timeout(o)
+                stream(k, index, begin)
+
+        def stream(k: int, index: int, begin: float) -> None:
+            plan = plans[k]
+            flow = network.transfer(plan.routes[index], float(plan.nbytes[index]))
+            flow.callbacks.append(lambda _e: travel(k, index, begin))
+
+        def travel(k: int, index: int, begin: float) -> None:
+            latency = plans[k].latency_s[index]
+            if latency > 0:
+                env.timeout(latency).callbacks.append(lambda _e: arrive(k, index, begin))
+            else:
+                arrive(k, index, begin)
+
+        def arrive(k: int, index: int, begin: float) -> None:
+            plan = plans[k]
             self.transfers += 1
             if log is not None:
-                log.src.append(rnd.src[index : index + 1])
-                log.dst.append(rnd.dst[index : index + 1])
-                log.nbytes.append(nbytes[index : index + 1])
+                log.src.append(plan.src[index : index + 1])
+                log.dst.append(plan.dst[index : index + 1])
+                log.nbytes.append(plan.nbytes[index : index + 1])
                 log.start_s.append(np.array([begin]))
                 log.end_s.append(np.array([env.now]))
-            arrivals[index].succeed()
+            receiver = int(plan.dst[index])
+            complete(k, int(plan.src[index]))
+            seconds = plan.reduce_s[index] if plan.reduce_s is not None else 0.0
+            if seconds:  # the receiver adds a REDUCE transfer into its buffer once it has arrived
+                env.timeout(seconds).callbacks.append(lambda _e: complete(k, receiver))
+            else:
+                complete(k, receiver)
+
+        for r in range(ranks):
+            gate = None if ready is None else ready[r]
+            if gate is None or gate.callbacks is None:  # no gate, or one already processed
+                enter(r)
+            else:
+                gate.callbacks.append(partial(lambda r, _event: enter(r), r))
+        return finished
+
+    def _process_loggp(
+        self, ranks: int, plans: list[_Plan], ready: Sequence[simpy.Event] | None, log: TransferLog | None
+    ) -> list[simpy.Event]:
+        """The same rounds with LogGP overheads: o on the sender's CPU before the message and on the
+        receiver's after it, one message at a time per CPU (processes and resources)."""
+        env = self.env
+
+        def transfer(plan: _Plan, index: int, arrival: simpy.Event):
+            begin = env.now
+            o = plan.overhead_s[index]
+            with self._cpu(int(plan.src[index])).request() as cpu:
+                yield cpu
+                yield env.timeout(o)
+            yield self.network.transfer(plan.routes[index], float(plan.nbytes[index]))
+            yield env.timeout(plan.latency_s[index])
+            with self._cpu(int(plan.dst[index])).request() as cpu:
+                yield cpu
+                yield env.timeout(o)
+            self.transfers += 1
+            if log is not None:
+                log.src.append(plan.src[index : index + 1])
+                log.dst.append(plan.dst[index : index + 1])
+                log.nbytes.append(plan.nbytes[index : index + 1])
+                log.start_s.append(np.array([begin]))
+                log.end_s.append(np.array([env.now]))
+            arrival.succeed()
 
         def reduce_in(arrival: simpy.Event, seconds: float):
-            """The receiver adds a REDUCE transfer into its buffer once it has arrived."""
             yield arrival
             if seconds:
                 yield env.timeout(seconds)
 
+        arrivals = [[env.event() for _ in range(plan.src.size)] for plan in plans]
+
         def rank(r: int):
             if ready is not None:
                 yield ready[r]
-            for plan in plans:
-                _, _, _, _, _, arrivals, sends, receives, reduce_s = plan
-                mine: list[simpy.Event] = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
-                if reduce_s is None:
-                    mine += [arrivals[i] for i in receives.get(r, ())]
-                else:
-                    mine += [env.process(reduce_in(arrivals[i], float(reduce_s[i]))) for i in receives.get(r, ())]
+            for plan, events in zip(plans, arrivals, strict=True):
+                mine: list[simpy.Event] = [env.process(transfer(plan, i, events[i])) for i in plan.sends.get(r, ())]
+                for i in plan.receives.get(r, ()):
+                    seconds = plan.reduce_s[i] if plan.reduce_s is not None else 0.0
+                    mine.append(env.process(reduce_in(events[i], seconds)) if seconds else events[i])
                 if mine:
                     yield env.all_of(mine)
 
-        return [env.process(rank(r)) for r in range(schedule.ranks)]
+        return [env.process(rank(r)) for r in range(ranks)]
 
     def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
         """Per-rank finish times, running a fresh simulation from ``start_s``."""
@@ -562,12 +675,14 @@ class MessageExecutor:
         done = self.process(schedule, message_bytes, ready)
         finish = np.zeros(schedule.ranks)
 
-        def record(r: int, event: simpy.Event):
-            yield event
-            finish[r] = env.now
+        def record(r: int) -> Callable[[simpy.Event], None]:
+            def callback(_event: simpy.Event) -> None:
+                finish[r] = env.now
+
+            return callback
 
         for r, event in enumerate(done):
-            env.process(record(r, event))
+            event.callbacks.append(record(r))
         env.run()
         return finish
 
