@@ -31,11 +31,10 @@ import numpy as np
 import simpy
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork
+from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends
 
-_FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of the first end together
 _STEADY_ULPS = 64  # advances differing by at most this many units in the last place count as equal
 
 
@@ -91,12 +90,8 @@ class _Structure:
     shift: int  # dst == (src + shift) % ranks with identity src; 0 when not such a structure
     checked: np.ndarray  # positions in flat_links whose link more than one sender uses
     version: int  # shared-link version ``checked`` was computed for
-    # transfers that share a link with another transfer of the same round, and their routes over
-    # the round's contended links numbered locally (for the in-round fluid simulation)
-    contended: np.ndarray
-    contended_owner: np.ndarray
-    contended_link: np.ndarray
-    contended_capacity_Bps: np.ndarray
+    # transfers that share a link with another transfer of the same round (in-round fluid simulation)
+    contention: Contention
     participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
     bytes: _RoundBytes | None = None
 
@@ -139,7 +134,7 @@ class VectorisedExecutor:
             global_dst = dst if members is None else members[dst]
             routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
             flat_links, owner = self._binding_hops(routes)
-            contended, c_owner, c_link, c_capacity = self._contention(flat_links, owner, src.size)
+            contention = Contention.of(flat_links, owner, self.fabric.capacity_Bps)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
             self._advance_clocks(t, members)
@@ -167,10 +162,7 @@ class VectorisedExecutor:
                 shift,
                 owner[:0],
                 -1,
-                contended,
-                c_owner,
-                c_link,
-                c_capacity,
+                contention,
                 None if identity else np.union1d(src, dst),
             )
             if len(self._structures) > 256:
@@ -192,20 +184,6 @@ class VectorisedExecutor:
         valid = routes >= 0
         valid[valid] = ~self.fabric.redundant[routes[valid]]
         return routes[valid], np.nonzero(valid)[0]
-
-    def _contention(self, flat_links: np.ndarray, owner: np.ndarray, transfers: int):
-        """Transfers sharing a link within the round, with their contended links numbered locally."""
-        uniq, inverse, counts = np.unique(flat_links, return_inverse=True, return_counts=True)
-        if uniq.size == flat_links.size:
-            empty = owner[:0]
-            return empty, empty, empty, np.empty(0)
-        shared_entry = counts[inverse] > 1
-        contended = np.unique(owner[shared_entry])
-        # every hop of a contended transfer takes part in its rate, shared or not
-        entries = np.isin(owner, contended)
-        links, local_link = np.unique(flat_links[entries], return_inverse=True)
-        local_owner = np.searchsorted(contended, owner[entries])
-        return contended, local_owner, local_link, self.fabric.capacity_Bps[links]
 
     def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
         """Record who sends over ``links``; links gaining a second sender become checked.
@@ -229,39 +207,6 @@ class VectorisedExecutor:
             self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
             self.link_sender[shared] = -2
             self._shared_version += 1
-
-    def _fluid_round(self, st: _Structure, nbytes: np.ndarray, flow_begin: np.ndarray) -> np.ndarray:
-        """Flow end times of the contended transfers, whose flows start at ``flow_begin``.
-
-        A fluid simulation of just these flows, event by event (a flow starts or ends): max-min
-        rates hold until the next event, then every active flow is re-rated: exactly what the flow
-        network does when no other flow touches these links meanwhile (the caller checks that).
-        Flows that start or end at the same instant are handled in one step.
-        """
-        remaining = nbytes[st.contended].astype(np.float64)
-        end = flow_begin.copy()  # zero-byte flows end as they start
-        pending = remaining > 0  # not yet ended
-        if not pending.any():
-            return end
-        now = float(flow_begin[pending].min())
-        while True:
-            active = pending & (flow_begin <= now)
-            keep = active[st.contended_owner]
-            rates = max_min_fair_rates_flat(
-                st.contended_owner[keep], st.contended_link[keep], remaining.size, st.contended_capacity_Bps
-            )
-            until = np.where(active, remaining / np.where(active, rates, 1.0), np.inf)
-            waiting = pending & ~active
-            next_start = float(flow_begin[waiting].min()) if waiting.any() else np.inf
-            step = min(float(until.min()), next_start - now)
-            after = now + step
-            ending = active & (now + until <= after + _FLUID_TOLERANCE * max(abs(after), 1e-9))
-            remaining = np.where(active, remaining - rates * step, remaining)
-            end[ending] = after
-            pending &= ~ending
-            if not pending.any():
-                return end
-            now = after
 
     def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
         if members is None:
@@ -344,16 +289,16 @@ class VectorisedExecutor:
         assert rb is not None
         begin = t if st.identity_src else t[st.src]
         flow_s = rb.flow_s
-        if st.contended.size:
-            starts = begin[st.contended] + st.overhead_s[st.contended]
+        contention = st.contention
+        if contention.flows.size:
+            flows = contention.flows
+            starts = begin[flows] + st.overhead_s[flows]
+            nbytes = np.broadcast_to(rb.nbytes, st.src.shape)[flows]
+            if rb.fluid_s is None:  # durations when all start together (they then do not depend on when)
+                zero = np.zeros(flows.size)
+                rb.fluid_s = fluid_ends(contention.owner, contention.link, contention.capacity_Bps, nbytes, zero)
             flow_s = flow_s.copy()
-            if np.all(starts == starts[0]):
-                # all contended flows start together: their durations do not depend on when
-                if rb.fluid_s is None:
-                    rb.fluid_s = self._fluid_round(st, rb.nbytes, np.zeros(starts.size))
-                flow_s[st.contended] = rb.fluid_s
-            else:
-                flow_s[st.contended] = self._fluid_round(st, rb.nbytes, starts) - starts
+            flow_s[flows] = contention.end_times(nbytes, starts, rb.fluid_s) - starts
         if st.checked.size:
             busy = self.busy_until
             owners = st.flat_owner[st.checked]
@@ -361,7 +306,7 @@ class VectorisedExecutor:
             flow_begin = begin[owners] + st.overhead_s[owners]
             if np.any(flow_begin < busy[links]):
                 raise ContentionDetected("flows of different rounds may overlap on a link")
-            if st.contended.size:
+            if contention.flows.size:
                 np.maximum.at(busy, links, flow_begin + flow_s[owners])
             else:
                 busy[links] = flow_begin + flow_s[owners]
