@@ -33,9 +33,8 @@ import simpy
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork
-from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends
-
-_STEADY_ULPS = 64  # advances differing by at most this many units in the last place count as equal
+from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 
 class ContentionDetected(RuntimeError):
@@ -64,15 +63,6 @@ class _RoundBytes:
     reduce_s: np.ndarray | None
     flow_s: np.ndarray  # uncontended: bytes / bottleneck
     fluid_s: np.ndarray | None = None  # contended transfers' durations when they start together
-
-
-@dataclass
-class _Steady:
-    """A run of identical rounds that advance every taking-part rank by ``advance_s`` each."""
-
-    structure: _Structure
-    advance_s: float
-    skipped: int = 0
 
 
 @dataclass
@@ -140,7 +130,7 @@ class VectorisedExecutor:
             self._advance_clocks(t, members)
             self._claim(flat_links, global_src[owner])
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
-            permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
+            permutation = bool(np.bincount(src, minlength=1).max() <= 1 and np.bincount(dst, minlength=1).max() <= 1)
             if self.fabric.spec.loggp and not permutation:
                 # a rank's CPU would handle its several messages one after another
                 raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
@@ -163,7 +153,7 @@ class VectorisedExecutor:
                 owner[:0],
                 -1,
                 contention,
-                None if identity else np.union1d(src, dst),
+                None if identity else unique_ints(np.concatenate([src, dst])),
             )
             if len(self._structures) > 256:
                 self._structures.clear()
@@ -192,14 +182,19 @@ class VectorisedExecutor:
         than the end of any flow it started); two senders on one link within a round are
         handled by the round itself (the contended path) and checked against later rounds.
         """
-        pairs = np.unique(np.stack([links, senders]), axis=1)
-        link_ids, sender_counts = np.unique(pairs[0], return_counts=True)
-        within = link_ids[sender_counts > 1]
+        within = links[:0]
+        if links.size > 1:
+            order = np.argsort(links, kind="stable")
+            ordered, by = links[order], senders[order]
+            starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
+            lowest = np.minimum.reduceat(by, starts)
+            highest = np.maximum.reduceat(by, starts)
+            within = ordered[starts[lowest != highest]]  # links with two senders in this batch
         previous = self.link_sender[links]
         fresh = previous == -1
         self.link_sender[links[fresh]] = senders[fresh]
         across = links[(previous >= 0) & (previous != senders)]
-        shared = np.union1d(across, within)
+        shared = unique_ints(np.concatenate([across, within]))
         shared = shared[self.link_sender[shared] != -2]
         if shared.size:
             before = self.link_sender[shared]
@@ -236,8 +231,8 @@ class VectorisedExecutor:
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
         previous: Round | None = None  # the last round executed or skipped
-        previous_input = t  # the times the last executed round started from
-        steady: _Steady | None = None
+        previous_input: np.ndarray | None = t  # entry times of the previous round, when executed
+        steady: Steady | None = None
         for rnd in schedule.rounds():
             if len(rnd) == 0:
                 continue
@@ -249,12 +244,13 @@ class VectorisedExecutor:
                 and rnd.op is previous.op
             )
             previous = rnd
-            if same and steady is not None:
+            if same and steady is not None and steady.skipped < steady.budget:
                 steady.skipped += 1
                 continue
             if steady is not None:
                 t = self._leave_steady(steady, t)
                 steady = None
+                previous_input = None  # the round before was skipped: detect afresh from here
             st = self._structure(rnd, ranks, t, members)
             rb = st.bytes
             if rb is None or not (
@@ -263,7 +259,7 @@ class VectorisedExecutor:
                 st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
             new = self._execute(st, t, log, members)
             self.transfers += len(rnd)
-            if same and log is None:
+            if same and log is None and previous_input is not None:
                 steady = self._steady_advance(st, previous_input, t, new)
             previous_input, t = t, new
         if steady is not None:
@@ -334,41 +330,42 @@ class VectorisedExecutor:
             np.maximum.at(new, st.dst, received)
         return new
 
-    def _steady_advance(self, st: _Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray):
-        """A ``_Steady`` when the round just executed from ``t`` repeats the one executed from
-        ``before`` and every rank taking part entered it exactly ``c`` later (None otherwise).
+    def _steady_advance(self, st: _Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray) -> Steady | None:
+        """How the identical rounds after this one can be skipped (``steady_state``), if they can.
 
-        Why the rest of the run of identical rounds can then be extrapolated: a round maps entry
-        times to exit times by t -> max(t_i + a, t_j + b) terms (max-plus linear), so shifting every
-        entry time by c shifts every exit time by c: F(t + c) = F(t) + c. Entered at t = before + c,
-        this round therefore leaves every rank at ``after = t + c`` too, and so does every further
-        identical round. The overlap checks repeat as well: each compares a round's flow starts with
-        the busy times the previous identical round left on the same links, both shifted by c, and
-        the check of the round just executed passed. Ranks that take no part in the round keep their
-        times and influence nothing. ``c`` is taken as uniform when the advances differ by no more
-        than rounding (a few units in the last place of the times).
+        ``before``, ``t``: entry times of the previous identical round and of this one; ``after``:
+        this round's exit times (the next round's entry times).
         """
-        part = st.participants
-        advance = t - before if part is None else t[part] - before[part]
-        if not advance.size:
+        advance = uniform_advance(before, t, st.participants)
+        if advance is not None:
+            return Steady(st, advance)
+        rb = st.bytes
+        if not st.permutation or st.checked.size or st.contention.flows.size or rb is None:
             return None
-        low, high = float(advance.min()), float(advance.max())
-        scale = float(np.abs(t if part is None else t[part]).max())
-        if high - low > _STEADY_ULPS * np.spacing(max(scale, 1e-300)):
+        delta = after - t
+        if np.abs(delta - (t - before)).max() > rounding(after):
             return None
-        return _Steady(st, high)
+        end_offset = st.alpha_s + rb.flow_s
+        received = end_offset if rb.reduce_s is None else end_offset + rb.reduce_s
+        horizon = affine_horizon(st.src, st.dst, end_offset, received, after, delta)
+        return Steady(st, delta, budget=horizon) if horizon >= 2 else None
 
-    def _leave_steady(self, steady: _Steady, t: np.ndarray) -> np.ndarray:
+    def _leave_steady(self, steady: Steady, t: np.ndarray) -> np.ndarray:
         """Apply the ``steady.skipped`` rounds that were extrapolated, not executed: every taking
-        part rank and every checked link's busy time advance by skipped x c."""
+        part rank advances by skipped x its advance, and so does every checked link's busy time
+        (uniform advance only: the affine one is used only where no link is checked)."""
         if not steady.skipped:
             return t
-        st, shift = steady.structure, steady.skipped * steady.advance_s
+        st = steady.structure
+        assert isinstance(st, _Structure)
+        shift = steady.skipped * steady.advance_s
         if st.checked.size:
-            links = np.unique(st.flat_links[st.checked])
-            self.busy_until[links] += shift
+            assert np.ndim(shift) == 0
+            self.busy_until[unique_ints(st.flat_links[st.checked])] += shift
         self.transfers += steady.skipped * st.src.size
         self.extrapolated_rounds += steady.skipped
+        if np.ndim(shift):
+            return t + shift
         t = t.copy()
         if st.participants is None:
             t += shift
