@@ -191,15 +191,15 @@ class VectorisedExecutor:
             highest = np.maximum.reduceat(by, starts)
             within = ordered[starts[lowest != highest]]  # links with two senders in this batch
         previous = self.link_sender[links]
-        fresh = previous == -1
-        self.link_sender[links[fresh]] = senders[fresh]
         across = links[(previous >= 0) & (previous != senders)]
         shared = unique_ints(np.concatenate([across, within]))
         shared = shared[self.link_sender[shared] != -2]
+        before = self.link_sender[shared]  # the one earlier sender, or -1 for a link new to all
+        had_one = before >= 0
+        self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
+        fresh = previous == -1
+        self.link_sender[links[fresh]] = senders[fresh]
         if shared.size:
-            before = self.link_sender[shared]
-            had_one = before >= 0
-            self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
             self.link_sender[shared] = -2
             self._shared_version += 1
 
