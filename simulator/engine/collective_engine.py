@@ -36,6 +36,9 @@ from ddlsim.simulator.engine.flow_network import FlowNetwork
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
+_COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
+_COMPILED_SCHEDULES = 64
+
 
 class ContentionDetected(RuntimeError):
     """Two flows may share a link at the same time: the vectorised path does not apply."""
@@ -109,6 +112,7 @@ class VectorisedExecutor:
         self._shared_version = 0
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
         self._pairs: dict[tuple[int, int], tuple[np.ndarray, float, float, float]] = {}
+        self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
 
@@ -230,42 +234,59 @@ class VectorisedExecutor:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
-        previous: Round | None = None  # the last round executed or skipped
-        previous_input: np.ndarray | None = t  # entry times of the previous round, when executed
-        steady: Steady | None = None
-        for rnd in schedule.rounds():
-            if len(rnd) == 0:
-                continue
-            same = (
-                previous is not None
-                and rnd.src is previous.src
-                and rnd.dst is previous.dst
-                and rnd.chunk_count is previous.chunk_count
-                and rnd.op is previous.op
-            )
-            previous = rnd
-            if same and steady is not None and steady.skipped < steady.budget:
-                steady.skipped += 1
-                continue
-            if steady is not None:
-                t = self._leave_steady(steady, t)
+        for rnd, count in self._runs(schedule):
+            previous_input: np.ndarray | None = None  # entry times of the previous identical round
+            done = 0
+            while done < count:
+                st = self._structure(rnd, ranks, t, members)
+                rb = st.bytes
+                if rb is None or not (
+                    rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
+                ):
+                    st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
+                new = self._execute(st, t, log, members)
+                self.transfers += len(rnd)
+                done += 1
                 steady = None
-                previous_input = None  # the round before was skipped: detect afresh from here
-            st = self._structure(rnd, ranks, t, members)
-            rb = st.bytes
-            if rb is None or not (
-                rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
-            ):
-                st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
-            new = self._execute(st, t, log, members)
-            self.transfers += len(rnd)
-            if same and log is None and previous_input is not None:
-                steady = self._steady_advance(st, previous_input, t, new)
-            previous_input, t = t, new
-        if steady is not None:
-            t = self._leave_steady(steady, t)
+                if previous_input is not None and log is None and done < count:
+                    steady = self._steady_advance(st, previous_input, t, new)
+                previous_input, t = t, new
+                if steady is not None:
+                    skip = int(min(count - done, steady.budget))
+                    t = self._skip(steady, skip, t)
+                    done += skip
+                    previous_input = None  # the rounds before were skipped: detect afresh
         self._advance_clocks(t, members)
         return t
+
+    def _runs(self, schedule: Schedule) -> list[tuple[Round, int]]:
+        """The schedule's non-empty rounds as (round, repeats): consecutive rounds sharing their src,
+        dst, chunk count and op arrays are one run. Kept per schedule object (up to a size), so a
+        schedule run again and again (the buckets of a training run) neither walks its round
+        generator again nor hands the structure cache fresh arrays."""
+        cached = self._compiled.get(id(schedule))
+        if cached is not None and cached[0] is schedule:
+            return cached[1]
+        runs: list[tuple[Round, int]] = []
+        for rnd in schedule.rounds():
+            if not len(rnd):
+                continue
+            if runs:
+                last = runs[-1][0]
+                if (
+                    rnd.src is last.src
+                    and rnd.dst is last.dst
+                    and rnd.chunk_count is last.chunk_count
+                    and rnd.op is last.op
+                ):
+                    runs[-1] = (last, runs[-1][1] + 1)
+                    continue
+            runs.append((rnd, 1))
+        if len(runs) <= _COMPILED_RUNS:
+            if len(self._compiled) >= _COMPILED_SCHEDULES:
+                self._compiled.clear()
+            self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
+        return runs
 
     def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
         """Bytes, reduction times and uncontended flow times of a round's transfers."""
@@ -350,20 +371,20 @@ class VectorisedExecutor:
         horizon = affine_horizon(st.src, st.dst, end_offset, received, after, delta)
         return Steady(st, delta, budget=horizon) if horizon >= 2 else None
 
-    def _leave_steady(self, steady: Steady, t: np.ndarray) -> np.ndarray:
-        """Apply the ``steady.skipped`` rounds that were extrapolated, not executed: every taking
-        part rank advances by skipped x its advance, and so does every checked link's busy time
+    def _skip(self, steady: Steady, rounds: int, t: np.ndarray) -> np.ndarray:
+        """Times after ``rounds`` more identical rounds, extrapolated rather than executed: every
+        taking-part rank advances by rounds x its advance, and so does every checked link's busy time
         (uniform advance only: the affine one is used only where no link is checked)."""
-        if not steady.skipped:
+        if not rounds:
             return t
         st = steady.structure
         assert isinstance(st, _Structure)
-        shift = steady.skipped * steady.advance_s
+        shift = rounds * steady.advance_s
         if st.checked.size:
             assert np.ndim(shift) == 0
             self.busy_until[unique_ints(st.flat_links[st.checked])] += shift
-        self.transfers += steady.skipped * st.src.size
-        self.extrapolated_rounds += steady.skipped
+        self.transfers += rounds * st.src.size
+        self.extrapolated_rounds += rounds
         if np.ndim(shift):
             return t + shift
         t = t.copy()

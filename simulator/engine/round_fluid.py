@@ -43,12 +43,19 @@ class Contention:
     @staticmethod
     def of(flat_links: np.ndarray, owner: np.ndarray, capacity_Bps: np.ndarray) -> Contention:
         """From every binding hop of a round: ``flat_links[e]`` crossed by transfer ``owner[e]``."""
-        uniq, inverse, counts = np.unique(flat_links, return_inverse=True, return_counts=True)
-        if uniq.size == flat_links.size:
+        order = np.argsort(flat_links, kind="stable")
+        ordered = flat_links[order]
+        repeated = ordered[1:] == ordered[:-1]
+        if not repeated.any():
             empty = owner[:0]
             return Contention(empty, empty, empty, np.empty(0), empty, 0)
-        flows = np.unique(owner[counts[inverse] > 1])
-        entries = np.isin(owner, flows)
+        shared = np.zeros(flat_links.size, dtype=bool)  # entries on a link another entry also uses
+        shared[order[1:][repeated]] = True
+        shared[order[:-1][repeated]] = True
+        mask = np.zeros(int(owner.max()) + 1, dtype=bool)
+        mask[owner[shared]] = True
+        flows = np.flatnonzero(mask)
+        entries = mask[owner]
         links, local_link = np.unique(flat_links[entries], return_inverse=True)
         local_owner = np.searchsorted(flows, owner[entries])
         component, count = _components(local_owner, local_link.ravel(), flows.size, links.size)
@@ -93,6 +100,15 @@ def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> 
         label = new
     roots, dense = np.unique(label, return_inverse=True)
     return dense.ravel(), roots.size
+
+
+def unique_ints(values: np.ndarray) -> np.ndarray:
+    """Sorted distinct values, by sorting (numpy 2.4's hash-based ``np.unique`` takes 0.6 s for
+    262,144 integers, a sort 3 ms)."""
+    ordered = np.sort(values, kind="stable")
+    if ordered.size < 2:
+        return ordered
+    return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
 def fluid_ends(

@@ -36,13 +36,12 @@ ULPS = 64  # advances that differ by at most this many units in the last place c
 
 @dataclass
 class Steady:
-    """Identical rounds being skipped: each advances the times by ``advance_s`` (a scalar for every
-    taking-part rank, or one value per rank), for at most ``budget`` rounds."""
+    """Identical rounds that may be skipped: each advances the times by ``advance_s`` (a scalar for
+    every taking-part rank, or one value per rank), for at most ``budget`` rounds."""
 
     structure: object
     advance_s: float | np.ndarray
     budget: float = math.inf
-    skipped: int = 0
 
 
 def rounding(*arrays: np.ndarray) -> float:
