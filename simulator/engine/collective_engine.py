@@ -313,7 +313,9 @@ class VectorisedExecutor:
             nbytes = np.broadcast_to(rb.nbytes, st.src.shape)[flows]
             if rb.fluid_s is None:  # durations when all start together (they then do not depend on when)
                 zero = np.zeros(flows.size)
-                rb.fluid_s = fluid_ends(contention.owner, contention.link, contention.capacity_Bps, nbytes, zero)
+                rb.fluid_s = fluid_ends(
+                    contention.owner, contention.link, contention.capacity_Bps, nbytes, zero, contention.component
+                )
             flow_s = flow_s.copy()
             flow_s[flows] = contention.end_times(nbytes, starts, rb.fluid_s) - starts
         if st.checked.size:

@@ -77,7 +77,12 @@ class Contention:
             index = np.cumsum(apart) - 1  # flow -> position among the flows that start apart
             entries = apart[self.owner]
             ends[apart] = fluid_ends(
-                index[self.owner[entries]], self.link[entries], self.capacity_Bps, nbytes[apart], starts[apart]
+                index[self.owner[entries]],
+                self.link[entries],
+                self.capacity_Bps,
+                nbytes[apart],
+                starts[apart],
+                self.component[apart],
             )
         return ends
 
@@ -112,33 +117,48 @@ def unique_ints(values: np.ndarray) -> np.ndarray:
 
 
 def fluid_ends(
-    owner: np.ndarray, link: np.ndarray, capacity_Bps: np.ndarray, nbytes: np.ndarray, starts: np.ndarray
+    owner: np.ndarray,
+    link: np.ndarray,
+    capacity_Bps: np.ndarray,
+    nbytes: np.ndarray,
+    starts: np.ndarray,
+    component: np.ndarray | None = None,
 ) -> np.ndarray:
     """End time of each flow in a fluid simulation of these flows alone.
 
     Flow ``owner[e]`` crosses local link ``link[e]``; flow i has ``nbytes[i]`` and starts at
     ``starts[i]``. Max-min rates hold until the next start or end; flows that start or end at the
-    same instant are handled in one step. Zero-byte flows end as they start.
+    same instant are handled in one step. Zero-byte flows end as they start. ``component`` (flows
+    joined through shared links, see ``_components``) lets every component advance on its own
+    clock, from one of its own events to the next, all in the same step: unrelated components do
+    not multiply each other's events.
     """
     remaining = np.asarray(nbytes, dtype=np.float64).copy()
-    ends = np.asarray(starts, dtype=np.float64).copy()
+    starts = np.asarray(starts, dtype=np.float64)
+    ends = starts.copy()
     pending = remaining > 0  # not yet ended
     if not pending.any():
         return ends
-    now = float(starts[pending].min())
+    if component is None:
+        component, count = _components(owner, link, remaining.size, int(link.max()) + 1 if link.size else 0)
+    else:
+        count = int(component.max()) + 1
+    now = np.full(count, np.inf)
+    np.minimum.at(now, component[pending], starts[pending])
     while True:
-        active = pending & (starts <= now)
+        active = pending & (starts <= now[component])
         keep = active[owner]
         rates = max_min_fair_rates_flat(owner[keep], link[keep], remaining.size, capacity_Bps)
-        until = np.where(active, remaining / np.where(active, rates, 1.0), np.inf)
+        finish = np.where(active, now[component] + remaining / np.where(active, rates, 1.0), np.inf)
+        after = np.full(count, np.inf)
+        np.minimum.at(after, component, finish)
         waiting = pending & ~active
-        next_start = float(starts[waiting].min()) if waiting.any() else np.inf
-        step = min(float(until.min()), next_start - now)
-        after = now + step
-        ending = active & (now + until <= after + FLUID_TOLERANCE * max(abs(after), 1e-9))
-        remaining = np.where(active, remaining - rates * step, remaining)
-        ends[ending] = after
+        np.minimum.at(after, component[waiting], starts[waiting])
+        here = after[component]
+        ending = active & (finish <= here + FLUID_TOLERANCE * np.maximum(np.abs(here), 1e-9))
+        remaining = np.where(active, remaining - rates * (here - now[component]), remaining)
+        ends[ending] = here[ending]
         pending &= ~ending
         if not pending.any():
             return ends
-        now = after
+        now = np.where(np.isfinite(after), after, now)
