@@ -105,15 +105,31 @@ def test_flows_sharing_a_link_in_one_round_get_equal_shares():
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
 
 
-def test_flows_of_different_rounds_that_may_overlap_go_to_the_message_path():
+def _rounds(*pairs, ranks):
+    rounds = [Round(np.array([a]), np.array([b]), np.array([0]), np.array([1]), np.array([REDUCE])) for a, b in pairs]
+    return Schedule("rounds", "allreduce", ranks, 1, lambda: rounds)
+
+
+def test_flows_of_consecutive_rounds_that_overlap_run_together():
     """Round 1: 0 -> 2; round 2: 1 -> 2. Rank 1 takes no part in round 1, so it sends in round 2 at
-    once, while 0's flow still streams into rank 2's port: two rounds' flows overlap on one link,
-    which the round path does not model, so it must refuse and ``auto`` must fall back."""
-    ib = load_link("ib_edr")
-    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
-    first = Round(np.array([0]), np.array([2]), np.array([0]), np.array([1]), np.array([REDUCE]))
-    second = Round(np.array([1]), np.array([2]), np.array([0]), np.array([1]), np.array([REDUCE]))
-    schedule = Schedule("two", "allreduce", 3, 1, lambda: [first, second])
+    once, while 0's flow still streams into rank 2's port: the two flows share that port from the
+    start, B/2 each, and both arrive at alpha + 2 MB / B, as if they had been one round."""
+    fabric = _fabric(3)
+    schedule = _rounds((0, 2), (1, 2), ranks=3)
+    finish, path = run_collective(schedule, fabric, 1e6)
+    assert path == "vectorised"
+    alpha, b = fabric.hop_cost(0, 2).alpha_s, fabric.spec.network.port_bandwidth_Bps
+    assert finish[0] == pytest.approx(alpha + 2e6 / b, rel=1e-12)
+    assert finish[2] == pytest.approx(alpha + 2e6 / b, rel=1e-12)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
+
+
+def test_flows_overlapping_a_flow_two_rounds_back_go_to_the_message_path():
+    """Round 1: 0 -> 2; round 2: 3 -> 4; round 3: 1 -> 2, sent at once by rank 1 while round 1's flow
+    still streams into rank 2's port. Only the round just before is simulated with a round, so the
+    executor must refuse and ``auto`` must fall back to the message path."""
+    fabric = _fabric(5)
+    schedule = _rounds((0, 2), (3, 4), (1, 2), ranks=5)
     with pytest.raises(ContentionDetected):
         VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
     finish, path = run_collective(schedule, fabric, 1e6)
@@ -339,3 +355,49 @@ def test_contended_flows_starting_apart_run_as_a_fluid():
     assert finish[0] == pytest.approx(alpha + 1e-5 + 2 * (1e6 - x) / b, rel=1e-9)
     assert finish[1] == pytest.approx(o + 2e6 / b + (alpha - o), rel=1e-9)
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, start), rtol=1e-12)
+
+
+@pytest.mark.parametrize("size", [1e6, 50e6])
+def test_rounds_overlapping_the_round_before_are_simulated_with_it(size):
+    """A 2D-torus all-reduce of 96 single-device nodes (8 rows of 12) on a fat tree with 16 nodes per
+    leaf: rows that straddle leaves lag by 200 ns per cross-leaf hop, so at a phase change a rank's
+    first flow into a port meets the last flow of the previous phase still streaming there. That
+    round is simulated together with the round before (not handed to the message path), and every
+    time equals message-by-message execution."""
+    fabric = _fabric(96, topology="fat_tree", nodes_per_leaf=16)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 96)
+    executor = VectorisedExecutor(fabric)
+    fast = executor.run(schedule, size, 0.0)
+    assert executor.overlapping_rounds > 0
+    np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, size, 0.0), rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_rounds_on_random_fabrics_equal_message_level(seed):
+    """Random rounds (any sender to any receiver, several flows per rank, random sizes) from random
+    entry times on a random fabric: whatever the round path does (bottleneck rates, in-round fluid,
+    flows simulated with the round before, skipped rounds) or hands to the message path, the times
+    equal message-by-message execution."""
+    rng = np.random.default_rng(seed)
+    devices_per_node = int(rng.choice([1, 2]))
+    nodes = int(rng.integers(3, 9))
+    ranks = nodes * devices_per_node
+    fabric = _fabric(
+        nodes,
+        devices_per_node,
+        topology=str(rng.choice(["switch", "fat_tree", "torus_2d"])),
+        nodes_per_leaf=2,
+        oversubscription=float(rng.choice([1.0, 2.0])),
+    )
+    rounds = []
+    for _ in range(int(rng.integers(1, 7))):
+        count = int(rng.integers(1, ranks + 1))
+        src = rng.integers(0, ranks, count)
+        dst = (src + rng.integers(1, ranks, count)) % ranks
+        lo = rng.integers(0, 4, count)
+        rnd = Round(src, dst, lo, lo + rng.integers(1, 4, count), rng.integers(0, 2, count))
+        rounds.extend([rnd] * int(rng.integers(1, 4)))  # identical rounds in a row: the skipping path
+    schedule = Schedule("random", "allreduce", ranks, 8, lambda: rounds)
+    start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
+    fast, _ = run_collective(schedule, fabric, 8e6, start)
+    np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)

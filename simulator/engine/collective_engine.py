@@ -22,6 +22,7 @@ Times are absolute seconds; ``start`` gives each rank's time of entering the col
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -34,10 +35,12 @@ from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 _COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
 _COMPILED_SCHEDULES = 64
+_OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated with the previous round
 
 
 class ContentionDetected(RuntimeError):
@@ -85,6 +88,7 @@ class _Structure:
     version: int  # shared-link version ``checked`` was computed for
     # transfers that share a link with another transfer of the same round (in-round fluid simulation)
     contention: Contention
+    contended_mask: np.ndarray  # bool per transfer: in ``contention.flows``
     participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
     bytes: _RoundBytes | None = None
 
@@ -113,8 +117,15 @@ class VectorisedExecutor:
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
         self._pairs: dict[tuple[int, int], tuple[np.ndarray, float, float, float]] = {}
         self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
+        # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
+        self._writer_serial = np.full(links, -1, dtype=np.int64)
+        self._writer_index = np.zeros(links, dtype=np.int64)
+        self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
+        self._serial = 0  # executed rounds so far
+        self._placed: Placed | None = None  # the round executed just before, in this call
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
+        self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -157,6 +168,7 @@ class VectorisedExecutor:
                 owner[:0],
                 -1,
                 contention,
+                np.isin(np.arange(src.size), contention.flows),
                 None if identity else unique_ints(np.concatenate([src, dst])),
             )
             if len(self._structures) > 256:
@@ -200,12 +212,34 @@ class VectorisedExecutor:
         shared = shared[self.link_sender[shared] != -2]
         before = self.link_sender[shared]  # the one earlier sender, or -1 for a link new to all
         had_one = before >= 0
-        self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
+        self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
         fresh = previous == -1
         self.link_sender[links[fresh]] = senders[fresh]
         if shared.size:
             self.link_sender[shared] = -2
             self._shared_version += 1
+
+    def _busy_from_first_sender(self, links: np.ndarray, clock: np.ndarray) -> None:
+        """Busy times of ``links`` (sorted) as they gain a second sender: the end of the first sender's
+        flow there in the round just executed, if it sent one (then that flow is its last there, and
+        recorded as the link's writer), else its clock (no earlier than the end of any of its flows)."""
+        value = clock
+        placed = self._placed
+        if placed is not None and links.size:
+            hit = np.isin(placed.flat_links, links)
+            if hit.any():
+                owner = placed.flat_owner[hit]
+                position = np.searchsorted(links, placed.flat_links[hit])
+                ends = placed.flow_start[owner] + placed.duration[owner]
+                found = np.full(links.size, -np.inf)
+                np.maximum.at(found, position, ends)
+                last = ends >= found[position]
+                self._writer_serial[links[position[last]]] = placed.serial
+                self._writer_index[links[position[last]]] = owner[last]
+                # the first sender's earlier flows there ended before this one started
+                self._alone[links[position[last]]] = placed.flow_start[owner[last]]
+                value = np.where(np.isfinite(found), found, clock)
+        self.busy_until[links] = np.maximum(self.busy_until[links], value)
 
     def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
         if members is None:
@@ -234,6 +268,7 @@ class VectorisedExecutor:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
+        self._placed = None
         for rnd, count in self._runs(schedule):
             previous_input: np.ndarray | None = None  # entry times of the previous identical round
             done = 0
@@ -244,11 +279,15 @@ class VectorisedExecutor:
                     rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
                 ):
                     st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
-                new = self._execute(st, t, log, members)
+                self._serial += 1
+                new, overlapped = self._execute(st, t, log, members)
                 self.transfers += len(rnd)
                 done += 1
                 steady = None
-                if previous_input is not None and log is None and done < count:
+                if overlapped:  # this round's times depend on the previous round's flows, not on t alone
+                    previous_input = None
+                    self.overlapping_rounds += 1
+                elif previous_input is not None and log is None and done < count:
                     steady = self._steady_advance(st, previous_input, t, new)
                 previous_input, t = t, new
                 if steady is not None:
@@ -300,16 +339,100 @@ class VectorisedExecutor:
             nbytes / st.bottleneck_Bps,
         )
 
-    def _execute(self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None):
-        """Per-rank times after one round entered at ``t``; checks and updates the link state."""
+    def _execute(
+        self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None
+    ) -> tuple[np.ndarray, bool]:
+        """(per-rank times after one round entered at ``t``, whether flows of the previous round
+        had to be simulated with it); checks and updates the link state.
+
+        A flow that would start on a shared link while the previous round's flow there is still in
+        flight is simulated together with it (``round_overlap``): the previous round's exit times
+        (the ``t`` passed in) are then corrected before this round is timed again.
+        """
         rb = st.bytes
         assert rb is not None
-        begin = t if st.identity_src else t[st.src]
+        group: OverlapGroup | None = None
+        forced: tuple[np.ndarray, np.ndarray] | None = None  # (later flows, their end times)
+        attempts = 0
+        previous = self._placed
+        busy, serial, writer = self.busy_until, self._writer_serial, self._writer_index
+        owners = st.flat_owner[st.checked]
+        links = st.flat_links[st.checked]
+        while True:
+            begin = t if st.identity_src else t[st.src]
+            flow_start = begin + st.overhead_s
+            flow_s = self._durations(st, rb, flow_start, forced)
+            if not owners.size:
+                break
+            meets = flow_start[owners] < busy[links]
+            if group is not None and previous is not None:  # pairs simulated together may overlap
+                in_group = np.zeros(st.src.size, dtype=bool)
+                in_group[list(group.later)] = True
+                earlier = np.zeros(previous.duration.size, dtype=bool)
+                earlier[list(group.earlier)] = True
+                from_previous = serial[links] == previous.serial
+                earlier_writer = earlier[np.where(from_previous, writer[links], 0)]
+                meets &= ~(in_group[owners] & from_previous & earlier_writer)
+            if not meets.any():
+                break
+            if previous is None or log is not None or np.any(serial[links[meets]] != previous.serial):
+                raise ContentionDetected("flows of different rounds may overlap on a link")
+            group = group or OverlapGroup()
+            components = None
+            if st.contention.flows.size:
+                components = np.full(st.src.size, -1)
+                components[st.contention.flows] = st.contention.component
+            reason = group.add(
+                previous, owners[meets], writer[links[meets]], flow_start[owners[meets]] < self._alone[links[meets]],
+                components,
+            )  # fmt: skip
+            if reason is not None or attempts == _OVERLAP_ATTEMPTS:
+                raise ContentionDetected(f"flows of consecutive rounds overlap and {reason or 'do not settle'}")
+            attempts += 1
+            current = Placed(
+                self._serial, st, t, flow_start, flow_s, np.broadcast_to(rb.nbytes, st.src.shape),
+                st.flat_links, st.flat_owner, st.contended_mask, rb.reduce_s,
+            )  # fmt: skip
+            base = self._previous_without(previous, np.fromiter(group.earlier, dtype=np.int64))
+            base_start = (base if st.identity_src else base[st.src]) + st.overhead_s
+            earlier_flows, earlier_s, later_flows, later_end = group.simulate(
+                previous, current, base_start, self.fabric.capacity_Bps
+            )
+            forced = (later_flows, later_end)
+            t = self._replace_previous(previous, earlier_flows, earlier_s)
+        self._commit(st, flow_start, flow_s, owners, links)
+        self._placed = Placed(
+            self._serial,
+            st,
+            t,
+            flow_start,
+            flow_s,
+            np.broadcast_to(rb.nbytes, st.src.shape),
+            st.flat_links,
+            st.flat_owner,
+            st.contended_mask,
+            rb.reduce_s,
+            None if forced is None else np.isin(np.arange(st.src.size), forced[0]),
+        )
+        end = begin + st.alpha_s + flow_s
+        if log is not None:
+            log.src.append(st.senders)
+            log.dst.append(st.dst if members is None else members[st.dst])
+            log.nbytes.append(rb.nbytes)
+            log.start_s.append(begin.copy())
+            log.end_s.append(end.copy())
+        return self._leave(st, t, end, rb.reduce_s), group is not None
+
+    def _durations(
+        self, st: _Structure, rb: _RoundBytes, flow_start: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None
+    ) -> np.ndarray:
+        """Flow seconds of every transfer: bytes / bottleneck, the in-round fluid for contended ones,
+        and ``forced`` (indices, end times) for flows simulated with the previous round's."""
         flow_s = rb.flow_s
         contention = st.contention
         if contention.flows.size:
             flows = contention.flows
-            starts = begin[flows] + st.overhead_s[flows]
+            starts = flow_start[flows]
             nbytes = np.broadcast_to(rb.nbytes, st.src.shape)[flows]
             if rb.fluid_s is None:  # durations when all start together (they then do not depend on when)
                 zero = np.zeros(flows.size)
@@ -318,30 +441,60 @@ class VectorisedExecutor:
                 )
             flow_s = flow_s.copy()
             flow_s[flows] = contention.end_times(nbytes, starts, rb.fluid_s) - starts
-        if st.checked.size:
-            busy = self.busy_until
-            owners = st.flat_owner[st.checked]
-            links = st.flat_links[st.checked]
-            flow_begin = begin[owners] + st.overhead_s[owners]
-            if np.any(flow_begin < busy[links]):
-                raise ContentionDetected("flows of different rounds may overlap on a link")
-            if contention.flows.size:
-                np.maximum.at(busy, links, flow_begin + flow_s[owners])
-            else:
-                busy[links] = flow_begin + flow_s[owners]
-        end = begin + st.alpha_s + flow_s
-        # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
-        received = end if rb.reduce_s is None else end + rb.reduce_s
-        if log is not None:
-            log.src.append(st.senders)
-            log.dst.append(st.dst if members is None else members[st.dst])
-            log.nbytes.append(rb.nbytes)
-            log.start_s.append(begin.copy())
-            log.end_s.append(end.copy())
+        if forced is not None:
+            flow_s = flow_s.copy()
+            flow_s[forced[0]] = forced[1] - flow_start[forced[0]]
+        return flow_s
+
+    def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links) -> None:
+        """Record this round's flows on its checked links: busy until their end, and which flow."""
+        if not owners.size:
+            return
+        busy = self.busy_until
+        ends = flow_start[owners] + flow_s[owners]
+        before = busy[links]
+        np.maximum.at(busy, links, ends)
+        last = ends >= busy[links]
+        self._writer_serial[links[last]] = self._serial
+        self._writer_index[links[last]] = owners[last]
+        self._alone[links[last]] = before[last]
+
+    def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
+        """The previous round's exit times if ``flows`` did not exist (their terms left out)."""
+        st = previous.structure
+        assert isinstance(st, _Structure)
+        begin = previous.entry if st.identity_src else previous.entry[st.src]
+        end = begin + st.alpha_s + previous.duration
+        end[flows] = -np.inf
+        return self._leave(st, previous.entry, end, previous.reduce_s)
+
+    def _replace_previous(self, previous: Placed, flows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+        """The previous round's exit times with ``flows`` lasting ``seconds``; their links' busy times follow."""
+        st = previous.structure
+        assert isinstance(st, _Structure)
+        duration = previous.duration.copy()
+        duration[flows] = seconds
+        # the links the previous round wrote and these flows cross: busy until the latest end there
+        touched = np.isin(previous.flat_owner, flows)
+        mine = self._writer_serial[previous.flat_links] == previous.serial
+        on = np.isin(previous.flat_links, previous.flat_links[touched]) & mine
+        links, owner = previous.flat_links[on], previous.flat_owner[on]
+        ends = previous.flow_start[owner] + duration[owner]
+        self.busy_until[links] = -np.inf
+        np.maximum.at(self.busy_until, links, ends)
+        last = ends >= self.busy_until[links]
+        self._writer_index[links[last]] = owner[last]
+        begin = previous.entry if st.identity_src else previous.entry[st.src]
+        return self._leave(st, previous.entry, begin + st.alpha_s + duration, previous.reduce_s)
+
+    def _leave(self, st: _Structure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None) -> np.ndarray:
+        """Exit times of a round entered at ``t`` whose transfers arrive at ``end``: a sender leaves
+        when its send arrived, a receiver when it has added in what it received."""
+        received = end if reduce_s is None else end + reduce_s
         if st.shift:
             return np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
         if st.identity_src and st.permutation:
-            new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
+            new = end.copy()  # every rank sent: its clock moves to its send's end (>= its old clock)
             new[st.dst] = np.maximum(end[st.dst], received)
             return new
         new = t.copy()
@@ -388,13 +541,31 @@ class VectorisedExecutor:
         self.transfers += rounds * st.src.size
         self.extrapolated_rounds += rounds
         if np.ndim(shift):
-            return t + shift
-        t = t.copy()
-        if st.participants is None:
-            t += shift
+            moved = t + shift
         else:
-            t[st.participants] += shift
-        return t
+            moved = t.copy()
+            if st.participants is None:
+                moved += shift
+            else:
+                moved[st.participants] += shift
+        self._place_skipped(st, rounds, moved - t)
+        return moved
+
+    def _place_skipped(self, st: _Structure, rounds: int, shift: np.ndarray) -> None:
+        """Make the last skipped round the placed one, as the executed one shifted per rank by ``shift``
+        (the same flows, entered that much later), so the next round can still meet its flows."""
+        placed = self._placed
+        self._serial += rounds
+        if placed is None or placed.structure is not st:
+            self._placed = None
+            return
+        entry = placed.entry + shift
+        begin = entry if st.identity_src else entry[st.src]
+        moved = self._writer_serial == placed.serial
+        self._writer_serial[moved] = self._serial
+        flow_start = begin + st.overhead_s
+        self._alone[moved] = flow_start[self._writer_index[moved]]  # the identical round before: not tracked
+        self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
     def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
         """Arrival time of one point-to-point message of ``nbytes`` between fabric ranks, sent at
@@ -414,6 +585,7 @@ class VectorisedExecutor:
         links, alpha, bottleneck, overhead = pair
         if start_s < self.clock[src]:
             raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
+        self._placed = None  # this flow is not in the last round: busy times must come from clocks
         self.clock[src] = start_s
         self._claim(links, np.full(links.size, src, dtype=np.int64))
         begin = start_s + overhead
@@ -423,6 +595,7 @@ class VectorisedExecutor:
             if np.any(begin < self.busy_until[shared]):
                 raise ContentionDetected("a point-to-point message may overlap another flow on a link")
             self.busy_until[shared] = begin + flow
+            self._writer_serial[shared] = -1
         self.clock[src] = begin + flow
         self.transfers += 1
         return start_s + alpha + flow

@@ -116,6 +116,16 @@ def unique_ints(values: np.ndarray) -> np.ndarray:
     return ordered[np.concatenate(([True], ordered[1:] != ordered[:-1]))]
 
 
+@dataclass(frozen=True)
+class After:
+    """Start dependencies: flow ``dependent[i]`` cannot start before flow ``prerequisite[i]`` has
+    ended plus ``delay_s[i]`` (its own start time then being the latest of those and its base)."""
+
+    dependent: np.ndarray
+    prerequisite: np.ndarray
+    delay_s: np.ndarray
+
+
 def fluid_ends(
     owner: np.ndarray,
     link: np.ndarray,
@@ -123,42 +133,63 @@ def fluid_ends(
     nbytes: np.ndarray,
     starts: np.ndarray,
     component: np.ndarray | None = None,
+    after: After | None = None,
 ) -> np.ndarray:
     """End time of each flow in a fluid simulation of these flows alone.
 
     Flow ``owner[e]`` crosses local link ``link[e]``; flow i has ``nbytes[i]`` and starts at
-    ``starts[i]``. Max-min rates hold until the next start or end; flows that start or end at the
-    same instant are handled in one step. Zero-byte flows end as they start. ``component`` (flows
-    joined through shared links, see ``_components``) lets every component advance on its own
-    clock, from one of its own events to the next, all in the same step: unrelated components do
-    not multiply each other's events.
+    ``starts[i]`` (or, when ``after`` names prerequisites for it, at the latest of that and their
+    ends plus delays). Max-min rates hold until the next start or end; flows that start or end at
+    the same instant are handled in one step. Zero-byte flows end as they start. ``component``
+    (flows joined through shared links, see ``_components``; computed when not given) lets every
+    component advance on its own clock, from one of its own events to the next, all in the same
+    step: unrelated components do not multiply each other's events.
     """
+    flows = np.asarray(nbytes).size
     remaining = np.asarray(nbytes, dtype=np.float64).copy()
-    starts = np.asarray(starts, dtype=np.float64)
-    ends = starts.copy()
-    pending = remaining > 0  # not yet ended
-    if not pending.any():
-        return ends
-    if component is None:
-        component, count = _components(owner, link, remaining.size, int(link.max()) + 1 if link.size else 0)
+    start = np.asarray(starts, dtype=np.float64).copy()
+    ends = np.full(flows, np.nan)
+    unmet = np.zeros(flows, dtype=np.int64)  # prerequisites not yet ended
+    if after is not None and after.dependent.size:
+        np.add.at(unmet, after.dependent, 1)
+    if component is None or after is not None:
+        links = int(link.max()) + 1 if link.size else 0
+        own, via = owner, link
+        if after is not None and after.dependent.size:  # a dependency joins two flows like a shared link
+            virtual = links + np.arange(after.dependent.size)
+            own = np.concatenate([owner, after.dependent, after.prerequisite])
+            via = np.concatenate([link, virtual, virtual])
+            links += after.dependent.size
+        component, count = _components(own, via, flows, links)
     else:
-        count = int(component.max()) + 1
+        count = int(component.max()) + 1 if flows else 0
+    pending = np.ones(flows, dtype=bool)
+    known = unmet == 0  # start time known
     now = np.full(count, np.inf)
-    np.minimum.at(now, component[pending], starts[pending])
-    while True:
-        active = pending & (starts <= now[component])
+    np.minimum.at(now, component[known], start[known])
+    while pending.any():
+        active = pending & known & (start <= now[component])
         keep = active[owner]
-        rates = max_min_fair_rates_flat(owner[keep], link[keep], remaining.size, capacity_Bps)
+        rates = max_min_fair_rates_flat(owner[keep], link[keep], flows, capacity_Bps)
         finish = np.where(active, now[component] + remaining / np.where(active, rates, 1.0), np.inf)
-        after = np.full(count, np.inf)
-        np.minimum.at(after, component, finish)
-        waiting = pending & ~active
-        np.minimum.at(after, component[waiting], starts[waiting])
-        here = after[component]
+        step_to = np.full(count, np.inf)
+        np.minimum.at(step_to, component, finish)
+        waiting = pending & known & ~active
+        np.minimum.at(step_to, component[waiting], start[waiting])
+        here = step_to[component]
         ending = active & (finish <= here + FLUID_TOLERANCE * np.maximum(np.abs(here), 1e-9))
         remaining = np.where(active, remaining - rates * (here - now[component]), remaining)
         ends[ending] = here[ending]
         pending &= ~ending
-        if not pending.any():
-            return ends
-        now = np.where(np.isfinite(after), after, now)
+        if after is not None and after.dependent.size and ending.any():
+            done = ending[after.prerequisite]
+            dependents = after.dependent[done]
+            np.maximum.at(start, dependents, here[after.prerequisite[done]] + after.delay_s[done])
+            np.subtract.at(unmet, dependents, 1)
+            ready = pending & ~known & (unmet == 0)
+            known |= ready
+            # a component whose clock ran out of events waits for the flows that just became known
+            idle = ~np.isfinite(step_to)
+            np.minimum.at(step_to, component[ready & idle[component]], start[ready & idle[component]])
+        now = np.where(np.isfinite(step_to), step_to, now)
+    return ends
