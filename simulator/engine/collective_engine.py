@@ -548,10 +548,10 @@ class VectorisedExecutor:
                 moved += shift
             else:
                 moved[st.participants] += shift
-        self._place_skipped(st, rounds, moved - t)
+        self._place_skipped(st, rounds, moved - t, steady.advance_s)
         return moved
 
-    def _place_skipped(self, st: _Structure, rounds: int, shift: np.ndarray) -> None:
+    def _place_skipped(self, st: _Structure, rounds: int, shift: np.ndarray, advance_s) -> None:
         """Make the last skipped round the placed one, as the executed one shifted per rank by ``shift``
         (the same flows, entered that much later), so the next round can still meet its flows."""
         placed = self._placed
@@ -564,7 +564,11 @@ class VectorisedExecutor:
         moved = self._writer_serial == placed.serial
         self._writer_serial[moved] = self._serial
         flow_start = begin + st.overhead_s
-        self._alone[moved] = flow_start[self._writer_index[moved]]  # the identical round before: not tracked
+        if np.ndim(advance_s) == 0:
+            # uniform advance: the flow there before was the same flow one round (c) earlier
+            self._alone[moved] = self.busy_until[moved] - advance_s
+        else:
+            self._alone[moved] = flow_start[self._writer_index[moved]]  # not tracked: assume the worst
         self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
     def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
