@@ -5,9 +5,11 @@ Three tables:
 1. every registered collective algorithm x topology (switch, fat_tree, torus_2d, torus_3d) x one or
    eight devices per node, at 4096 and 131,072 ranks, 100 MB all-reduce (``chain`` has no
    all-reduce: its broadcast is timed instead). Each cell runs ``python -m ddlsim collective ...``
-   in a fresh process: the wall seconds of the whole command (interpreter start included), its peak
-   resident memory, and the execution path the command printed. Targets: < 2 s at 4096 ranks,
-   < 10 s at 131,072 ranks. A cell that runs past ``--timeout`` is killed and shown as ``>T``.
+   in a fresh process: the wall seconds of the whole command (interpreter start included), its CPU
+   seconds (user + system: what the wall time would be on an idle machine), its peak resident
+   memory, and the execution path the command printed. Targets: < 2 s at 4096 ranks, < 10 s at
+   131,072 ranks, on the wall time. A cell that runs past ``--timeout`` is killed and shown as
+   ``>T``; one that needs more than 8 GiB of address space fails with a MemoryError.
 2. the message path on its own: a ring all-reduce run message by message (``MessageExecutor``) at
    32, 64 and 128 ranks, in-process (before issue 12: 1 s, 6 s and 74 s).
 3. the flow network on its own: 4096 flows into one port at once, then 20,000 staggered flows.
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -73,15 +76,22 @@ print(time.perf_counter() - started, max(ends), len(ends))
 """
 
 
-def timed(args: list[str], timeout_s: float) -> tuple[float, int, str, bool, int]:
-    """(wall seconds, exit status, output, timed out, peak RSS bytes) of one child process.
+MEMORY_LIMIT_BYTES = 8 * 2**30  # a child that needs more is stopped (the machine is shared)
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
+
+
+def timed(args: list[str], timeout_s: float) -> tuple[float, int, str, bool, int, float]:
+    """(wall seconds, exit status, output, timed out, peak RSS bytes, CPU seconds) of one child.
 
     The child writes into a temporary file and is reaped with ``os.wait4``, which gives its own
-    resource usage (peak RSS) rather than the sum over all children.
+    resource usage (peak RSS, user + system CPU) rather than the sum over all children.
     """
     with tempfile.TemporaryFile("w+") as out:
         started = time.perf_counter()
-        child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True)
+        child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=_limit_memory)
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             wall = time.perf_counter() - started
@@ -90,11 +100,11 @@ def timed(args: list[str], timeout_s: float) -> tuple[float, int, str, bool, int
             if wall > timeout_s:
                 child.kill()
                 os.wait4(child.pid, 0)
-                return wall, -1, "", True, 0
+                return wall, -1, "", True, 0, 0.0
             time.sleep(0.005)
         child.returncode = os.waitstatus_to_exitcode(status)  # reaped here: keep Popen from waiting again
         out.seek(0)
-        return wall, child.returncode, out.read(), False, usage.ru_maxrss * 1024
+        return wall, child.returncode, out.read(), False, usage.ru_maxrss * 1024, usage.ru_utime + usage.ru_stime
 
 
 def command(algorithm: str, topology: str, dpn: int, ranks: int) -> list[str]:
@@ -116,32 +126,36 @@ def path_of(out: str) -> str:
 
 def collective_table(algorithms: list[str], ranks_list: list[int], repeat: int, timeout_s: float) -> bool:
     print("# 1. ddlsim collective, 100 MB all-reduce (chain: broadcast), whole command")
-    header = f"{'algorithm':19} {'topology':9} {'dpn':>3} {'ranks':>7} {'min_s':>7} {'median_s':>8} {'peak_MB':>7}"
-    print(f"{header}  {'path':11} target")
+    header = f"{'algorithm':19} {'topology':9} {'dpn':>3} {'ranks':>7} {'min_s':>7} {'median_s':>8} {'cpu_s':>6}"
+    print(f"{header} {'peak_MB':>7}  {'path':11} target")
     ok_all = True
     for algorithm in algorithms:
         for topology in TOPOLOGIES:
             for dpn in (1, 8):
                 for ranks in ranks_list:
-                    walls, peaks, path, timed_out = [], [], "", False
+                    walls, cpus, peaks, path, timed_out = [], [], [], "", False
                     for _ in range(repeat):
-                        wall, code, out, timed_out, peak = timed(command(algorithm, topology, dpn, ranks), timeout_s)
+                        wall, code, out, timed_out, peak, cpu = timed(
+                            command(algorithm, topology, dpn, ranks), timeout_s
+                        )
                         if timed_out:
                             break
                         walls.append(wall)
+                        cpus.append(cpu)
                         peaks.append(peak)
-                        path = path_of(out) if code == 0 else "error: " + out.strip().splitlines()[-1][:70]
+                        lines = out.strip().splitlines() or ["no output"]
+                        path = path_of(out) if code == 0 else "error: " + lines[-1][:70]
                     target = TARGET_S.get(ranks, 10.0)
                     if timed_out:
-                        shown, median, peak_mb, verdict = f">{timeout_s:.0f}", "", "", "MISSED"
+                        shown, median, cpu_s, peak_mb, verdict = f">{timeout_s:.0f}", "", "", "", "MISSED"
                     else:
                         shown, median = f"{min(walls):.2f}", f"{statistics.median(walls):.2f}"
-                        peak_mb = f"{max(peaks) / 1e6:.0f}"
+                        cpu_s, peak_mb = f"{min(cpus):.2f}", f"{max(peaks) / 1e6:.0f}"
                         verdict = "ok" if min(walls) < target and not path.startswith("error") else "MISSED"
                     ok_all &= verdict == "ok"
                     print(
-                        f"{algorithm:19} {topology:9} {dpn:>3} {ranks:>7} {shown:>7} {median:>8} {peak_mb:>7}  "
-                        f"{path:11} {verdict} (< {target:g} s)",
+                        f"{algorithm:19} {topology:9} {dpn:>3} {ranks:>7} {shown:>7} {median:>8} {cpu_s:>6} "
+                        f"{peak_mb:>7}  {path:11} {verdict} (< {target:g} s)",
                         flush=True,
                     )
     return ok_all
@@ -152,7 +166,7 @@ def child_table(title: str, code: str, cases: list[list[str]], label, repeat: in
     for case in cases:
         runs = []
         for _ in range(repeat):
-            _, code_rc, out, timed_out, _ = timed([sys.executable, "-c", code, *case], timeout_s)
+            _, code_rc, out, timed_out, _, _ = timed([sys.executable, "-c", code, *case], timeout_s)
             if timed_out or code_rc:
                 runs = []
                 break
