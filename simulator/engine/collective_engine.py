@@ -119,6 +119,7 @@ class VectorisedExecutor:
         self._writer_serial = np.full(links, -1, dtype=np.int64)
         self._writer_index = np.zeros(links, dtype=np.int64)
         self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
+        self._scratch = np.zeros(links, dtype=np.int64)
         self._serial = 0  # executed rounds so far
         self._placed: Placed | None = None  # the round executed just before, in this call
         self.transfers = 0
@@ -196,14 +197,11 @@ class VectorisedExecutor:
         than the end of any flow it started); two senders on one link within a round are
         handled by the round itself (the contended path) and checked against later rounds.
         """
-        within = links[:0]
-        if links.size > 1:
-            order = np.argsort(links, kind="stable")
-            ordered, by = links[order], senders[order]
-            starts = np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))
-            lowest = np.minimum.reduceat(by, starts)
-            highest = np.maximum.reduceat(by, starts)
-            within = ordered[starts[lowest != highest]]  # links with two senders in this batch
+        # links with two senders in this batch: some entry's sender differs from the one recorded
+        # last for its link (a scratch array over the fabric's links: linear, no sort)
+        scratch = self._scratch
+        scratch[links] = senders
+        within = links[scratch[links] != senders]
         previous = self.link_sender[links]
         across = links[(previous >= 0) & (previous != senders)]
         shared = unique_ints(np.concatenate([across, within]))
@@ -451,7 +449,10 @@ class VectorisedExecutor:
         busy = self.busy_until
         ends = flow_start[owners] + flow_s[owners]
         before = busy[links]
-        np.maximum.at(busy, links, ends)
+        if st.contention.flows.size:  # flows of the round share links: a link may appear twice
+            np.maximum.at(busy, links, ends)
+        else:  # every checked link once: no unbuffered max needed
+            busy[links] = np.maximum(before, ends)
         last = ends >= busy[links]
         self._writer_serial[links[last]] = self._serial
         self._writer_index[links[last]] = owners[last]

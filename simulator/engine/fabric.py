@@ -308,38 +308,43 @@ class Fabric:
 
         Link id of (node, dim, direction) is torus_base + (node * dims + dim) * 2 + direction
         (direction 0 = +1, 1 = -1). In dimension d the route walks from the node that already has
-        b's coordinates in the dimensions before d and a's from d on.
+        b's coordinates in the dimensions before d and a's from d on. Coordinates are computed once
+        per transfer; per hop only an add, a modulo and a multiply-add remain.
         """
         shape = self.shape
         dims = len(shape)
         strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
+        coord_a = [(a // strides[d]) % shape[d] for d in range(dims)]
+        coord_b = [(b // strides[d]) % shape[d] for d in range(dims)]
         hops, plus = [], []
-        for dim, extent in enumerate(shape):
-            forward = ((b // strides[dim]) % extent - (a // strides[dim]) % extent) % extent
+        for d, extent in enumerate(shape):
+            forward = (coord_b[d] - coord_a[d]) % extent
             go_plus = forward <= extent - forward
             hops.append(np.where(go_plus, forward, extent - forward))
             plus.append(go_plus)
         total = np.sum(hops, axis=0)
-        out = np.full((a.size, int(total.max()) if a.size else 0), -1, dtype=np.int64)
-        done = np.zeros(a.size, dtype=np.int64)  # hops already placed in each row
+        width = int(total.max()) if a.size else 0
+        out = np.full(a.size * width, -1, dtype=np.int64)  # flat (transfer, hop) matrix
+        done = np.arange(a.size, dtype=np.int64) * width  # where each transfer's next hop goes
         current = a.copy()
-        for dim, extent in enumerate(shape):
-            count = hops[dim]
+        for d, extent in enumerate(shape):
+            count = hops[d]
             rows = np.flatnonzero(count)
             if rows.size:
                 n = count[rows]
                 row = np.repeat(rows, n)
-                first = np.cumsum(n) - n
-                step = np.arange(row.size) - np.repeat(first, n)  # 0..n-1 within each row
-                sign = np.where(plus[dim][row], 1, -1)
-                coordinate = (current[row] // strides[dim]) % extent
-                base = current[row] - coordinate * strides[dim]
-                node = base + ((coordinate + sign * step) % extent) * strides[dim]
-                direction = np.where(plus[dim][row], 0, 1)
-                out[row, done[row] + step] = self.torus_base + (node * dims + dim) * 2 + direction
+                step = np.arange(row.size, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)  # 0..n-1 per row
+                sign = np.where(plus[d][rows], 1, -1)
+                base = current[rows] - coord_a[d][rows] * strides[d]  # the node with coordinate 0 here
+                node = (
+                    np.repeat(base, n)
+                    + ((np.repeat(coord_a[d][rows], n) + np.repeat(sign, n) * step) % extent) * strides[d]
+                )
+                link = (node * dims + d) * 2 + np.repeat(np.where(plus[d][rows], 0, 1), n)
+                out[np.repeat(done[rows], n) + step] = self.torus_base + link
                 done += count
-            current = current + ((b // strides[dim]) % extent - (current // strides[dim]) % extent) * strides[dim]
-        return out
+            current = current + (coord_b[d] - coord_a[d]) * strides[d]
+        return out.reshape(a.size, width)
 
     # --- costs -----------------------------------------------------------------------------------
     def overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
