@@ -45,9 +45,16 @@ class Contention:
         """From every binding hop of a round: ``flat_links[e]`` crossed by transfer ``owner[e]``.
 
         Counts per link id (``bincount`` over the fabric's links: linear, no sort)."""
-        uses = np.bincount(flat_links, minlength=capacity_Bps.size) if flat_links.size else np.zeros(0, np.int64)
-        shared = uses[flat_links] > 1  # entries on a link another entry also uses
-        if not shared.any():
+        if flat_links.size * 16 < capacity_Bps.size:  # a small round on a large fabric: sort instead
+            order = np.argsort(flat_links)
+            ordered = flat_links[order]
+            repeated = ordered[1:] == ordered[:-1]
+            shared = np.zeros(flat_links.size, dtype=bool)
+            shared[order[1:][repeated]] = True
+            shared[order[:-1][repeated]] = True
+        else:
+            shared = np.bincount(flat_links, minlength=capacity_Bps.size)[flat_links] > 1
+        if not shared.any():  # no entry on a link another entry also uses
             empty = owner[:0]
             return Contention(empty, empty, empty, np.empty(0), empty, 0)
         mask = np.zeros(int(owner.max()) + 1, dtype=bool)
@@ -55,11 +62,8 @@ class Contention:
         flows = np.flatnonzero(mask)
         local = np.cumsum(mask) - 1  # transfer -> position among the contended
         entries = mask[owner]
-        hops = flat_links[entries]
-        used = np.zeros(capacity_Bps.size, dtype=bool)
-        used[hops] = True
-        links = np.flatnonzero(used)
-        local_link = (np.cumsum(used) - 1)[hops]
+        links, local_link = np.unique(flat_links[entries], return_inverse=True)  # sorts: fast for ints
+        local_link = local_link.ravel()
         local_owner = local[owner[entries]]
         component, count = _components(local_owner, local_link, flows.size, links.size)
         return Contention(flows, local_owner, local_link, capacity_Bps[links], component, count)
