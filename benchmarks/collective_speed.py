@@ -14,7 +14,7 @@ Three tables:
    32, 64 and 128 ranks, in-process (before issue 12: 1 s, 6 s and 74 s).
 3. the flow network on its own: 4096 flows into one port at once, then 20,000 staggered flows.
 
-    python benchmarks/collective_speed.py                      # everything (about 15 minutes)
+    python benchmarks/collective_speed.py                      # everything (about 20 minutes)
     python benchmarks/collective_speed.py --ranks 4096 --algorithms ring,hierarchical
     python benchmarks/collective_speed.py --tables 2,3 --repeat 3
 
