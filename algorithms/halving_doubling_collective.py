@@ -47,12 +47,16 @@ from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedul
 
 
 def _allreduce_rounds(ranks: int) -> Iterator[Round]:
+    """The rounds; the allgather at distance d reuses the reduce-scatter's src and dst arrays at d,
+    so executors that cache per-round work on those arrays (routes) compute it once per distance."""
     pof2, rem = fold(ranks)
     even, odd = fold_pairs(rem)
     if rem:
         yield Round.of(even, odd, 0, pof2, REDUCE)
     newrank = np.arange(pof2, dtype=np.int64)
     src = rank_of(newrank, rem)
+    partner: dict[int, np.ndarray] = {}
+    reduce, copy = np.full(pof2, REDUCE, dtype=np.int64), np.full(pof2, COPY, dtype=np.int64)
     lo = np.zeros(pof2, dtype=np.int64)  # start of the range each new rank is responsible for
     size = pof2
     step = 1
@@ -60,14 +64,15 @@ def _allreduce_rounds(ranks: int) -> Iterator[Round]:
         half = size // 2
         upper = (newrank & step) != 0
         send_lo = np.where(upper, lo, lo + half)
-        yield Round.of(src, rank_of(newrank ^ step, rem), send_lo, send_lo + half, REDUCE)
+        partner[step] = rank_of(newrank ^ step, rem)
+        yield Round(src, partner[step], send_lo, send_lo + half, reduce)
         lo = np.where(upper, lo + half, lo)
         size = half
         step <<= 1
     step >>= 1
     while step >= 1:  # allgather: retrace, doubling the range
         upper = (newrank & step) != 0
-        yield Round.of(src, rank_of(newrank ^ step, rem), lo, lo + size, COPY)
+        yield Round(src, partner[step], lo, lo + size, copy)
         lo = np.where(upper, lo - size, lo)
         size *= 2
         step >>= 1

@@ -82,13 +82,41 @@ def _per_node(pairs: Iterator[tuple[np.ndarray, np.ndarray]], ranks: int, local:
 
 
 def _local_ring(ranks: int, local: int, chunks_per_part: int, first: int, op: int) -> Iterator[Round]:
-    """local-1 ring steps inside every node; in step s device i sends part (i + first - s) mod local."""
+    """local-1 ring steps inside every node; in step s device i sends part (i + first - s) mod local.
+
+    The steps share their src, dst, count and op arrays (as ``ring_collective`` does), so executors
+    recognise them as the same round.
+    """
     rank = np.arange(ranks, dtype=np.int64)
     index = rank % local
     right = rank - index + (index + 1) % local
+    count = np.full(ranks, chunks_per_part, dtype=np.int64)
+    ops = np.full(ranks, op, dtype=np.int64)
     for step in range(local - 1):
-        part = (index + first - step) % local
-        yield Round.of(rank, right, part * chunks_per_part, (part + 1) * chunks_per_part, op)
+        yield Round.lazy(rank, right, count, ops, lambda s=step: ((index + first - s) % local) * chunks_per_part)
+
+
+class _Mapped:
+    """Arrays derived from the inner schedule's, computed once per inner array and then shared.
+
+    The inner schedule's rounds share their arrays (a ring's 2(N-1) steps use one src array), so
+    mapping them afresh every round would hand the executors new arrays each time and defeat their
+    per-round caches; keyed on the inner array's identity (held, so the id stays valid) the mapped
+    arrays come back as the same objects, round after round and call after call.
+    """
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[str, int], tuple[Any, np.ndarray]] = {}
+
+    def __call__(self, kind: str, array: Any, build) -> np.ndarray:
+        key = (kind, id(array))
+        hit = self._cache.get(key)
+        if hit is None or hit[0] is not array:
+            if len(self._cache) > 64:
+                self._cache.clear()
+            hit = (array, build(array))
+            self._cache[key] = hit
+        return hit[1]
 
 
 class HierarchicalCollective:
@@ -103,26 +131,39 @@ class HierarchicalCollective:
         inner_name, inner, inner_options, intra, local, nodes = _settings(ranks, devices_per_node, options)
         inner_schedule = _inner_schedule(inner_name, inner, nodes, inner_options)
         inner_chunks = inner_schedule.num_chunks
+        mapped = _Mapped()
+        index = np.arange(local, dtype=np.int64)[:, None]
+        offset = ((index + 1) % local) * inner_chunks  # device i owns part i+1 after the local ring
 
         def leader_rounds() -> Iterator[Round]:
             for src, dst in _per_node(reduce_pairs(local), ranks, local):
                 yield Round.of(src, dst, 0, inner_chunks, REDUCE)
             for rnd in inner_schedule.rounds():
-                yield Round(rnd.src * local, rnd.dst * local, rnd.chunk_lo, rnd.chunk_hi, rnd.op)
+                yield Round.lazy(
+                    mapped("leader", rnd.src, lambda a: a * local),
+                    mapped("leader", rnd.dst, lambda a: a * local),
+                    rnd.chunk_count,
+                    rnd.op,
+                    lambda rnd=rnd: rnd.chunk_lo,
+                )
             for src, dst in _per_node(broadcast_pairs(local), ranks, local):
                 yield Round.of(src, dst, 0, inner_chunks, COPY)
 
         def scatter_rounds() -> Iterator[Round]:
             yield from _local_ring(ranks, local, inner_chunks, 0, REDUCE)
-            index = np.arange(local, dtype=np.int64)[:, None]
-            offset = ((index + 1) % local) * inner_chunks  # device i owns part i+1 after the ring
             for rnd in inner_schedule.rounds():
-                yield Round(
-                    (rnd.src * local + index).ravel(),
-                    (rnd.dst * local + index).ravel(),
-                    (rnd.chunk_lo + offset).ravel(),
-                    (rnd.chunk_hi + offset).ravel(),
-                    np.tile(rnd.op, local),
+                yield Round.lazy(
+                    mapped("device", rnd.src, lambda a: (a * local + index).ravel()),
+                    mapped("device", rnd.dst, lambda a: (a * local + index).ravel()),
+                    mapped(
+                        f"tile{rnd.src.size}",
+                        rnd.chunk_count,
+                        lambda a, n=rnd.src.size: np.tile(np.broadcast_to(a, n), local),
+                    ),
+                    mapped(
+                        f"tile{rnd.src.size}", rnd.op, lambda a, n=rnd.src.size: np.tile(np.broadcast_to(a, n), local)
+                    ),
+                    lambda rnd=rnd: (rnd.chunk_lo + offset).ravel(),
                 )
             yield from _local_ring(ranks, local, inner_chunks, 1, COPY)
 

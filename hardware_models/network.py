@@ -73,8 +73,9 @@ def max_min_fair_rates_flat(
         level = share.min()
         bottleneck = used & (share <= level * (1 + tolerance))
         hit = open_entries & bottleneck[link]
-        newly = np.unique(owner[hit])
+        newly = np.zeros(flows, dtype=bool)
+        newly[owner[hit]] = True
         rates[newly] = level
-        frozen[newly] = True
-        entries = np.isin(owner, newly)
+        frozen |= newly
+        entries = newly[owner]
         np.subtract.at(remaining, link[entries], level)

@@ -9,6 +9,7 @@ from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
+    TransferLog,
     VectorisedExecutor,
     run_collective,
 )
@@ -104,18 +105,36 @@ def test_flows_sharing_a_link_in_one_round_get_equal_shares():
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
 
 
-def test_contended_flows_starting_apart_go_to_the_message_path():
-    """Ranks 0 and 1 enter at different times and both send to rank 2: their flows overlap only in
-    part, which the in-round fluid step does not model, so the executor must refuse."""
-    ib = load_link("ib_edr")
-    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=ib))
-    schedule = _one_round([(0, 2), (1, 2)], 3)
-    start = np.array([0.0, 1e-5, 0.0])
+def _rounds(*pairs, ranks):
+    rounds = [Round(np.array([a]), np.array([b]), np.array([0]), np.array([1]), np.array([REDUCE])) for a, b in pairs]
+    return Schedule("rounds", "allreduce", ranks, 1, lambda: rounds)
+
+
+def test_flows_of_consecutive_rounds_that_overlap_run_together():
+    """Round 1: 0 -> 2; round 2: 1 -> 2. Rank 1 takes no part in round 1, so it sends in round 2 at
+    once, while 0's flow still streams into rank 2's port: the two flows share that port from the
+    start, B/2 each, and both arrive at alpha + 2 MB / B, as if they had been one round."""
+    fabric = _fabric(3)
+    schedule = _rounds((0, 2), (1, 2), ranks=3)
+    finish, path = run_collective(schedule, fabric, 1e6)
+    assert path == "vectorised"
+    alpha, b = fabric.hop_cost(0, 2).alpha_s, fabric.spec.network.port_bandwidth_Bps
+    assert finish[0] == pytest.approx(alpha + 2e6 / b, rel=1e-12)
+    assert finish[2] == pytest.approx(alpha + 2e6 / b, rel=1e-12)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
+
+
+def test_flows_overlapping_a_flow_two_rounds_back_go_to_the_message_path():
+    """Round 1: 0 -> 2; round 2: 3 -> 4; round 3: 1 -> 2, sent at once by rank 1 while round 1's flow
+    still streams into rank 2's port. Only the round just before is simulated with a round, so the
+    executor must refuse and ``auto`` must fall back to the message path."""
+    fabric = _fabric(5)
+    schedule = _rounds((0, 2), (3, 4), (1, 2), ranks=5)
     with pytest.raises(ContentionDetected):
-        VectorisedExecutor(fabric).run(schedule, 1e6, start)
-    finish, path = run_collective(schedule, fabric, 1e6, start)
+        VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
+    finish, path = run_collective(schedule, fabric, 1e6)
     assert path == "message"
-    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, start), rtol=1e-12)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
 
 
 def test_uneven_contended_round_re_rates_as_flows_end():
@@ -238,3 +257,147 @@ def test_point_to_point_from_a_rank_inside_a_collective_is_refused(switch_fabric
     with pytest.raises(ContentionDetected):
         executor.transfer(0, 1, 1e3, float(finish[0]) / 2)
     assert executor.transfer(0, 1, 1e3, float(finish[0])) > finish[0]
+
+
+def _fabric(nodes, devices_per_node=1, **kwargs):
+    return Fabric(
+        FabricSpec(
+            nodes=nodes,
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+            network=load_link("ib_edr"),
+            **kwargs,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "nodes", "devices_per_node", "topology", "uneven"),
+    [
+        ("ring", 96, 1, "switch", True),  # uniform advance from the first rounds on
+        ("ring", 12, 8, "fat_tree", True),  # the slow hops pace everyone after a short transient
+        ("topk_sparse", 8, 8, "fat_tree", True),  # cross-leaf hops 200 ns slower: the affine advance
+        ("torus_2d", 16, 4, "torus_3d", True),
+        # the inner ring's rounds share their arrays; uneven entry makes the leaders' flows overlap
+        # the intra-node phase's (no round path), so only even entry is asked of it
+        ("hierarchical", 24, 4, "switch", False),
+    ],
+)
+def test_skipped_rounds_give_the_message_level_times(algorithm, nodes, devices_per_node, topology, uneven):
+    """Runs of identical rounds are extrapolated (uniform or affine advance), not executed, and the
+    per-rank times still equal message-by-message execution, with even and uneven entry times."""
+    fabric = _fabric(nodes, devices_per_node, topology=topology, nodes_per_leaf=4)
+    ranks = nodes * devices_per_node
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=devices_per_node)
+    rng = np.random.default_rng(3)
+    starts = [0.0, np.where(rng.random(ranks) < 0.2, rng.random(ranks) * 2e-4, 0.0)]
+    for start in starts if uneven else starts[:1]:
+        executor = VectorisedExecutor(fabric)
+        fast = executor.run(schedule, 30e6, start)
+        assert executor.extrapolated_rounds > 0
+        exact = MessageExecutor(fabric).run(schedule, 30e6, start)
+        np.testing.assert_allclose(fast, exact, rtol=1e-9)
+        assert executor.transfers == sum(len(rnd) for rnd in schedule.rounds())
+
+
+def test_affine_advance_equals_round_by_round_on_a_long_transient():
+    """512 ranks of top-k on a fat tree, 8 per node, 2 nodes per leaf: the transient lasts hundreds
+    of rounds. Asking for a transfer log turns every shortcut off; the times must not change."""
+    fabric = _fabric(64, 8, topology="fat_tree", nodes_per_leaf=2)
+    schedule = COLLECTIVE_ALGORITHMS.get("topk_sparse").schedule("allreduce", 512, devices_per_node=8)
+    skipping = VectorisedExecutor(fabric)
+    fast = skipping.run(schedule, 100e6, 0.0)
+    assert skipping.extrapolated_rounds > 400
+    every = VectorisedExecutor(fabric)
+    slow = every.run(schedule, 100e6, 0.0, log=TransferLog([], [], [], [], []))
+    assert every.extrapolated_rounds == 0
+    np.testing.assert_allclose(fast, slow, rtol=1e-12)
+    assert skipping.transfers == every.transfers == 511 * 512
+
+
+@pytest.mark.parametrize("algorithm", ["double_binary_tree", "torus_2d", "recursive_doubling", "halving_doubling"])
+def test_full_bisection_leaf_links_left_out_change_nothing(algorithm):
+    """On a fat tree with oversubscription 1 the leaf links are redundant (their constraint follows
+    from the NICs'): leaving them out gives the times of the full computation (message path, every
+    link in), and keeps the double binary tree and the 2D torus on the round path."""
+    fabric = _fabric(32, 2, topology="fat_tree", nodes_per_leaf=4)
+    assert fabric.redundant.sum() == 2 * 8  # up and down link of each of the 8 leaves
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", 64, devices_per_node=2)
+    finish, path = run_collective(schedule, fabric, 20e6)
+    assert path == "vectorised"
+    full = _fabric(32, 2, topology="fat_tree", nodes_per_leaf=4)
+    full.redundant[:] = False
+    exact = MessageExecutor(full).run(schedule, 20e6, 0.0)
+    np.testing.assert_allclose(finish, exact, rtol=1e-9)
+
+
+def test_oversubscribed_leaf_links_are_not_redundant():
+    assert not _fabric(32, 1, topology="fat_tree", nodes_per_leaf=4, oversubscription=2.0).redundant.any()
+    # the last leaf holds 2 nodes only: its links are 4 NICs wide, still at least its NICs' sum
+    assert _fabric(10, 1, topology="fat_tree", nodes_per_leaf=4).redundant.sum() == 6
+
+
+def test_contended_flows_starting_apart_run_as_a_fluid():
+    """Ranks 0 and 1 send 1 MB to rank 2, entering 1e-5 s apart (B: port rate, a: alpha).
+
+    0 streams alone until 1's flow starts, then both share rank 2's downlink at B/2, then 1 alone:
+    0 moves x = B * 1e-5 bytes alone and its remaining 1e6 - x at B/2, so it ends at
+    1e-5 + 2 (1e6 - x) / B after its flow start; 1 ends (1e6 + 1e6) / B after 0's flow start."""
+    fabric = _fabric(3)
+    b = fabric.spec.network.port_bandwidth_Bps
+    schedule = _one_round([(0, 2), (1, 2)], 3)
+    start = np.array([0.0, 1e-5, 0.0])
+    finish, path = run_collective(schedule, fabric, 1e6, start)
+    assert path == "vectorised"
+    o = fabric.spec.network.per_message_overhead_s
+    alpha = fabric.hop_cost(0, 2).alpha_s
+    x = b * 1e-5
+    assert finish[0] == pytest.approx(alpha + 1e-5 + 2 * (1e6 - x) / b, rel=1e-9)
+    assert finish[1] == pytest.approx(o + 2e6 / b + (alpha - o), rel=1e-9)
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, start), rtol=1e-12)
+
+
+@pytest.mark.parametrize("size", [1e6, 50e6])
+def test_rounds_overlapping_the_round_before_are_simulated_with_it(size):
+    """A 2D-torus all-reduce of 96 single-device nodes (8 rows of 12) on a fat tree with 16 nodes per
+    leaf: rows that straddle leaves lag by 200 ns per cross-leaf hop, so at a phase change a rank's
+    first flow into a port meets the last flow of the previous phase still streaming there. That
+    round is simulated together with the round before (not handed to the message path), and every
+    time equals message-by-message execution."""
+    fabric = _fabric(96, topology="fat_tree", nodes_per_leaf=16)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 96)
+    executor = VectorisedExecutor(fabric)
+    fast = executor.run(schedule, size, 0.0)
+    assert executor.overlapping_rounds > 0
+    np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, size, 0.0), rtol=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_rounds_on_random_fabrics_equal_message_level(seed):
+    """Random rounds (any sender to any receiver, several flows per rank, random sizes) from random
+    entry times on a random fabric: whatever the round path does (bottleneck rates, in-round fluid,
+    flows simulated with the round before, skipped rounds) or hands to the message path, the times
+    equal message-by-message execution."""
+    rng = np.random.default_rng(seed)
+    devices_per_node = int(rng.choice([1, 2]))
+    nodes = int(rng.integers(3, 9))
+    ranks = nodes * devices_per_node
+    fabric = _fabric(
+        nodes,
+        devices_per_node,
+        topology=str(rng.choice(["switch", "fat_tree", "torus_2d"])),
+        nodes_per_leaf=2,
+        oversubscription=float(rng.choice([1.0, 2.0])),
+    )
+    rounds = []
+    for _ in range(int(rng.integers(1, 7))):
+        count = int(rng.integers(1, ranks + 1))
+        src = rng.integers(0, ranks, count)
+        dst = (src + rng.integers(1, ranks, count)) % ranks
+        lo = rng.integers(0, 4, count)
+        rnd = Round(src, dst, lo, lo + rng.integers(1, 4, count), rng.integers(0, 2, count))
+        rounds.extend([rnd] * int(rng.integers(1, 4)))  # identical rounds in a row: the skipping path
+    schedule = Schedule("random", "allreduce", ranks, 8, lambda: rounds)
+    start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
+    fast, _ = run_collective(schedule, fabric, 8e6, start)
+    np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)

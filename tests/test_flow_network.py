@@ -51,3 +51,80 @@ def test_late_flow_slows_early_one():
 
 def test_zero_bytes_is_instant():
     assert _story([("a", 1e-3, 0)]) == [("a", 1.0)]
+
+
+def _reference_ends(flows, capacity):
+    """End time of each (start, links, bytes) flow by the textbook fluid loop: at every start or end,
+    re-rate all active flows with the reference progressive filling; nothing batched or pruned."""
+    remaining = [nbytes for _, _, nbytes in flows]
+    ends = [start if nbytes <= 0 else None for start, _, nbytes in flows]
+    now = min(start for start, _, _ in flows)
+    while any(end is None for end in ends):
+        active = [i for i, (start, _, _) in enumerate(flows) if start <= now and ends[i] is None]
+        rates = max_min_fair_rates([flows[i][1] for i in active], capacity) if active else []
+        upcoming = [start for start, _, _ in flows if start > now]
+        step = min([remaining[i] / rate for i, rate in zip(active, rates, strict=True)] + [u - now for u in upcoming])
+        for i, rate in zip(active, rates, strict=True):
+            remaining[i] -= rate * step
+        now += step
+        for i in active:
+            if remaining[i] <= 1e-9 * flows[i][2]:
+                ends[i] = now
+    return ends
+
+
+def _network_ends(flows, capacity, redundant=None):
+    env = simpy.Environment()
+    network = FlowNetwork(env, capacity, redundant)
+    ends = [None] * len(flows)
+
+    def flow(i, start, links, nbytes):
+        yield env.timeout(start)
+        yield network.transfer(links, nbytes)
+        ends[i] = env.now
+
+    for i, (start, links, nbytes) in enumerate(flows):
+        env.process(flow(i, start, links, nbytes))
+    env.run()
+    return ends, network
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_flows_end_when_the_reference_fluid_loop_says(seed):
+    """Random links, capacities (with ties), start times (with ties: same-instant batches) and sizes."""
+    rng = np.random.default_rng(seed)
+    links = int(rng.integers(2, 8))
+    capacity = rng.choice([1e9, 2e9, 5e9, 10e9], size=links)
+    flows = []
+    for _ in range(int(rng.integers(1, 30))):
+        route = sorted(set(rng.integers(0, links, size=int(rng.integers(1, 4))).tolist()))
+        start = float(rng.choice([0.0, 1e-3, 2e-3])) if rng.random() < 0.5 else float(rng.random() * 3e-3)
+        flows.append((start, route, float(rng.choice([0.0, 1e6, 3e6, 1e7]))))
+    expected = _reference_ends(flows, capacity)
+    ends, network = _network_ends(flows, capacity)
+    np.testing.assert_allclose(ends, expected, rtol=1e-9)
+    assert network.active_flows == 0
+
+
+def test_same_instant_starts_are_rated_once():
+    """64 flows starting together into one port: one rate computation for all 64 starts, and none
+    when they all end together (nothing is left to rate)."""
+    flows = [(0.0, [0, 1 + i], 1e6) for i in range(64)]
+    ends, network = _network_ends(flows, np.full(65, 10e9))
+    assert ends == pytest.approx([64e6 / 10e9] * 64, rel=1e-12)
+    assert network.rerates == 1
+
+
+def test_redundant_link_changes_nothing():
+    """Link 4 (30 GB/s) carries only flows that also cross links 0-2 (10 GB/s each): it cannot bind,
+    and leaving it out (as ``Fabric.redundant`` marks a full-bisection leaf uplink) gives the same ends."""
+    rng = np.random.default_rng(7)
+    capacity = np.array([10e9, 10e9, 10e9, 4e9, 30e9])
+    flows = [
+        (float(rng.random() * 1e-3), [int(rng.integers(0, 3)), 4] + ([3] if rng.random() < 0.3 else []), 2e6)
+        for _ in range(40)
+    ]
+    full, _ = _network_ends(flows, capacity)
+    pruned, _ = _network_ends(flows, capacity, redundant=np.array([False, False, False, False, True]))
+    np.testing.assert_allclose(pruned, full, rtol=1e-12)
+    np.testing.assert_allclose(full, _reference_ends(flows, capacity), rtol=1e-9)

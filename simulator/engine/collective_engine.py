@@ -1,4 +1,4 @@
-"""Executing collective schedules on the modeled fabric: message by message, or a round at a time.
+"""Executing collective schedules on the modeled fabric: a round at a time, or message by message.
 
 Both paths implement the round semantics of ``algorithms.schedule``: a rank enters round k+1 once
 every transfer it sends or receives in round k has arrived; a transfer costs the sender's
@@ -8,13 +8,18 @@ fairly with every other flow in flight), then the route's latency. With a finite
 it in (the gamma term of the alpha-beta-gamma model): its round ends at arrival + that time (the
 latest such end over its received transfers), the sender's still at the arrival.
 
-* ``MessageExecutor``: one SimPy process per transfer over a ``FlowNetwork``. Exact under any
-  contention; the reference.
-* ``VectorisedExecutor``: a whole round at once with numpy, each flow at its route's full
-  bottleneck rate. It also checks, for every link, that no two flows ever overlap in time on it.
-  If they never do, every flow really ran alone, so the message-level execution would have
-  produced exactly these times (induction over events in time order). If two might overlap it
-  raises ``ContentionDetected`` and the caller falls back to the message path.
+* ``MessageExecutor`` (``message_executor.py``): every transfer a chain of SimPy events over a
+  ``FlowNetwork``. Exact under any contention; the reference.
+* ``VectorisedExecutor``: a whole round at once with numpy, each flow at its route's bottleneck
+  rate, with a proof that this is what the message path would do. Flows of one round that share
+  a link run as a small fluid simulation (``round_fluid.py``); flows that would start on a link
+  while the previous round's flow there is still in flight are simulated together with it
+  (``round_overlap.py``); every other flow is checked never to overlap another on a link that
+  several senders use (a rank's own flows cannot overlap: it sends round k+1 after round k
+  arrived). Runs of identical rounds are extrapolated once their times advance in closed form
+  (``steady_state.py``). Links whose constraint is implied by others (``Fabric.redundant``) are
+  left out of all of it. Where no proof applies it raises ``ContentionDetected`` and
+  ``run_collective`` re-runs the collective message by message.
   ``tests/test_collective_engine.py`` holds the two paths to each other.
 
 Times are absolute seconds; ``start`` gives each rank's time of entering the collective.
@@ -22,19 +27,24 @@ Times are absolute seconds; ``start`` gives each rank's time of entering the col
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import simpy
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.flow_network import FlowNetwork
+from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
+from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
+from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
-_FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of the first end together
+__all__ = ["ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
+
+_COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
+_COMPILED_SCHEDULES = 64
+_OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated with the previous round
 
 
 class ContentionDetected(RuntimeError):
@@ -42,14 +52,16 @@ class ContentionDetected(RuntimeError):
 
 
 @dataclass
-class TransferLog:
-    """Optional per-transfer record (for traces): arrays over all transfers executed."""
+class _RoundBytes:
+    """What a round's byte counts give, kept with its structure while the same arrays come back."""
 
-    src: list[np.ndarray]
-    dst: list[np.ndarray]
-    nbytes: list[np.ndarray]
-    start_s: list[np.ndarray]
-    end_s: list[np.ndarray]
+    chunk_count: Any  # the round's arrays these were computed from (held, so compared by identity)
+    op: Any
+    message_bytes: float
+    nbytes: np.ndarray
+    reduce_s: np.ndarray | None
+    flow_s: np.ndarray  # uncontended: bytes / bottleneck
+    fluid_s: np.ndarray | None = None  # contended transfers' durations when they start together
 
 
 @dataclass
@@ -67,12 +79,11 @@ class _Structure:
     shift: int  # dst == (src + shift) % ranks with identity src; 0 when not such a structure
     checked: np.ndarray  # positions in flat_links whose link more than one sender uses
     version: int  # shared-link version ``checked`` was computed for
-    # transfers that share a link with another transfer of the same round, and their routes over
-    # the round's contended links numbered locally (for the in-round fluid simulation)
-    contended: np.ndarray
-    contended_owner: np.ndarray
-    contended_link: np.ndarray
-    contended_capacity_Bps: np.ndarray
+    # transfers that share a link with another transfer of the same round (in-round fluid simulation)
+    contention: Contention
+    contended_mask: np.ndarray  # bool per transfer: in ``contention.flows``
+    participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
+    bytes: _RoundBytes | None = None
 
 
 class VectorisedExecutor:
@@ -82,10 +93,15 @@ class VectorisedExecutor:
     iteration) are checked against each other too, since their flows may overlap in time.
 
     The overlap check only has to look at links that more than one sender uses: a rank's own
-    flows never overlap, because it sends round k+1 only after round k's transfers arrived (and a
-    round whose transfers share a link is rejected outright). When a link first gets a second
-    sender, its busy time is set to the first sender's clock, which is no earlier than the end of
-    any flow that sender started: conservative, so the check can only err towards the fallback.
+    flows never overlap, because it sends round k+1 only after round k's transfers arrived (flows
+    of one round that share a link are simulated together). When a link first gets a second
+    sender, its busy time is the end of the first sender's flow there in the round just executed,
+    or else that sender's clock, which is no earlier than the end of any flow it started:
+    conservative, so the check can only err towards the fallback.
+
+    ``run`` keeps per schedule object its runs of identical rounds, and per round arrays its
+    routes and byte counts, so repeated calls with the same schedule and ``members`` array (the
+    buckets of a training run) cost little more than the rounds they execute.
     """
 
     def __init__(self, fabric: Fabric, ranks: int | None = None) -> None:
@@ -98,7 +114,17 @@ class VectorisedExecutor:
         self._shared_version = 0
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
+        self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
+        # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
+        self._writer_serial = np.full(links, -1, dtype=np.int64)
+        self._writer_index = np.zeros(links, dtype=np.int64)
+        self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
+        self._scratch = np.zeros(links, dtype=np.int64)
+        self._serial = 0  # executed rounds so far
+        self._placed: Placed | None = None  # the round executed just before, in this call
         self.transfers = 0
+        self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
+        self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -111,16 +137,14 @@ class VectorisedExecutor:
             global_src = src if members is None else members[src]
             global_dst = dst if members is None else members[dst]
             routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
-            valid = routes >= 0
-            flat_links = routes[valid]
-            owner = np.nonzero(valid)[0]
-            contended, c_owner, c_link, c_capacity = self._contention(flat_links, owner, src.size)
+            flat_links, owner = self._binding_hops(routes)
+            contention = Contention.of(flat_links, owner, self.fabric.capacity_Bps)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
             self._advance_clocks(t, members)
             self._claim(flat_links, global_src[owner])
             identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
-            permutation = np.unique(src).size == src.size and np.unique(dst).size == dst.size
+            permutation = bool(np.bincount(src, minlength=1).max() <= 1 and np.bincount(dst, minlength=1).max() <= 1)
             if self.fabric.spec.loggp and not permutation:
                 # a rank's CPU would handle its several messages one after another
                 raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
@@ -142,10 +166,9 @@ class VectorisedExecutor:
                 shift,
                 owner[:0],
                 -1,
-                contended,
-                c_owner,
-                c_link,
-                c_capacity,
+                contention,
+                np.isin(np.arange(src.size), contention.flows),
+                None if identity else unique_ints(np.concatenate([src, dst])),
             )
             if len(self._structures) > 256:
                 self._structures.clear()
@@ -156,19 +179,16 @@ class VectorisedExecutor:
             structure.version = self._shared_version
         return structure
 
-    def _contention(self, flat_links: np.ndarray, owner: np.ndarray, transfers: int):
-        """Transfers sharing a link within the round, with their contended links numbered locally."""
-        uniq, inverse, counts = np.unique(flat_links, return_inverse=True, return_counts=True)
-        if uniq.size == flat_links.size:
-            empty = owner[:0]
-            return empty, empty, empty, np.empty(0)
-        shared_entry = counts[inverse] > 1
-        contended = np.unique(owner[shared_entry])
-        # every hop of a contended transfer takes part in its rate, shared or not
-        entries = np.isin(owner, contended)
-        links, local_link = np.unique(flat_links[entries], return_inverse=True)
-        local_owner = np.searchsorted(contended, owner[entries])
-        return contended, local_owner, local_link, self.fabric.capacity_Bps[links]
+    def _binding_hops(self, routes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(link, transfer index) of every hop that can bind: padding and redundant links dropped.
+
+        A redundant link (``Fabric.redundant``: its constraint is implied by other links') changes
+        no rate and never makes two flows contend, so it needs neither the overlap check nor a place
+        in the in-round max-min computation.
+        """
+        valid = routes >= 0
+        valid[valid] = ~self.fabric.redundant[routes[valid]]
+        return routes[valid], np.nonzero(valid)[0]
 
     def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
         """Record who sends over ``links``; links gaining a second sender become checked.
@@ -177,45 +197,45 @@ class VectorisedExecutor:
         than the end of any flow it started); two senders on one link within a round are
         handled by the round itself (the contended path) and checked against later rounds.
         """
-        pairs = np.unique(np.stack([links, senders]), axis=1)
-        link_ids, sender_counts = np.unique(pairs[0], return_counts=True)
-        within = link_ids[sender_counts > 1]
+        # links with two senders in this batch: some entry's sender differs from the one recorded
+        # last for its link (a scratch array over the fabric's links: linear, no sort)
+        scratch = self._scratch
+        scratch[links] = senders
+        within = links[scratch[links] != senders]
         previous = self.link_sender[links]
+        across = links[(previous >= 0) & (previous != senders)]
+        shared = unique_ints(np.concatenate([across, within]))
+        shared = shared[self.link_sender[shared] != -2]
+        before = self.link_sender[shared]  # the one earlier sender, or -1 for a link new to all
+        had_one = before >= 0
+        self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
         fresh = previous == -1
         self.link_sender[links[fresh]] = senders[fresh]
-        across = links[(previous >= 0) & (previous != senders)]
-        shared = np.union1d(across, within)
-        shared = shared[self.link_sender[shared] != -2]
         if shared.size:
-            before = self.link_sender[shared]
-            had_one = before >= 0
-            self.busy_until[shared[had_one]] = np.maximum(self.busy_until[shared[had_one]], self.clock[before[had_one]])
             self.link_sender[shared] = -2
             self._shared_version += 1
 
-    def _fluid_round(self, st: _Structure, nbytes: np.ndarray) -> np.ndarray:
-        """Flow durations of the contended transfers when they all start at the same instant.
-
-        Max-min rates hold until the first of them ends; then the rest are re-rated, and so on:
-        exactly what the flow network does when no other flow touches these links meanwhile.
-        """
-        remaining = nbytes[st.contended].astype(np.float64)
-        duration = np.zeros(remaining.size)
-        active = remaining > 0
-        elapsed = 0.0
-        while active.any():
-            keep = active[st.contended_owner]
-            rates = max_min_fair_rates_flat(
-                st.contended_owner[keep], st.contended_link[keep], remaining.size, st.contended_capacity_Bps
-            )
-            until = np.where(active, remaining / np.where(active, rates, 1.0), np.inf)
-            step = until.min()
-            ending = active & (until <= step * (1 + _FLUID_TOLERANCE))
-            elapsed += step
-            duration[ending] = elapsed
-            remaining = np.where(active, remaining - rates * step, remaining)
-            active &= ~ending
-        return duration
+    def _busy_from_first_sender(self, links: np.ndarray, clock: np.ndarray) -> None:
+        """Busy times of ``links`` (sorted) as they gain a second sender: the end of the first sender's
+        flow there in the round just executed, if it sent one (then that flow is its last there, and
+        recorded as the link's writer), else its clock (no earlier than the end of any of its flows)."""
+        value = clock
+        placed = self._placed
+        if placed is not None and links.size:
+            hit = np.isin(placed.flat_links, links)
+            if hit.any():
+                owner = placed.flat_owner[hit]
+                position = np.searchsorted(links, placed.flat_links[hit])
+                ends = placed.flow_start[owner] + placed.duration[owner]
+                found = np.full(links.size, -np.inf)
+                np.maximum.at(found, position, ends)
+                last = ends >= found[position]
+                self._writer_serial[links[position[last]]] = placed.serial
+                self._writer_index[links[position[last]]] = owner[last]
+                # the first sender's earlier flows there ended before this one started
+                self._alone[links[position[last]]] = placed.flow_start[owner[last]]
+                value = np.where(np.isfinite(found), found, clock)
+        self.busy_until[links] = np.maximum(self.busy_until[links], value)
 
     def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
         if members is None:
@@ -244,65 +264,311 @@ class VectorisedExecutor:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
-        busy = self.busy_until
-        last_bytes_key: tuple[int, int, int] | None = None
-        nbytes = flow_s = end_offset = np.empty(0)
-        reduce_s: np.ndarray | None = None
-        for rnd in schedule.rounds():
-            if len(rnd) == 0:
-                continue
-            st = self._structure(rnd, ranks, t, members)
-            bytes_key = (id(st), id(rnd.chunk_count), id(rnd.op))
-            if bytes_key != last_bytes_key:
-                nbytes = schedule.transfer_bytes(rnd, message_bytes)
-                reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
-                flow_s = nbytes / st.bottleneck_Bps
-                if st.contended.size:
-                    flow_s = flow_s.copy()
-                    flow_s[st.contended] = self._fluid_round(st, nbytes)
-                end_offset = st.alpha_s + flow_s
-                last_bytes_key = bytes_key
-            begin = t if st.identity_src else t[st.src]
-            if st.contended.size:
-                starts = begin[st.contended] + st.overhead_s[st.contended]
-                if np.any(starts != starts[0]):
-                    raise ContentionDetected("flows sharing a link within a round start at different times")
-            if st.checked.size:
-                owners = st.flat_owner[st.checked]
-                links = st.flat_links[st.checked]
-                flow_begin = begin[owners] + st.overhead_s[owners]
-                if np.any(flow_begin < busy[links]):
-                    raise ContentionDetected("flows of different rounds may overlap on a link")
-                if st.contended.size:
-                    np.maximum.at(busy, links, flow_begin + flow_s[owners])
-                else:
-                    busy[links] = flow_begin + flow_s[owners]
-            end = begin + end_offset
-            # the receiver of a REDUCE transfer adds it in after it arrives; the sender is done then
-            received = end if reduce_s is None else end + reduce_s
-            if log is not None:
-                log.src.append(st.senders)
-                log.dst.append(st.dst if members is None else members[st.dst])
-                log.nbytes.append(nbytes)
-                log.start_s.append(begin.copy())
-                log.end_s.append(end.copy())
-            if st.shift:
-                new = np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
-            elif st.identity_src and st.permutation:
-                new = end  # every rank sent: its clock moves to its send's end (>= its old clock)
-                new[st.dst] = np.maximum(end[st.dst], received)
-            elif st.permutation:
-                new = t.copy()
-                new[st.src] = end
-                new[st.dst] = np.maximum(new[st.dst], received)
-            else:
-                new = t.copy()
-                np.maximum.at(new, st.src, end)
-                np.maximum.at(new, st.dst, received)
-            t = new
-            self.transfers += len(rnd)
+        self._placed = None
+        for rnd, count in self._runs(schedule):
+            previous_input: np.ndarray | None = None  # entry times of the previous identical round
+            done = 0
+            while done < count:
+                st = self._structure(rnd, ranks, t, members)
+                rb = st.bytes
+                if rb is None or not (
+                    rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
+                ):
+                    st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
+                self._serial += 1
+                new, overlapped = self._execute(st, t, log, members)
+                self.transfers += len(rnd)
+                done += 1
+                steady = None
+                if overlapped:  # this round's times depend on the previous round's flows, not on t alone
+                    previous_input = None
+                    self.overlapping_rounds += 1
+                elif previous_input is not None and log is None and done < count:
+                    steady = self._steady_advance(st, previous_input, t, new)
+                previous_input, t = t, new
+                if steady is not None:
+                    skip = int(min(count - done, steady.budget))
+                    t = self._skip(steady, skip, t)
+                    done += skip
+                    previous_input = None  # the rounds before were skipped: detect afresh
         self._advance_clocks(t, members)
         return t
+
+    def _runs(self, schedule: Schedule) -> list[tuple[Round, int]]:
+        """The schedule's non-empty rounds as (round, repeats): consecutive rounds sharing their src,
+        dst, chunk count and op arrays are one run. Kept per schedule object (up to a size), so a
+        schedule run again and again (the buckets of a training run) neither walks its round
+        generator again nor hands the structure cache fresh arrays."""
+        cached = self._compiled.get(id(schedule))
+        if cached is not None and cached[0] is schedule:
+            return cached[1]
+        runs: list[tuple[Round, int]] = []
+        for rnd in schedule.rounds():
+            if not len(rnd):
+                continue
+            if runs:
+                last = runs[-1][0]
+                if (
+                    rnd.src is last.src
+                    and rnd.dst is last.dst
+                    and rnd.chunk_count is last.chunk_count
+                    and rnd.op is last.op
+                ):
+                    runs[-1] = (last, runs[-1][1] + 1)
+                    continue
+            runs.append((rnd, 1))
+        if len(runs) <= _COMPILED_RUNS:
+            if len(self._compiled) >= _COMPILED_SCHEDULES:
+                self._compiled.clear()
+            self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
+        return runs
+
+    def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
+        """Bytes, reduction times and uncontended flow times of a round's transfers."""
+        nbytes = schedule.transfer_bytes(rnd, message_bytes)
+        return _RoundBytes(
+            rnd.chunk_count,
+            rnd.op,
+            message_bytes,
+            nbytes,
+            self.fabric.reduce_times(nbytes, rnd.op),
+            nbytes / st.bottleneck_Bps,
+        )
+
+    def _execute(
+        self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None
+    ) -> tuple[np.ndarray, bool]:
+        """(per-rank times after one round entered at ``t``, whether flows of the previous round
+        had to be simulated with it); checks and updates the link state.
+
+        A flow that would start on a shared link while the previous round's flow there is still in
+        flight is simulated together with it (``round_overlap``): the previous round's exit times
+        (the ``t`` passed in) are then corrected before this round is timed again.
+        """
+        rb = st.bytes
+        assert rb is not None
+        group: OverlapGroup | None = None
+        forced: tuple[np.ndarray, np.ndarray] | None = None  # (later flows, their end times)
+        attempts = 0
+        previous = self._placed
+        busy, serial, writer = self.busy_until, self._writer_serial, self._writer_index
+        owners = st.flat_owner[st.checked]
+        links = st.flat_links[st.checked]
+        while True:
+            begin = t if st.identity_src else t[st.src]
+            flow_start = begin + st.overhead_s
+            flow_s = self._durations(st, rb, flow_start, forced)
+            if not owners.size:
+                break
+            meets = flow_start[owners] < busy[links]
+            if group is not None and previous is not None:  # pairs simulated together may overlap
+                in_group = np.zeros(st.src.size, dtype=bool)
+                in_group[list(group.later)] = True
+                earlier = np.zeros(previous.duration.size, dtype=bool)
+                earlier[list(group.earlier)] = True
+                from_previous = serial[links] == previous.serial
+                earlier_writer = earlier[np.where(from_previous, writer[links], 0)]
+                meets &= ~(in_group[owners] & from_previous & earlier_writer)
+            if not meets.any():
+                break
+            if previous is None or log is not None or np.any(serial[links[meets]] != previous.serial):
+                raise ContentionDetected("flows of different rounds may overlap on a link")
+            group = group or OverlapGroup()
+            components = None
+            if st.contention.flows.size:
+                components = np.full(st.src.size, -1)
+                components[st.contention.flows] = st.contention.component
+            reason = group.add(
+                previous, owners[meets], writer[links[meets]], flow_start[owners[meets]] < self._alone[links[meets]],
+                components,
+            )  # fmt: skip
+            if reason is not None or attempts == _OVERLAP_ATTEMPTS:
+                raise ContentionDetected(f"flows of consecutive rounds overlap and {reason or 'do not settle'}")
+            attempts += 1
+            current = Placed(
+                self._serial, st, t, flow_start, flow_s, np.broadcast_to(rb.nbytes, st.src.shape),
+                st.flat_links, st.flat_owner, st.contended_mask, rb.reduce_s,
+            )  # fmt: skip
+            base = self._previous_without(previous, np.fromiter(group.earlier, dtype=np.int64))
+            base_start = (base if st.identity_src else base[st.src]) + st.overhead_s
+            earlier_flows, earlier_s, later_flows, later_end = group.simulate(
+                previous, current, base_start, self.fabric.capacity_Bps
+            )
+            forced = (later_flows, later_end)
+            t = self._replace_previous(previous, earlier_flows, earlier_s)
+        self._commit(st, flow_start, flow_s, owners, links)
+        self._placed = Placed(
+            self._serial,
+            st,
+            t,
+            flow_start,
+            flow_s,
+            np.broadcast_to(rb.nbytes, st.src.shape),
+            st.flat_links,
+            st.flat_owner,
+            st.contended_mask,
+            rb.reduce_s,
+            None if forced is None else np.isin(np.arange(st.src.size), forced[0]),
+        )
+        end = begin + st.alpha_s + flow_s
+        if log is not None:
+            log.src.append(st.senders)
+            log.dst.append(st.dst if members is None else members[st.dst])
+            log.nbytes.append(rb.nbytes)
+            log.start_s.append(begin.copy())
+            log.end_s.append(end.copy())
+        return self._leave(st, t, end, rb.reduce_s), group is not None
+
+    def _durations(
+        self, st: _Structure, rb: _RoundBytes, flow_start: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None
+    ) -> np.ndarray:
+        """Flow seconds of every transfer: bytes / bottleneck, the in-round fluid for contended ones,
+        and ``forced`` (indices, end times) for flows simulated with the previous round's."""
+        flow_s = rb.flow_s
+        contention = st.contention
+        if contention.flows.size:
+            flows = contention.flows
+            starts = flow_start[flows]
+            nbytes = np.broadcast_to(rb.nbytes, st.src.shape)[flows]
+            if rb.fluid_s is None:  # durations when all start together (they then do not depend on when)
+                zero = np.zeros(flows.size)
+                rb.fluid_s = fluid_ends(
+                    contention.owner, contention.link, contention.capacity_Bps, nbytes, zero, contention.component
+                )
+            flow_s = flow_s.copy()
+            flow_s[flows] = contention.end_times(nbytes, starts, rb.fluid_s) - starts
+        if forced is not None:
+            flow_s = flow_s.copy()
+            flow_s[forced[0]] = forced[1] - flow_start[forced[0]]
+        return flow_s
+
+    def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links) -> None:
+        """Record this round's flows on its checked links: busy until their end, and which flow."""
+        if not owners.size:
+            return
+        busy = self.busy_until
+        ends = flow_start[owners] + flow_s[owners]
+        before = busy[links]
+        if st.contention.flows.size:  # flows of the round share links: a link may appear twice
+            np.maximum.at(busy, links, ends)
+        else:  # every checked link once: no unbuffered max needed
+            busy[links] = np.maximum(before, ends)
+        last = ends >= busy[links]
+        self._writer_serial[links[last]] = self._serial
+        self._writer_index[links[last]] = owners[last]
+        self._alone[links[last]] = before[last]
+
+    def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
+        """The previous round's exit times if ``flows`` did not exist (their terms left out)."""
+        st = previous.structure
+        assert isinstance(st, _Structure)
+        begin = previous.entry if st.identity_src else previous.entry[st.src]
+        end = begin + st.alpha_s + previous.duration
+        end[flows] = -np.inf
+        return self._leave(st, previous.entry, end, previous.reduce_s)
+
+    def _replace_previous(self, previous: Placed, flows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+        """The previous round's exit times with ``flows`` lasting ``seconds``; their links' busy times follow."""
+        st = previous.structure
+        assert isinstance(st, _Structure)
+        duration = previous.duration.copy()
+        duration[flows] = seconds
+        # the links the previous round wrote and these flows cross: busy until the latest end there
+        touched = np.isin(previous.flat_owner, flows)
+        mine = self._writer_serial[previous.flat_links] == previous.serial
+        on = np.isin(previous.flat_links, previous.flat_links[touched]) & mine
+        links, owner = previous.flat_links[on], previous.flat_owner[on]
+        ends = previous.flow_start[owner] + duration[owner]
+        self.busy_until[links] = -np.inf
+        np.maximum.at(self.busy_until, links, ends)
+        last = ends >= self.busy_until[links]
+        self._writer_index[links[last]] = owner[last]
+        begin = previous.entry if st.identity_src else previous.entry[st.src]
+        return self._leave(st, previous.entry, begin + st.alpha_s + duration, previous.reduce_s)
+
+    def _leave(self, st: _Structure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None) -> np.ndarray:
+        """Exit times of a round entered at ``t`` whose transfers arrive at ``end``: a sender leaves
+        when its send arrived, a receiver when it has added in what it received."""
+        received = end if reduce_s is None else end + reduce_s
+        if st.shift:
+            return np.maximum(end, np.roll(received, st.shift))  # rank r receives from r - shift
+        if st.identity_src and st.permutation:
+            new = end.copy()  # every rank sent: its clock moves to its send's end (>= its old clock)
+            new[st.dst] = np.maximum(end[st.dst], received)
+            return new
+        new = t.copy()
+        if st.permutation:
+            new[st.src] = end
+            new[st.dst] = np.maximum(new[st.dst], received)
+        else:
+            np.maximum.at(new, st.src, end)
+            np.maximum.at(new, st.dst, received)
+        return new
+
+    def _steady_advance(self, st: _Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray) -> Steady | None:
+        """How the identical rounds after this one can be skipped (``steady_state``), if they can.
+
+        ``before``, ``t``: entry times of the previous identical round and of this one; ``after``:
+        this round's exit times (the next round's entry times).
+        """
+        advance = uniform_advance(before, t, st.participants)
+        if advance is not None:
+            return Steady(st, advance)
+        rb = st.bytes
+        if not st.permutation or st.checked.size or st.contention.flows.size or rb is None:
+            return None
+        delta = after - t
+        if np.abs(delta - (t - before)).max() > rounding(after):
+            return None
+        end_offset = st.alpha_s + rb.flow_s
+        received = end_offset if rb.reduce_s is None else end_offset + rb.reduce_s
+        horizon = affine_horizon(st.src, st.dst, end_offset, received, after, delta)
+        return Steady(st, delta, budget=horizon) if horizon >= 2 else None
+
+    def _skip(self, steady: Steady, rounds: int, t: np.ndarray) -> np.ndarray:
+        """Times after ``rounds`` more identical rounds, extrapolated rather than executed: every
+        taking-part rank advances by rounds x its advance, and so does every checked link's busy time
+        (uniform advance only: the affine one is used only where no link is checked)."""
+        if not rounds:
+            return t
+        st = steady.structure
+        assert isinstance(st, _Structure)
+        shift = rounds * steady.advance_s
+        if st.checked.size:
+            assert np.ndim(shift) == 0
+            self.busy_until[unique_ints(st.flat_links[st.checked])] += shift
+        self.transfers += rounds * st.src.size
+        self.extrapolated_rounds += rounds
+        if np.ndim(shift):
+            moved = t + shift
+        else:
+            moved = t.copy()
+            if st.participants is None:
+                moved += shift
+            else:
+                moved[st.participants] += shift
+        self._place_skipped(st, rounds, moved - t, steady.advance_s)
+        return moved
+
+    def _place_skipped(self, st: _Structure, rounds: int, shift: np.ndarray, advance_s) -> None:
+        """Make the last skipped round the placed one, as the executed one shifted per rank by ``shift``
+        (the same flows, entered that much later), so the next round can still meet its flows."""
+        placed = self._placed
+        self._serial += rounds
+        if placed is None or placed.structure is not st:
+            self._placed = None
+            return
+        entry = placed.entry + shift
+        begin = entry if st.identity_src else entry[st.src]
+        moved = self._writer_serial == placed.serial
+        self._writer_serial[moved] = self._serial
+        flow_start = begin + st.overhead_s
+        if np.ndim(advance_s) == 0:
+            # uniform advance: the flow there before was the same flow one round (c) earlier
+            self._alone[moved] = self.busy_until[moved] - advance_s
+        else:
+            self._alone[moved] = flow_start[self._writer_index[moved]]  # not tracked: assume the worst
+        self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
     def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
         """Arrival time of one point-to-point message of ``nbytes`` between fabric ranks, sent at
@@ -317,17 +583,20 @@ class VectorisedExecutor:
         if pair is None:
             a, b = np.array([src]), np.array([dst])
             routes, alpha, bottleneck = self.fabric.path_properties(a, b)
-            links = tuple(int(link) for link in routes[0] if link >= 0)
+            hops, _ = self._binding_hops(routes)
+            links = tuple(int(link) for link in hops)
             pair = (links, float(alpha[0]), float(bottleneck[0]), float(self.fabric.overheads(a, b)[0]))
             self._pairs[(src, dst)] = pair
         links, alpha, bottleneck, overhead = pair
         clock, busy, senders = self.clock, self.busy_until, self.link_sender
         if start_s < clock[src]:
             raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
+        self._placed = None  # this flow is not in the last round: busy times must come from clocks
         clock[src] = start_s
         begin = start_s + overhead
         flow = nbytes / bottleneck if nbytes > 0 else 0.0
-        for link in links:
+        writer = self._writer_serial
+        for link in links:  # scalar loop: a message crosses a few links, numpy calls would dominate
             sender = int(senders[link])
             if sender == -1:
                 senders[link] = src
@@ -339,119 +608,10 @@ class VectorisedExecutor:
                 if begin < busy[link]:
                     raise ContentionDetected("a point-to-point message may overlap another flow on a link")
                 busy[link] = begin + flow
+                writer[link] = -1
         clock[src] = begin + flow
         self.transfers += 1
         return start_s + alpha + flow
-
-
-class MessageExecutor:
-    """Message-by-message execution in SimPy over a shared ``FlowNetwork`` (exact under contention)."""
-
-    def __init__(self, fabric: Fabric, env: simpy.Environment | None = None) -> None:
-        self.fabric = fabric
-        self.env = env or simpy.Environment()
-        self.network = FlowNetwork(self.env, fabric.capacity_Bps)
-        self.transfers = 0
-        # LogGP: each rank's CPU handles one message overhead at a time
-        self._cpus: dict[int, simpy.Resource] = {}
-
-    def _cpu(self, rank: int) -> simpy.Resource:
-        if rank not in self._cpus:
-            self._cpus[rank] = simpy.Resource(self.env, capacity=1)
-        return self._cpus[rank]
-
-    def process(
-        self,
-        schedule: Schedule,
-        message_bytes: float,
-        ready: Sequence[simpy.Event] | None = None,
-        log: TransferLog | None = None,
-    ) -> list[simpy.Event]:
-        """Start the collective inside ``self.env``; rank r enters when ``ready[r]`` fires (now if None).
-
-        Returns one event per rank that fires when that rank has finished the collective.
-        """
-        env = self.env
-        rounds = [rnd for rnd in schedule.rounds() if len(rnd)]
-        plans = []
-        for rnd in rounds:
-            routes = self.fabric.routes(rnd.src, rnd.dst)
-            latency = self.fabric.latencies(routes)
-            overhead = self.fabric.overheads(rnd.src, rnd.dst)
-            nbytes = schedule.transfer_bytes(rnd, message_bytes)
-            reduce_s = self.fabric.reduce_times(nbytes, rnd.op)
-            arrivals = [env.event() for _ in range(len(rnd))]
-            sends: dict[int, list[int]] = {}
-            receives: dict[int, list[int]] = {}
-            for index, (s, d) in enumerate(zip(rnd.src.tolist(), rnd.dst.tolist(), strict=True)):
-                sends.setdefault(s, []).append(index)
-                receives.setdefault(d, []).append(index)
-            plans.append((rnd, routes, latency, overhead, nbytes, arrivals, sends, receives, reduce_s))
-        loggp = self.fabric.spec.loggp
-
-        def transfer(plan, index):
-            rnd, routes, latency, overhead, nbytes, arrivals, _, _, _ = plan
-            begin = env.now
-            o = float(overhead[index])
-            if loggp:
-                with self._cpu(int(rnd.src[index])).request() as cpu:
-                    yield cpu
-                    yield env.timeout(o)
-            else:
-                yield env.timeout(o)
-            yield self.network.transfer(routes[index], float(nbytes[index]))
-            yield env.timeout(float(latency[index]))
-            if loggp:
-                with self._cpu(int(rnd.dst[index])).request() as cpu:
-                    yield cpu
-                    yield env.timeout(o)
-            self.transfers += 1
-            if log is not None:
-                log.src.append(rnd.src[index : index + 1])
-                log.dst.append(rnd.dst[index : index + 1])
-                log.nbytes.append(nbytes[index : index + 1])
-                log.start_s.append(np.array([begin]))
-                log.end_s.append(np.array([env.now]))
-            arrivals[index].succeed()
-
-        def reduce_in(arrival: simpy.Event, seconds: float):
-            """The receiver adds a REDUCE transfer into its buffer once it has arrived."""
-            yield arrival
-            if seconds:
-                yield env.timeout(seconds)
-
-        def rank(r: int):
-            if ready is not None:
-                yield ready[r]
-            for plan in plans:
-                _, _, _, _, _, arrivals, sends, receives, reduce_s = plan
-                mine: list[simpy.Event] = [env.process(transfer(plan, i)) for i in sends.get(r, ())]
-                if reduce_s is None:
-                    mine += [arrivals[i] for i in receives.get(r, ())]
-                else:
-                    mine += [env.process(reduce_in(arrivals[i], float(reduce_s[i]))) for i in receives.get(r, ())]
-                if mine:
-                    yield env.all_of(mine)
-
-        return [env.process(rank(r)) for r in range(schedule.ranks)]
-
-    def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
-        """Per-rank finish times, running a fresh simulation from ``start_s``."""
-        starts = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,))
-        env = self.env
-        base = env.now
-        ready = [env.timeout(float(s) - base) for s in starts]
-        done = self.process(schedule, message_bytes, ready)
-        finish = np.zeros(schedule.ranks)
-
-        def record(r: int, event: simpy.Event):
-            yield event
-            finish[r] = env.now
-
-        for r, event in enumerate(done):
-            env.process(record(r, event))
-        env.run()
-        return finish
 
 
 def run_collective(

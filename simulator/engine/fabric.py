@@ -131,15 +131,17 @@ class Fabric:
     def __init__(self, spec: FabricSpec) -> None:
         self.spec = spec
         self.devices = spec.nodes * spec.devices_per_node
-        capacity: list[float] = []
-        latency: list[float] = []
-        names: list[str] = []
+        capacity: list[np.ndarray] = []
+        latency: list[np.ndarray] = []
+        self._blocks: list[tuple[int, str]] = []  # (first link id, label) of each block, for names
+        self._next = 0
 
         def block(count: int, cap: float, lat: float, label: str) -> np.ndarray:
-            start = len(capacity)
-            capacity.extend([cap] * count)
-            latency.extend([lat] * count)
-            names.extend(f"{label}[{i}]" for i in range(count))
+            start = self._next
+            capacity.append(np.full(count, cap, dtype=np.float64))
+            latency.append(np.full(count, lat, dtype=np.float64))
+            self._blocks.append((start, label))
+            self._next += count
             return np.arange(start, start + count)
 
         d = self.devices
@@ -179,10 +181,46 @@ class Fabric:
                 )[0]
                 self.core_hops = sum(extent // 2 for extent in self.shape)
         self.device_of_rank = self._placement()
-        self.capacity_Bps = np.asarray(capacity, dtype=np.float64)
-        self.latency_s = np.asarray(latency, dtype=np.float64)
-        self.link_names = names
+        self.capacity_Bps = np.concatenate(capacity) if capacity else np.empty(0)
+        self.latency_s = np.concatenate(latency) if latency else np.empty(0)
         self.max_hops = 4 + self.core_hops
+        self.redundant = self._redundant_links()
+
+    def link_name(self, link: int) -> str:
+        """``label[i]`` of link id ``link`` (e.g. ``nic_up[3]``), for messages and traces."""
+        starts = [start for start, _ in self._blocks]
+        index = int(np.searchsorted(starts, link, side="right")) - 1
+        start, label = self._blocks[index]
+        return f"{label}[{link - start}]"
+
+    @property
+    def link_names(self) -> list[str]:
+        """Every link's name, built on demand (a million-device fabric would otherwise pay for it)."""
+        return [self.link_name(link) for link in range(self.capacity_Bps.size)]
+
+    def _redundant_links(self) -> np.ndarray:
+        """Links whose capacity constraint is implied by others, so they can never bind (bool per link).
+
+        A fat-tree leaf uplink carries only flows that leave through a NIC uplink under that leaf, so
+        its load is at most the sum of those NICs' capacities; when its own capacity is at least that
+        sum (oversubscription 1, the default) its constraint ``load <= capacity`` follows from the NIC
+        constraints (a cut argument). Dropping an implied constraint leaves the set of feasible rate
+        vectors unchanged, hence the max-min fair allocation, each flow's bottleneck rate and every
+        finish time too; and two flows can then never contend on that link, so the executors may leave
+        it out of their overlap checks and rate computations. The same holds for the downlinks.
+        """
+        redundant = np.zeros(self.capacity_Bps.size, dtype=bool)
+        spec = self.spec
+        if spec.topology == "fat_tree" and self.nic_up is not None:
+            nics_under = (
+                np.bincount(np.arange(spec.nodes) // spec.nodes_per_leaf, minlength=self.leaf_up.size)
+                * spec.nics_per_node
+            )
+            nic_Bps = self.capacity_Bps[self.nic_up[0]]
+            implied = self.capacity_Bps[self.leaf_up] >= nics_under * nic_Bps
+            redundant[self.leaf_up[implied]] = True
+            redundant[self.leaf_down[implied]] = True
+        return redundant
 
     # --- placement -------------------------------------------------------------------------------
     def _placement(self) -> np.ndarray | None:
@@ -214,68 +252,99 @@ class Fabric:
 
     # --- routing ---------------------------------------------------------------------------------
     def routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Link ids of each transfer's path between ranks, shape (transfers, max_hops), padded with -1."""
+        """Link ids of each transfer's path between ranks, shape (transfers, hops), padded with -1.
+
+        ``hops`` is the longest path among these transfers (at most ``max_hops``), so a batch of
+        neighbour transfers on a large torus costs a few columns, not the torus diameter.
+        """
         src = self.devices_of(src)
         dst = self.devices_of(dst)
-        out = np.full((src.size, self.max_hops), -1, dtype=np.int64)
         same = self.node_of(src) == self.node_of(dst)
-        if same.any():
+        cross = np.flatnonzero(~same)
+        core = np.empty((0, 0), dtype=np.int64)
+        if cross.size:
+            assert self.nic_up is not None and self.nic_down is not None
+            core = self._core(self.node_of(src[cross]), self.node_of(dst[cross]))
+        host = self.host_up is not None
+        width = 2 if not cross.size else 2 + 2 * host + core.shape[1]
+        out = np.full((src.size, width), -1, dtype=np.int64)
+        if cross.size < src.size:
             assert self.peer_up is not None and self.peer_down is not None
-            out[same, 0] = self.peer_up[src[same]]
-            out[same, 1] = self.peer_down[dst[same]]
-        cross = ~same
-        if cross.any():
+            rows = np.flatnonzero(same)
+            out[rows, 0] = self.peer_up[src[rows]]
+            out[rows, 1] = self.peer_down[dst[rows]]
+        if cross.size:
             assert self.nic_up is not None and self.nic_down is not None
             s, t = src[cross], dst[cross]
-            rows = np.flatnonzero(cross)
             column = 0
-            if self.host_up is not None:
-                out[rows, 0] = self.host_up[s]
+            if host:
+                assert self.host_up is not None
+                out[cross, 0] = self.host_up[s]
                 column = 1
-            out[rows, column] = self.nic_up[self.nic_of(s)]
+            out[cross, column] = self.nic_up[self.nic_of(s)]
             column += 1
-            column = self._core(out, rows, self.node_of(s), self.node_of(t), column)
-            out[rows, column] = self.nic_down[self.nic_of(t)]
-            if self.host_down is not None:
-                out[rows, column + 1] = self.host_down[t]
+            out[cross, column : column + core.shape[1]] = core
+            column += core.shape[1]
+            out[cross, column] = self.nic_down[self.nic_of(t)]
+            if host:
+                assert self.host_down is not None
+                out[cross, column + 1] = self.host_down[t]
         return out
 
-    def _core(self, out: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, column: int) -> int:
+    def _core(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Links between the NICs of nodes a[i] and b[i] (a != b), padded with -1."""
         spec = self.spec
         if spec.topology == "fat_tree":
             la, lb = a // spec.nodes_per_leaf, b // spec.nodes_per_leaf
             far = la != lb
-            out[rows[far], column] = self.leaf_up[la[far]]
-            out[rows[far], column + 1] = self.leaf_down[lb[far]]
-            # rows that stay under one leaf keep -1 (padding) in these two columns
-            return column + 2
+            # transfers that stay under one leaf keep -1 (padding) in these two columns
+            return np.stack([np.where(far, self.leaf_up[la], -1), np.where(far, self.leaf_down[lb], -1)], axis=1)
         if spec.topology in ("torus_2d", "torus_3d"):
-            return self._torus(out, rows, a, b, column)
-        return column
+            return self._torus(a, b)
+        return np.empty((a.size, 0), dtype=np.int64)
 
-    def _torus(self, out: np.ndarray, rows: np.ndarray, a: np.ndarray, b: np.ndarray, column: int) -> int:
+    def _torus(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Dimension-order routes, the shorter way round in each dimension (ties go +).
+
+        Link id of (node, dim, direction) is torus_base + (node * dims + dim) * 2 + direction
+        (direction 0 = +1, 1 = -1). In dimension d the route walks from the node that already has
+        b's coordinates in the dimensions before d and a's from d on. Coordinates are computed once
+        per transfer; per hop only an add, a modulo and a multiply-add remain.
+        """
         shape = self.shape
         dims = len(shape)
         strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
-        current = a.copy()
-        for dim, extent in enumerate(shape):
-            ca = (current // strides[dim]) % extent
-            cb = (b // strides[dim]) % extent
-            forward = (cb - ca) % extent
+        coord_a = [(a // strides[d]) % shape[d] for d in range(dims)]
+        coord_b = [(b // strides[d]) % shape[d] for d in range(dims)]
+        hops, plus = [], []
+        for d, extent in enumerate(shape):
+            forward = (coord_b[d] - coord_a[d]) % extent
             go_plus = forward <= extent - forward
-            hops = np.where(go_plus, forward, extent - forward)
-            for hop in range(extent // 2):
-                moving = hops > hop
-                if moving.any():
-                    direction = np.where(go_plus, 0, 1)
-                    link = self.torus_base + (current * dims + dim) * 2 + direction
-                    out[rows[moving], column + hop] = link[moving]
-                    coordinate = (current // strides[dim]) % extent
-                    step = np.where(go_plus, 1, -1)
-                    new_coordinate = (coordinate + step) % extent
-                    current = np.where(moving, current + (new_coordinate - coordinate) * strides[dim], current)
-            column += extent // 2
-        return column
+            hops.append(np.where(go_plus, forward, extent - forward))
+            plus.append(go_plus)
+        total = np.sum(hops, axis=0)
+        width = int(total.max()) if a.size else 0
+        out = np.full(a.size * width, -1, dtype=np.int64)  # flat (transfer, hop) matrix
+        done = np.arange(a.size, dtype=np.int64) * width  # where each transfer's next hop goes
+        current = a.copy()
+        for d, extent in enumerate(shape):
+            count = hops[d]
+            rows = np.flatnonzero(count)
+            if rows.size:
+                n = count[rows]
+                row = np.repeat(rows, n)
+                step = np.arange(row.size, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)  # 0..n-1 per row
+                sign = np.where(plus[d][rows], 1, -1)
+                base = current[rows] - coord_a[d][rows] * strides[d]  # the node with coordinate 0 here
+                node = (
+                    np.repeat(base, n)
+                    + ((np.repeat(coord_a[d][rows], n) + np.repeat(sign, n) * step) % extent) * strides[d]
+                )
+                link = (node * dims + d) * 2 + np.repeat(np.where(plus[d][rows], 0, 1), n)
+                out[np.repeat(done[rows], n) + step] = self.torus_base + link
+                done += count
+            current = current + (coord_b[d] - coord_a[d]) * strides[d]
+        return out.reshape(a.size, width)
 
     # --- costs -----------------------------------------------------------------------------------
     def overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

@@ -1,74 +1,179 @@
 """Flow-level bandwidth sharing in SimPy: concurrent transfers share links max-min fairly.
 
-Each active flow has bytes left and a rate. Whenever a flow starts or ends, every flow is
-advanced to ``now`` at its old rate, rates are recomputed (``max_min_fair_rates``) and the next
-completion is scheduled. A stale wake-up (rates changed since it was scheduled) is ignored.
+Each active flow has bytes left and a rate. Whenever flows start or end, every flow is advanced to
+``now`` at its old rate, rates are recomputed and the next completion is scheduled; a stale wake-up
+(rates changed since it was scheduled) is ignored. Three things keep that cheap:
+
+* Flows that start or end at the same instant are re-rated once: a start marks the network dirty
+  and the re-rating runs as a zero-delay event after everything else already due at that instant.
+  No time passes in between, so deferring it changes no byte count.
+* A flow's rate can never exceed its path's slowest link, b_f (adding that bound changes nothing:
+  a link's own constraint implies it). A link whose capacity is at least the sum of b_f over the
+  flows crossing it therefore can never bind: its constraint is implied by those bounds, so it is
+  left out (the feasible rates, hence the max-min allocation, are unchanged). A flow that crosses
+  only such links runs at b_f with no max-min at all: a ring, or any pattern without a shared
+  bottleneck, costs one division per flow.
+* The max-min fair share of the flows that do cross a binding link is computed with numpy
+  (``max_min_fair_rates_flat``), each flow's b_f taking part as a private link.
+
+Links marked ``redundant`` (``Fabric.redundant``: implied by other links by construction) are
+dropped from every path as it enters.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import simpy
 
-from ddlsim.hardware_models.network import max_min_fair_rates
+from ddlsim.hardware_models.network import max_min_fair_rates_flat
 
 _FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
-
-
-@dataclass
-class _Flow:
-    links: tuple[int, ...]
-    remaining: float
-    rate: float
-    finish: float
-    done: simpy.Event
+_BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
 
 
 class FlowNetwork:
-    def __init__(self, env: simpy.Environment, capacity_Bps: np.ndarray) -> None:
+    """Max-min fair flows over links of ``capacity_Bps`` (bytes/s), in ``env``'s time."""
+
+    def __init__(self, env: simpy.Environment, capacity_Bps: np.ndarray, redundant: np.ndarray | None = None) -> None:
         self.env = env
         self.capacity_Bps = np.asarray(capacity_Bps, dtype=np.float64)
-        self._flows: list[_Flow] = []
+        links = self.capacity_Bps.size
+        self._redundant = None if redundant is None else np.asarray(redundant, dtype=bool)
+        # per link: active flows crossing it and the sum of their path bounds b_f
+        self._count = np.zeros(links, dtype=np.int64)
+        self._bound = np.zeros(links)
+        # per flow slot (grown by doubling); a free slot has _done None
+        slots = 16
+        self._path = np.full((slots, 1), -1, dtype=np.int64)  # binding-candidate links, -1 padded
+        self._hops = np.zeros(slots, dtype=np.int64)
+        self._remaining = np.zeros(slots)
+        self._rate = np.zeros(slots)
+        self._cap = np.zeros(slots)  # b_f: the path's slowest link
+        self._finish = np.full(slots, np.inf)
+        self._order = np.zeros(slots, dtype=np.int64)  # start order, so ends fire in it
+        self._live = np.zeros(slots, dtype=bool)
+        self._live_index: np.ndarray | None = None  # flatnonzero(_live), kept until it changes
+        self._done: list[simpy.Event | None] = [None] * slots
+        self._free = list(range(slots - 1, -1, -1))
+        self._started = 0
         self._updated = env.now
         self._generation = 0
+        self._dirty = False
+        self.rerates = 0  # rate computations run (for benchmarks)
 
     @property
     def active_flows(self) -> int:
-        return len(self._flows)
+        return int(self._live.sum())
 
     def transfer(self, links, nbytes: float) -> simpy.Event:
         """An event that fires when ``nbytes`` have crossed ``links`` (link ids; -1 entries ignored)."""
         done = self.env.event()
-        path = tuple(int(link) for link in links if link >= 0)
-        if nbytes <= 0 or not path:
+        path = np.asarray(links, dtype=np.int64).ravel()
+        path = path[path >= 0]
+        if nbytes <= 0 or not path.size:
             done.succeed()
             return done
-        self._advance()
-        self._flows.append(_Flow(path, float(nbytes), 0.0, np.inf, done))
-        self._reschedule()
+        cap = float(self.capacity_Bps[path].min())
+        if self._redundant is not None:
+            path = path[~self._redundant[path]]
+        # no advance needed: rates change only at the re-rating, which advances first (a new flow's
+        # rate is 0 until then)
+        slot = self._slot(path.size)
+        self._path[slot, : path.size] = path
+        self._path[slot, path.size :] = -1
+        self._hops[slot] = path.size
+        self._remaining[slot] = float(nbytes)
+        self._cap[slot] = cap
+        self._rate[slot] = 0.0
+        self._finish[slot] = np.inf
+        self._order[slot] = self._started
+        self._started += 1
+        self._live[slot] = True
+        self._live_index = None
+        self._done[slot] = done
+        np.add.at(self._count, path, 1)
+        np.add.at(self._bound, path, cap)
+        self._mark_dirty()
         return done
+
+    # --- slots -----------------------------------------------------------------------------------
+    def _slot(self, hops: int) -> int:
+        if hops > self._path.shape[1]:
+            wider = np.full((self._path.shape[0], hops), -1, dtype=np.int64)
+            wider[:, : self._path.shape[1]] = self._path
+            self._path = wider
+        if not self._free:
+            old = self._live.size
+            grow = old
+
+            def extend(array: np.ndarray, fill) -> np.ndarray:
+                extra = np.full((grow, *array.shape[1:]), fill, dtype=array.dtype)
+                return np.concatenate([array, extra])
+
+            self._path = extend(self._path, -1)
+            self._hops = extend(self._hops, 0)
+            self._remaining = extend(self._remaining, 0.0)
+            self._rate = extend(self._rate, 0.0)
+            self._cap = extend(self._cap, 0.0)
+            self._finish = extend(self._finish, np.inf)
+            self._order = extend(self._order, 0)
+            self._live = extend(self._live, False)
+            self._done.extend([None] * grow)
+            self._free = list(range(old + grow - 1, old - 1, -1))
+        return self._free.pop()
+
+    # --- time ------------------------------------------------------------------------------------
+    def _live_slots(self) -> np.ndarray:
+        if self._live_index is None:
+            self._live_index = np.flatnonzero(self._live)
+        return self._live_index
 
     def _advance(self) -> None:
         elapsed = self.env.now - self._updated
         if elapsed > 0:
-            for flow in self._flows:
-                flow.remaining -= flow.rate * elapsed
+            live = self._live_slots()
+            self._remaining[live] -= self._rate[live] * elapsed
         self._updated = self.env.now
 
-    def _reschedule(self) -> None:
-        now = self.env.now
-        if self._flows:
-            rates = max_min_fair_rates([flow.links for flow in self._flows], self.capacity_Bps)
-            for flow, rate in zip(self._flows, rates, strict=True):
-                flow.rate = float(rate)
-                flow.finish = now + max(flow.remaining, 0.0) / flow.rate
+    def _mark_dirty(self) -> None:
+        """Re-rate once, after everything else due at this instant (a batch of starts and ends)."""
+        if not self._dirty:
+            self._dirty = True
+            self._generation += 1  # a wake-up scheduled before this change is stale
+            self.env.timeout(0).callbacks.append(self._rerate)
+
+    def _rerate(self, _event: simpy.Event | None = None) -> None:
+        self._dirty = False
+        self._advance()
+        live = self._live_slots()
         self._generation += 1
-        if self._flows:
-            generation = self._generation
-            delay = max(min(flow.finish for flow in self._flows) - now, 0.0)
-            self.env.timeout(delay).callbacks.append(lambda _event: self._wake(generation))
+        if not live.size:
+            return
+        self.rerates += 1
+        rates = self._cap[live].copy()
+        paths = self._path[live]
+        hop = np.maximum(paths, 0)
+        # links that can bind, looked up on the live paths only (a fabric may have millions of links)
+        on_binding = (paths >= 0) & (self._bound[hop] > self.capacity_Bps[hop] * (1 + _BINDING_TOLERANCE))
+        if on_binding.any():
+            constrained = on_binding.any(axis=1)
+            if constrained.any():
+                rows = np.flatnonzero(constrained)
+                owner_local, column = np.nonzero(on_binding[rows])
+                links = paths[rows][owner_local, column]
+                unique_links, local_link = np.unique(links, return_inverse=True)
+                flows = rows.size
+                # each flow's own bound b_f as a private link numbered after the shared ones
+                owner = np.concatenate([owner_local, np.arange(flows)])
+                link = np.concatenate([local_link.ravel(), unique_links.size + np.arange(flows)])
+                capacity = np.concatenate([self.capacity_Bps[unique_links], rates[rows]])
+                rates[rows] = max_min_fair_rates_flat(owner, link, flows, capacity)
+        now = self.env.now
+        self._rate[live] = rates
+        self._finish[live] = now + np.maximum(self._remaining[live], 0.0) / rates
+        generation = self._generation
+        delay = max(float(self._finish[live].min()) - now, 0.0)
+        self.env.timeout(delay).callbacks.append(lambda _event: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
         if generation != self._generation:
@@ -76,8 +181,22 @@ class FlowNetwork:
         self._advance()
         now = self.env.now
         limit = now + _FINISH_TOLERANCE * max(abs(now), 1e-9)
-        finished = [flow for flow in self._flows if flow.finish <= limit]
-        self._flows = [flow for flow in self._flows if flow.finish > limit]
-        for flow in finished:
-            flow.done.succeed()
-        self._reschedule()
+        live = self._live_slots()
+        ended = live[self._finish[live] <= limit]
+        ended = ended[np.argsort(self._order[ended], kind="stable")]
+        paths = self._path[ended]
+        hop = paths >= 0
+        links = paths[hop]
+        np.add.at(self._count, links, -1)
+        np.add.at(self._bound, links, -np.broadcast_to(self._cap[ended, None], paths.shape)[hop])
+        idle = links[self._count[links] == 0]
+        self._bound[idle] = 0.0  # no drift: an idle link carries exactly nothing
+        self._live[ended] = False
+        self._live_index = None
+        for slot in ended.tolist():
+            done = self._done[slot]
+            self._done[slot] = None
+            self._free.append(slot)
+            assert done is not None
+            done.succeed()
+        self._mark_dirty()
