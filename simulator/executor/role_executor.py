@@ -224,7 +224,7 @@ class RoleExecutor:
         self.mode = mode
         self.env = simpy.Environment()
         self.vectorised = VectorisedExecutor(fabric) if mode == "vectorised" else None
-        self.network = FlowNetwork(self.env, fabric.capacity_Bps) if mode == "message" else None
+        self.network = FlowNetwork(self.env, fabric.capacity_Bps, fabric.redundant) if mode == "message" else None
         self.transfer_log = transfer_log
         self.mailboxes = [_Mailbox() for _ in range(self.ranks)]
         self.records: list[OpRecord] | None = [] if record else None
