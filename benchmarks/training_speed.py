@@ -12,6 +12,8 @@
    2 GB each.
 3. The closed form at a million nodes: ``ddlsim simulate --executor analytic --nodes 1000000`` as a
    whole command (interpreter start included). Target: under 0.5 s and 200 MB.
+4. A traced point at a real cluster's scale (issue 15): ``ddlsim simulate --nodes 4096 --trace``
+   (the default scenario: 8 GPUs per node, 32,768 ranks), whole command. Target: under 500 MB.
 
 Times are wall-clock on this machine (2 cores, shared): repeat and compare medians.
 """
@@ -24,6 +26,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 KNL = {"workload": "alexnet", "device": "knl_7250", "devices_per_node": 1, "intra_node": None, "network": "opa_100"}
 SKYLAKE = {**KNL, "device": "xeon_8160", "devices_per_node": 2, "intra_node": "upi"}
@@ -111,6 +114,26 @@ def million_nodes() -> None:
           f"{'meets' if times[2] < 0.5 and max(peaks) < 200 else 'MISSES'} the targets")  # fmt: skip
 
 
+def traced_point(nodes: int = 4096) -> None:
+    print(f"\n# 4. ddlsim simulate --nodes {nodes} --trace, whole command (target: < 500 MB)")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        code = (
+            "import resource, sys; from ddlsim.simulator.cli.main import main; "
+            f"code = main(['simulate', '--nodes', '{nodes}', '--trace', '{out}/t.json', '--out', '{out}', "
+            "'--no-progress']); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr); sys.exit(code)"
+        )
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        seconds = time.perf_counter() - started
+        peak = float(done.stderr.strip().splitlines()[-1])
+        size = (Path(out) / "t.json").stat().st_size / 1e6
+    print(f"seconds {seconds:.1f}; trace {size:.0f} MB; peak memory {peak:.0f} MB  "
+          f"{'meets' if peak < 500 else 'MISSES'} the target")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=4096, help="nodes of the per-algorithm table")
@@ -123,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     you_et_al()
     every_algorithm(args.nodes, args.updates)
     million_nodes()
+    traced_point()
     return 0
 
 

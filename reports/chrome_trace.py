@@ -58,10 +58,13 @@ class Transfers:
     nbytes: np.ndarray
     start_s: np.ndarray
     end_s: np.ndarray
+    total: int | None = None  # transfers executed, logged or not (None: these arrays are all of them)
+    extrapolated: int = 0  # transfers of rounds advanced without executing them (no times exist)
 
     @classmethod
     def from_log(cls, log: Any) -> Transfers:
-        """From a ``simulator.collective_engine.TransferLog`` (lists of per-round arrays)."""
+        """From a ``simulator.engine.message_executor.TransferLog`` (lists of per-round arrays, the
+        traced senders' only, and counts of all)."""
 
         def flat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
             return np.concatenate([np.asarray(p, dtype=dtype).ravel() for p in parts]) if parts else np.zeros(0, dtype)
@@ -72,6 +75,8 @@ class Transfers:
             flat(log.nbytes, np.float64),
             flat(log.start_s, np.float64),
             flat(log.end_s, np.float64),
+            log.total,
+            log.extrapolated,
         )
 
     def __len__(self) -> int:
@@ -178,17 +183,24 @@ def trace_events(
             events.append(_slice(name, "communication", pid, tid, float(row["start_s"]), float(row["end_s"]), args))
 
     other: dict[str, Any] = dict(other_data or {})
-    if transfers is not None and len(transfers):
+    if transfers is not None and (len(transfers) or transfers.extrapolated):
+        total = len(transfers) if transfers.total is None else transfers.total
         per_sender = np.bincount(transfers.src)
         cumulative = np.cumsum(per_sender)
         senders = max(int(np.searchsorted(cumulative, max_transfers, side="right")), 1)
         keep = np.flatnonzero(transfers.src < senders)
-        other["transfers_total"] = len(transfers)
+        other["transfers_total"] = total + transfers.extrapolated
         other["transfers_written"] = int(keep.size)
-        if keep.size < len(transfers):
+        if keep.size < total:
             other["transfers_note"] = (
                 f"only the transfers sent by ranks 0..{senders - 1} are written "
-                f"({keep.size} of {len(transfers)}; raise max_transfers for more)"
+                f"({keep.size} of {total}; raise max_transfers for more)"
+            )
+        if transfers.extrapolated:
+            other["transfers_extrapolated"] = transfers.extrapolated
+            other["transfers_extrapolated_note"] = (
+                f"{transfers.extrapolated} transfers belong to rounds of identical steady progress that "
+                "the simulator advanced at once (their times are exact for the ranks, not drawn per transfer)"
             )
         order = keep[np.lexsort((transfers.start_s[keep], transfers.src[keep]))]
         for sender in np.unique(transfers.src[order]).tolist():

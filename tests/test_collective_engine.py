@@ -302,14 +302,14 @@ def test_skipped_rounds_give_the_message_level_times(algorithm, nodes, devices_p
 
 def test_affine_advance_equals_round_by_round_on_a_long_transient():
     """512 ranks of top-k on a fat tree, 8 per node, 2 nodes per leaf: the transient lasts hundreds
-    of rounds. Asking for a transfer log turns every shortcut off; the times must not change."""
+    of rounds. Executing every round (no extrapolation) must give the same times."""
     fabric = _fabric(64, 8, topology="fat_tree", nodes_per_leaf=2)
     schedule = COLLECTIVE_ALGORITHMS.get("topk_sparse").schedule("allreduce", 512, devices_per_node=8)
     skipping = VectorisedExecutor(fabric)
     fast = skipping.run(schedule, 100e6, 0.0)
     assert skipping.extrapolated_rounds > 400
-    every = VectorisedExecutor(fabric)
-    slow = every.run(schedule, 100e6, 0.0, log=TransferLog([], [], [], [], []))
+    every = VectorisedExecutor(fabric, extrapolate=False)
+    slow = every.run(schedule, 100e6, 0.0)
     assert every.extrapolated_rounds == 0
     np.testing.assert_allclose(fast, slow, rtol=1e-12)
     assert skipping.transfers == every.transfers == 511 * 512
@@ -401,3 +401,19 @@ def test_random_rounds_on_random_fabrics_equal_message_level(seed):
     start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
     fast, _ = run_collective(schedule, fabric, 8e6, start)
     np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)
+
+
+def test_a_transfer_log_keeps_the_traced_senders_and_counts_the_rest():
+    """A 64-rank ring all-reduce: 2 x 63 rounds of 64 transfers. A log limited to senders 0..3 holds
+    only theirs (4 per round, at most), yet counts all 8064; the steady-state shortcut still runs
+    (the log is no reason to execute every round) and the skipped transfers are counted as such."""
+    fabric = _fabric(64)
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 64)
+    log = TransferLog(max_sender=4)
+    executor = VectorisedExecutor(fabric)
+    times = executor.run(schedule, 64e6, 0.0, log=log)
+    np.testing.assert_allclose(times, VectorisedExecutor(fabric, extrapolate=False).run(schedule, 64e6, 0.0))
+    logged = np.concatenate(log.src)
+    assert logged.max() < 4 and logged.size <= 4 * (log.total // 64)
+    assert executor.extrapolated_rounds > 0 and log.extrapolated == 64 * executor.extrapolated_rounds
+    assert log.total + log.extrapolated == 2 * 63 * 64

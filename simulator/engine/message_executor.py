@@ -12,8 +12,9 @@ this executor by the tests.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 import numpy as np
 import simpy
@@ -25,13 +26,38 @@ from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 @dataclass
 class TransferLog:
-    """Optional per-transfer record (for traces): arrays over all transfers executed."""
+    """Optional per-transfer record (for traces): arrays over the transfers executed whose sender
+    (fabric rank) is below ``max_sender``, and counts over all of them.
 
-    src: list[np.ndarray]
-    dst: list[np.ndarray]
-    nbytes: list[np.ndarray]
-    start_s: list[np.ndarray]
-    end_s: list[np.ndarray]
+    A trace draws the transfers of a few ranks (no viewer shows 10^9 of them), so only those are
+    kept: the log's memory grows with the traced ranks' transfers, not with ranks squared.
+    ``total`` counts every transfer executed; ``extrapolated`` those of rounds the steady-state
+    shortcut advanced without executing them (no times exist for those)."""
+
+    src: list[np.ndarray] = field(default_factory=list)
+    dst: list[np.ndarray] = field(default_factory=list)
+    nbytes: list[np.ndarray] = field(default_factory=list)
+    start_s: list[np.ndarray] = field(default_factory=list)
+    end_s: list[np.ndarray] = field(default_factory=list)
+    max_sender: int = 2**62
+    total: int = 0
+    extrapolated: int = 0
+
+    def add(self, src: np.ndarray, dst: np.ndarray, nbytes: Any, start_s: Any, end_s: Any) -> None:
+        """Record transfers (arrays of one length; ``nbytes``, ``start_s``, ``end_s`` may be scalars)."""
+        src = np.asarray(src)
+        self.total += int(src.size)
+        keep = src < self.max_sender
+        if not keep.any():
+            return
+        columns = [np.broadcast_to(np.asarray(column, dtype=float), src.shape) for column in (nbytes, start_s, end_s)]
+        if not keep.all():
+            src, dst, columns = src[keep], np.asarray(dst)[keep], [column[keep] for column in columns]
+        self.src.append(np.array(src))
+        self.dst.append(np.array(dst))
+        self.nbytes.append(np.array(columns[0]))
+        self.start_s.append(np.array(columns[1]))
+        self.end_s.append(np.array(columns[2]))
 
 
 @dataclass
@@ -169,11 +195,8 @@ class MessageExecutor:
             plan = plans[k]
             self.transfers += 1
             if log is not None:
-                log.src.append(plan.src[index : index + 1])
-                log.dst.append(plan.dst[index : index + 1])
-                log.nbytes.append(plan.nbytes[index : index + 1])
-                log.start_s.append(np.array([begin]))
-                log.end_s.append(np.array([env.now]))
+                one = slice(index, index + 1)
+                log.add(plan.src[one], plan.dst[one], plan.nbytes[one], begin, env.now)
             receiver = int(plan.dst[index])
             complete(k, int(plan.src[index]))
             seconds = plan.reduce_s[index] if plan.reduce_s is not None else 0.0
@@ -210,11 +233,8 @@ class MessageExecutor:
                 yield env.timeout(o)
             self.transfers += 1
             if log is not None:
-                log.src.append(plan.src[index : index + 1])
-                log.dst.append(plan.dst[index : index + 1])
-                log.nbytes.append(plan.nbytes[index : index + 1])
-                log.start_s.append(np.array([begin]))
-                log.end_s.append(np.array([env.now]))
+                one = slice(index, index + 1)
+                log.add(plan.src[one], plan.dst[one], plan.nbytes[one], begin, env.now)
             arrival.succeed()
 
         def reduce_in(arrival: simpy.Event, seconds: float):

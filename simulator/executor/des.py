@@ -31,13 +31,24 @@ class DesRun:
     setup: TrainingSetup
     result: TrainingResult
     records: list[OpRecord] | None  # every operation of every rank, when asked for
-    transfer_log: TransferLog | None  # every transfer of every collective and message, when asked for
+    transfer_log: TransferLog | None  # the traced ranks' transfers (and counts of all), when asked for
     finish_s: np.ndarray  # when each rank finished its role program
 
 
+TRACED_SENDERS = 64  # ranks whose transfers a transfer log keeps (a trace draws a few ranks' sends)
+
+
 def run_des(
-    scenario: Scenario, nodes: int, mode: str = "auto", *, record: bool = False, log_transfers: bool = False
+    scenario: Scenario,
+    nodes: int,
+    mode: str = "auto",
+    *,
+    record: bool = False,
+    log_transfers: bool = False,
+    traced_senders: int = TRACED_SENDERS,
 ) -> DesRun:
+    """Simulate one point. ``record``: every operation of every rank; ``log_transfers``: the
+    transfers sent by fabric ranks below ``traced_senders`` (and counts of all of them)."""
     if mode not in ("auto", *MODES):
         raise ScenarioError(f"unknown DES mode {mode!r}; valid: auto, {', '.join(MODES)}")
     setup = setup_of(scenario, nodes)
@@ -45,7 +56,7 @@ def run_des(
     modes = MODES if mode == "auto" else (mode,)
     placement = setup.placement()
     for attempt, current in enumerate(modes):
-        log = TransferLog([], [], [], [], []) if log_transfers else None
+        log = TransferLog(max_sender=traced_senders) if log_transfers else None
         executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log)
         trainers = build_trainers(setup)
         try:

@@ -69,7 +69,7 @@ MODES = ("vectorised", "message")
 _CAUSALITY_SLACK_S = 1e-12
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a traced run at scale holds 10^5-10^6 of them
 class OpRecord:
     """One executed operation of one rank; times in simulated seconds."""
 
