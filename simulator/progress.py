@@ -27,7 +27,8 @@ How it shows (``mode``):
 
 ``Progress(label, enabled=None)``: ``None`` picks ``bar`` when stderr is a terminal and ``lines``
 otherwise (the environment variable ``DDLSIM_PROGRESS=bar|lines|off`` overrides the choice, which
-is how ``ddlsim bench`` passes it to its ranks); ``True`` shows progress at once (a bar on a
+is how ``ddlsim bench`` passes it to its ranks, with ``DDLSIM_PROGRESS_DELAY=0`` when ``--progress`` was
+asked for explicitly); ``True`` shows progress at once (a bar on a
 terminal, lines otherwise, without the quiet ``delay_s``); ``False`` shows nothing. Commands wire it
 to ``--progress/--no-progress``. The estimate assumes the rest of the stage goes at the pace so far.
 """
@@ -41,6 +42,7 @@ from typing import Any, TextIO
 
 MODES = ("bar", "lines", "off")
 ENVIRONMENT = "DDLSIM_PROGRESS"
+DELAY_ENVIRONMENT = "DDLSIM_PROGRESS_DELAY"
 
 
 def format_duration(seconds: float) -> str:
@@ -67,6 +69,14 @@ def resolve_mode(enabled: bool | None, stream: TextIO) -> str:
     return "bar" if isatty is not None and isatty() else "lines"
 
 
+def inherited_delay_s() -> float:
+    """The quiet first stretch a parent process asked for (``DDLSIM_PROGRESS_DELAY``), else 1 s."""
+    try:
+        return max(0.0, float(os.environ.get(DELAY_ENVIRONMENT, "1")))
+    except ValueError:
+        return 1.0
+
+
 class Progress:
     """Reports ``done`` of ``total`` for the current stage; callable as ``progress(done, total)``."""
 
@@ -84,7 +94,7 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.mode = resolve_mode(enabled, self.stream)
         # asked for explicitly: show at once; by default: stay quiet for work that ends within a second
-        self.delay_s = delay_s if delay_s is not None else (0.0 if enabled else 1.0)
+        self.delay_s = delay_s if delay_s is not None else (0.0 if enabled else inherited_delay_s())
         self.interval_s = interval_s
         self.clock = clock
         self.started = clock()

@@ -104,12 +104,16 @@ def run(args: argparse.Namespace) -> int:
     scenario = {"bench": bench_scenario(args)}
     # the ranks inherit this environment and their stderr is a pipe through the launcher: a line per
     # benchmark (a bar's carriage returns would garble the launcher's record of their last lines)
-    saved = os.environ.get("DDLSIM_PROGRESS")
-    os.environ["DDLSIM_PROGRESS"] = "off" if args.progress is False else "lines"
+    # (--progress asked for explicitly: from the first point, not after a quiet first second)
+    wanted = {"DDLSIM_PROGRESS": "off" if args.progress is False else "lines",
+              "DDLSIM_PROGRESS_DELAY": "0" if args.progress else "1"}  # fmt: skip
+    saved = {name: os.environ.get(name) for name in wanted}
+    os.environ.update(wanted)
     try:
         return launch_from_args(args, "bench", scenario)
     finally:
-        if saved is None:
-            del os.environ["DDLSIM_PROGRESS"]
-        else:
-            os.environ["DDLSIM_PROGRESS"] = saved
+        for name, value in saved.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
