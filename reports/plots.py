@@ -262,6 +262,34 @@ def scaling_png(runs: Sequence[Path]) -> bytes:
         return figure_png(fig)
 
 
+def per_node_png(runs: Sequence[Path]) -> bytes:
+    """Throughput per node (left) and in total (right) against nodes, one line per run directory: layouts
+    that place a different number of ranks on a node (one per chip, one per NUMA domain, a pipeline
+    over the domains) compared at the same node count, where the x axis of ``scaling_png`` (devices)
+    would separate them."""
+    with _figure("scaling") as (fig, axes):
+        node_ax, thr_ax = axes[0]
+        labels = [run_label(Path(run)) for run in runs]
+        for index, (run, style) in enumerate(zip(runs, _styles(), strict=False)):
+            rows = scaling_rows(run)
+            nodes = [int(row["nodes"]) for row in rows]
+            throughput = [float(row["throughput_samples_per_s"]) for row in rows]
+            label = labels[index] if labels.count(labels[index]) == 1 else f"{labels[index]} ({Path(run).name})"
+            node_ax.plot(nodes, [t / n for t, n in zip(throughput, nodes, strict=True)], label=label, **style)
+            thr_ax.plot(nodes, throughput, label=label, **style)
+        for ax in (node_ax, thr_ax):
+            _log2_devices_axis(ax)
+            ax.set_xlabel("nodes")
+        node_ax.set_ylabel("throughput per node (samples/s)")
+        node_ax.set_ylim(bottom=0)
+        node_ax.set_title("throughput per node")
+        thr_ax.set_yscale("log")
+        thr_ax.set_ylabel("throughput (samples/s)")
+        thr_ax.set_title("training throughput")
+        _legend_below(fig, [node_ax], ncols=1)
+        return figure_png(fig)
+
+
 def plot_scaling(runs: Sequence[Path], out_png: Path) -> None:
     """Write ``scaling_png(runs)`` to ``out_png`` atomically."""
     save_png(scaling_png(runs), out_png)

@@ -28,7 +28,7 @@ from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
-from ddlsim.simulator.workloads import Workload, load_workload, workload_names
+from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
 EXECUTORS = ("des", "analytic")
@@ -261,20 +261,53 @@ class Scenario:
         )
 
     def memory_needed_bytes(self) -> float:
-        """Device memory for training: fp32 weights, gradients and momentum, the fp16 working copies
-        under mixed precision, and the batch's activations kept for backward."""
-        workload = self.workload_spec
-        parameters = workload.parameter_count
+        """Device memory for training (bytes): fp32 weights, gradients and momentum, the fp16 working
+        copies under mixed precision, and the batch's activations kept for backward. A
+        ``hybrid_parallel`` device holds one pipeline stage: the largest stage's need, counting the
+        activation it received from the stage before (kept for its first layer's backward)."""
+        stages = self.hybrid_stages()
+        if stages is None:
+            return self._memory_of(self.workload_spec.layers)
+        return max(
+            self._memory_of(stage, stages[index - 1][-1].output_bytes if index else 0.0)
+            for index, stage in enumerate(stages)
+        )
+
+    def _memory_of(self, layers: tuple[Layer, ...], received_bytes: float = 0.0) -> float:
+        parameters = sum(layer.parameters for layer in layers)
         state = parameters * (4.0 * 3 + (4.0 if self.precision != "fp32" else 0.0))
-        activations = self.per_device_batch * workload.activation_bytes(self.bytes_per_element)
-        return state + activations
+        # output activations of every layer, fp32 bytes per sample in the tables (Workload.activation_bytes)
+        activations = self.per_device_batch * (math.fsum(layer.output_bytes for layer in layers) + received_bytes)
+        return state + activations * self.bytes_per_element / 4.0
+
+    def hybrid_stages(self) -> list[tuple[Layer, ...]] | None:
+        """The layers each device of a node holds under ``hybrid_parallel`` (the given split, else the
+        balanced one), or None: another algorithm, one device per node, or a split that does not
+        match the node or the model (the algorithm's plan reports that)."""
+        if self.algorithm != "hybrid_parallel" or self.devices_per_node == 1:
+            return None
+        from ddlsim.simulator.training.trainers import balanced_split, layer_times
+
+        layers = self.workload_spec.layers
+        split = self.options.split
+        if split is None:
+            if self.devices_per_node > len(layers):
+                return None
+            split = balanced_split(layer_times(self), self.devices_per_node)
+        if len(split) != self.devices_per_node or sum(split) != len(layers):
+            return None
+        bounds = np.cumsum((0, *split))
+        return [layers[bounds[i] : bounds[i + 1]] for i in range(len(split))]
 
     def check_memory(self) -> None:
         device = self.device_spec
         needed = self.memory_needed_bytes()
         if needed > device.memory_capacity_bytes:
+            where = "per-device batch"
+            if self.hybrid_stages() is not None:
+                where = "the largest hybrid_parallel stage of its split, pipeline batch"
             raise ScenarioError(
-                f"does not fit: {self.workload} at per-device batch {self.per_device_batch} ({self.precision}) "
+                f"does not fit: {self.workload} at {where} {self.per_device_batch} ({self.precision}) "
                 f"needs {needed / 1e9:.1f} GB, {self.device} has {device.memory_capacity_bytes / 1e9:.1f} GB "
                 "(assumed: fp32 weights, gradients and momentum, fp16 copies under mixed precision, every "
                 "layer's activations kept for backward, no recomputation); lower --per-device-batch, or "

@@ -35,14 +35,14 @@ from ddlsim.registry import UnknownNameError
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "hardware.md"
 
 REQUIRED_DEVICES = [
-    "knl_7250", "knl_7230", "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h",
+    "knl_7250", "knl_7230", "knl_7250_snc4", "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h",
     "k20x", "k40", "k80", "m40", "titanx_pascal", "p40", "p100_pcie", "p100_sxm2",
     "v100_pcie", "v100_sxm2", "v100_sxm3", "v100_sxm3_h", "v100s_pcie", "a100_sxm4", "h100_sxm5",
     # large-model era (issue 14)
     "a100_sxm4_80gb", "h100_pcie", "h200_sxm", "b200", "gb200", "gb300", "mi300x", "gaudi2", "tpu_v4", "tpu_v5p",
 ]  # fmt: skip
 REQUIRED_INTRA_NODE = [
-    "pcie3_x16", "pcie4_x16", "nvlink1", "nvlink2", "nvlink3", "nvswitch", "nvswitch2", "upi",
+    "pcie3_x16", "pcie4_x16", "nvlink1", "nvlink2", "nvlink3", "nvswitch", "nvswitch2", "upi", "knl_mesh",
     "pcie5_x16", "nvlink4", "nvlink5", "nvswitch3", "nvswitch4", "nvl72", "infinity_fabric_mi300x", "gaudi2_roce",
     "tpu_v4_ici", "tpu_v5p_ici",
 ]  # fmt: skip
@@ -112,7 +112,7 @@ def test_every_token_is_documented(token: str) -> None:
 
 def test_device_kinds() -> None:
     kinds = {token: load_device(token).kind for token in REQUIRED_DEVICES}
-    assert {token for token, kind in kinds.items() if kind == "manycore"} == {"knl_7250", "knl_7230"}
+    assert {token for token, kind in kinds.items() if kind == "manycore"} == {"knl_7250", "knl_7230", "knl_7250_snc4"}
     assert {token for token, kind in kinds.items() if kind == "cpu"} == {
         "xeon_8160", "xeon_8180", "xeon_6148", "xeon_8380h"
     }  # fmt: skip
@@ -170,6 +170,29 @@ def test_device_figures() -> None:
     )  # fmt: skip
     assert load_device("h100_sxm5").memory_bandwidth_Bps == pytest.approx(3.35e12)
     assert load_device("knl_7250").memory_capacity_bytes == 16e9  # MCDRAM, not DDR
+
+
+def test_four_snc4_quadrants_make_one_knl_7250() -> None:
+    """SNC-4: 17 cores x 1.4 GHz x 64 = 1.5232e12 FLOP/s, x 4 = 6.0928e12 (the chip's file rounds to
+    6.09e12); 490 / 4 = 122.5 GB/s; 16 / 4 = 4 GB; 34 / 4 = 8.5 MB L2; the chip's efficiencies."""
+    quadrant, chip = load_device("knl_7250_snc4"), load_device("knl_7250")
+    assert quadrant.peak_flops == {"fp32": pytest.approx(17 * 1.4e9 * 64)}
+    assert 4 * quadrant.peak_flops["fp32"] == pytest.approx(chip.peak_flops["fp32"], rel=1e-3)
+    assert 4 * quadrant.memory_bandwidth_Bps == chip.memory_bandwidth_Bps == 490e9
+    assert 4 * quadrant.memory_capacity_bytes == chip.memory_capacity_bytes == 16e9
+    assert 4 * quadrant.on_chip_memory_bytes == chip.on_chip_memory_bytes == 34e6
+    assert quadrant.compute_efficiency == chip.compute_efficiency
+    assert quadrant.memory_efficiency == chip.memory_efficiency
+
+
+def test_knl_mesh_port_is_a_copy_through_a_quadrants_mcdram() -> None:
+    """122.5e9 B/s x 0.5 (each byte read once and written once) x 0.85 (STREAM fraction) = 52.0625e9 B/s,
+    faster than UPI's 3 x 20.8e9 x 0.6 = 37.44e9 B/s between Skylake sockets."""
+    mesh = load_link("knl_mesh")
+    assert mesh.kind == "intra_node" and mesh.links_per_device == 1
+    assert mesh.port_bandwidth_Bps == pytest.approx(52.0625e9)
+    assert load_link("upi").port_bandwidth_Bps == pytest.approx(37.44e9)
+    assert (mesh.latency_s, mesh.per_message_overhead_s) == (pytest.approx(0.2e-6), pytest.approx(1e-6))
 
 
 def test_k80_is_one_die() -> None:

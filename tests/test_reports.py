@@ -282,3 +282,32 @@ def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
     parser.feed((tmp_path / "index.html").read_text())
     assert parser.links == ["tiny.png"] and parser.tables == 2
     assert len({entry.key for entry in ENTRIES}) == len(ENTRIES)
+
+
+def test_per_node_plot_puts_layouts_on_the_same_node_axis(results, tmp_path):
+    """sim_a and sim_b (1 and 2 nodes of 8 GPUs): one PNG of the scaling figure's size, not blank."""
+    png = plots.per_node_png([results["sim_a"], results["sim_b"]])
+    assert plots.png_size(png) == plots.expected_png_size("scaling")
+    out = tmp_path / "per_node.png"
+    plots.save_png(png, out)
+    assert_png(out, "scaling")
+
+
+def test_gallery_entries_plot_runs_they_have():
+    from ddlsim.reports.gallery import ENTRIES
+
+    for entry in ENTRIES:
+        assert entry.plot in ("scaling", "per_node", "collective", "none"), entry.key
+        names = {run.name for run in entry.runs}
+        assert set(entry.extra.get("plot_runs", ())) <= names, entry.key
+
+
+def test_knl_hybrid_entry_uses_the_split_best_split_finds(capsys):
+    """The gallery's 1536-node hybrid sweep runs a fixed split (--best-split at 1536 nodes takes minutes);
+    it must be the one --best-split finds at 16 nodes, or the entry is stale."""
+    from ddlsim.reports.gallery import ENTRIES, KNL_HYBRID_SPLIT
+
+    entry = next(entry for entry in ENTRIES if entry.key == "codreanu2017_knl_hybrid")
+    search = next(run for run in entry.runs if run.name == "hybrid_best_split")
+    assert main(search.argv) == 0
+    assert f"# best split {KNL_HYBRID_SPLIT}:" in capsys.readouterr().out

@@ -26,6 +26,7 @@ GPU_NODE = Scenario(
     workload="lenet", device="p100_sxm2", devices_per_node=2, intra_node="nvlink1", network="ib_edr", nodes=(2,)
 )
 MODEL_BYTES = 4.0 * KNL.workload_spec.parameter_count
+KNL_QUADRANTS = dict(device="knl_7250_snc4", devices_per_node=4, intra_node="knl_mesh", network="opa_100")
 
 
 class Run:
@@ -155,6 +156,44 @@ def test_hybrid_parallel_messages_per_step():
     stage0_bytes = 4.0 * sum(layer.parameters for layer in layers[:3])
     collectives = [r for r in result.records if r.rank == 0 and r.kind == "collective"]
     assert [r.nbytes for r in collectives] == [pytest.approx(stage0_bytes)] * 4
+
+
+def test_hybrid_parallel_memory_is_the_largest_stage():
+    """LeNet at batch 32, fp32 (12 bytes of weight, gradient and momentum per parameter), split 3,9.
+    Stage 0 (conv1, tanh1, pool1): 156 x 12 + 32 x (18816 + 18816 + 4704) = 1,872 + 1,354,752 = 1,356,624 B.
+    Stage 1: 61,550 x 12 + 32 x (16,552 of its outputs + 4,704 received from pool1) = 738,600 + 680,192
+    = 1,418,792 B. The whole model on one device: 61,706 x 12 + 32 x 58,888 = 740,472 + 1,884,416."""
+    hybrid = scenario_of("hybrid_parallel", 2, 1, GPU_NODE, split=(3, 9))
+    assert hybrid.memory_needed_bytes() == pytest.approx(1_418_792)
+    assert scenario_of("sync_sgd", 2, 1, GPU_NODE).memory_needed_bytes() == pytest.approx(2_624_888)
+
+
+def test_a_pipeline_fits_knl_quadrants_where_data_parallelism_does_not():
+    """ResNet-50 at 32 images needs 5.1 GB on one device; a 4 GB SNC-4 quadrant holds it only as one
+    of four pipeline stages."""
+    with pytest.raises(ScenarioError, match="does not fit: resnet50 at per-device batch 32"):
+        Scenario(workload="resnet50", per_device_batch=32, nodes=(1,), **KNL_QUADRANTS)
+    hybrid = Scenario(workload="resnet50", algorithm="hybrid_parallel", per_device_batch=32, nodes=(1,),
+                      **KNL_QUADRANTS)  # fmt: skip
+    assert hybrid.memory_needed_bytes() < 4e9
+    with pytest.raises(ScenarioError, match="largest hybrid_parallel stage"):
+        dataclasses.replace(hybrid, per_device_batch=128)
+
+
+def test_best_hybrid_split_keeps_to_splits_that_fit():
+    """GoogLeNet at 200 images on four 4 GB quadrants: the fastest split overall puts 4.7 GB on a stage;
+    the search with the memory check finds a slower split that fits."""
+    free = Scenario(workload="googlenet", algorithm="hybrid_parallel", per_device_batch=200, nodes=(1,),
+                    enforce_memory=False, **KNL_QUADRANTS)  # fmt: skip
+
+    def memory(scenario: Scenario, split: tuple[int, ...]) -> float:
+        options = make_options("hybrid_parallel", {"split": split})
+        return dataclasses.replace(scenario, options=options).memory_needed_bytes()
+
+    fastest, fastest_s = best_hybrid_split(free, 1)
+    assert memory(free, fastest) > 4e9
+    fitting, fitting_s = best_hybrid_split(dataclasses.replace(free, enforce_memory=True), 1)
+    assert memory(free, fitting) <= 4e9 and fitting_s >= fastest_s
 
 
 def test_best_hybrid_split_is_no_slower_than_balanced():

@@ -124,17 +124,24 @@ def summarise(setup: TrainingSetup, executor: RoleExecutor, returns: dict, bucke
 
 def best_hybrid_split(scenario: Scenario, nodes: int, updates: int = 2) -> tuple[tuple[int, ...], float]:
     """The hybrid_parallel layer split with the shortest simulated step: coordinate descent from the
-    balanced split, moving one boundary by 8, 4, 2, 1 layers while it helps. (split, seconds per step)."""
+    balanced split, moving one boundary by 8, 4, 2, 1 layers while it helps. (split, seconds per step).
+    A split whose largest stage does not fit the device's memory is skipped (unless the scenario
+    does not enforce memory)."""
     from ddlsim.simulator.training.trainers import balanced_split, layer_times
 
     stages = scenario.devices_per_node
 
     def cost(split: tuple[int, ...]) -> float:
         options = dataclasses.replace(scenario.options, split=split)
-        trial = dataclasses.replace(scenario, options=options, updates=updates, algorithm="hybrid_parallel")
+        try:  # the trial scenario checks its stages' memory when it is built
+            trial = dataclasses.replace(scenario, options=options, updates=updates, algorithm="hybrid_parallel")
+        except ScenarioError:
+            if split == start:
+                raise
+            return math.inf
         return run_des(trial, nodes).result.iteration_s
 
-    best = balanced_split(layer_times(scenario), stages)
+    best = start = balanced_split(layer_times(scenario), stages)
     best_s = cost(best)
     if stages == 1:
         return best, best_s
