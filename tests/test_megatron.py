@@ -4,6 +4,7 @@ where nothing contends, the pipeline bubble comes out of the schedule, and the b
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -142,3 +143,22 @@ def test_bad_layouts_on_the_command_line_are_one_line_and_exit_2(tmp_path, capsy
     assert code == 2
     assert err.startswith(f"ddlsim: error: {message}") and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_a_scenario_file_naming_a_device_gets_its_catalog_node_and_a_layout_header(tmp_path, capsys):
+    """A file that names h100_sxm5 but not its node runs on a DGX H100 (8 GPUs on NVSwitch, NDR NICs),
+    as the --device flag does, and the header states the layout's batch, not a per-device batch."""
+    from ddlsim.simulator.cli.main import main
+
+    path = tmp_path / "layout.toml"
+    path.write_text(
+        'workload = "llama3_8b"\nalgorithm = "megatron"\ndevice = "h100_sxm5"\n'
+        "[options.layout]\ntp = 8\npp = 2\nglobal_batch = 16\nmicro_batch = 2\n"
+    )
+    out = tmp_path / "out"
+    assert main(["simulate", "--scenario", str(path), "--nodes", "2", "--out", str(out)]) == 0
+    header = capsys.readouterr().out.splitlines()[0]
+    assert "h100_sxm5 x 8/node (nvswitch3), ib_ndr switch" in header, header
+    assert "tp8xpp2, micro-batch 2, global batch 16 sequences" in header, header
+    saved = json.loads((out / "scenario.json").read_text())["scenario"]
+    assert saved["intra_node"] == "nvswitch3" and saved["network"] == "ib_ndr" and saved["nics_per_node"] == 8

@@ -140,12 +140,14 @@ PLAIN_FLAGS = {
 def scenario_from_args(args: argparse.Namespace) -> Scenario:
     """The scenario of the command line: a ``--scenario`` file (or the defaults), then every flag given.
 
-    A device given without its node's shape takes its catalog system's (devices per node, intra-node
-    link, network, NICs: an H100 SXM5 comes in DGX nodes of 8 on NVSwitch with 8 NDR NICs); a device
-    without one takes 8 per node for a GPU (on NVLink for the SXM parts, PCIe otherwise), 1 otherwise.
+    A device given (by flag or in the file) without its node's shape takes its catalog system's
+    (devices per node, intra-node link, network, NICs: an H100 SXM5 comes in DGX nodes of 8 on
+    NVSwitch with 8 NDR NICs); a device without one takes 8 per node for a GPU (on NVLink for the
+    SXM parts, PCIe otherwise), 1 otherwise.
     """
     given = given_flags(args) if args.scenario is None else given_flags(args) | {"scenario"}
-    base = Scenario().to_dict() | (load_scenario_file(args.scenario) if args.scenario is not None else {})
+    from_file = load_scenario_file(args.scenario) if args.scenario is not None else {}
+    base = Scenario().to_dict() | from_file
     values = {key: value for key, value in base.items() if key != "profile"}
     for flag, field in PLAIN_FLAGS.items():
         if flag in given:
@@ -159,8 +161,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         flag = "torus_dims" if field == "torus_dims" else field
         if flag in given:
             values[field] = topology[field]
-    if "device" in given:
-        _device_defaults(values, given)
+    if "device" in given or "device" in from_file:  # a file naming a device but not its node: the catalog's
+        _device_defaults(values, given | set(from_file))
     options = dict(values.get("options") or {}) if args.scenario is not None else {}
     if "algorithm" in given and args.scenario is not None and values["algorithm"] != base.get("algorithm"):
         options = {}  # another algorithm: the file's options were the old one's
@@ -200,6 +202,17 @@ def _device_defaults(values: dict[str, Any], given: set[str]) -> None:
             values[field] = value
     if values["devices_per_node"] == 1 and "intra_node" not in given:
         values["intra_node"] = None
+
+
+def batch_text(scenario: Scenario) -> str:
+    """The batch as the header states it: per device, or a transformer layout's micro and global batch."""
+    layout = scenario.options.layout if scenario.is_transformer else None
+    if layout is None:
+        return f"batch {scenario.per_device_batch}/device"
+    splits = (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp), ("ep", layout.ep))
+    shape = "x".join(f"{name}{value}" for name, value in splits if value > 1)
+    global_batch = layout.global_batch if layout.global_batch is not None else "at least pp micro-batches per rank"
+    return f"{shape or 'dp only'}, micro-batch {layout.micro_batch}, global batch {global_batch} sequences"
 
 
 def add_time_to_accuracy(rows: list[dict], scenario: Scenario, target: float) -> None:
@@ -266,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"# {scenario.algorithm}{collective}: {scenario.workload} on {scenario.device} x "
         f"{scenario.devices_per_node}/node ({scenario.intra_node or '-'}), {scenario.network or '-'} "
-        f"{scenario.topology}, batch {scenario.per_device_batch}/device, {scenario.precision}, "
+        f"{scenario.topology}, {batch_text(scenario)}, {scenario.precision}, "
         f"{scenario.steps} update(s)/worker, executor {scenario.executor}"
     )
     print_table(rows, columns)
