@@ -162,3 +162,25 @@ def test_a_scenario_file_naming_a_device_gets_its_catalog_node_and_a_layout_head
     assert "tp8xpp2, micro-batch 2, global batch 16 sequences" in header, header
     saved = json.loads((out / "scenario.json").read_text())["scenario"]
     assert saved["intra_node"] == "nvswitch3" and saved["network"] == "ib_ndr" and saved["nics_per_node"] == 8
+
+
+@pytest.mark.parametrize(("per_node", "tp", "pp", "dp"), [(2, 2, 2, 2), (1, 1, 2, 2), (2, 2, 4, 2)])
+def test_a_pipeline_with_data_parallelism_runs_on_the_round_path_exactly(per_node, tp, pp, dp):
+    """A stage's receiver link carries the next stage's messages, then the stage's DP reduce-scatter
+    while the next stage still runs its own: the round path proves that free (the messages' ends are
+    known) and gives the message path's time, instead of falling back on every such layout."""
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.simulator.executor.des import run_des
+    from ddlsim.simulator.scenario import Scenario
+
+    nodes = tp * pp * dp // per_node
+    layout = {"tp": tp, "pp": pp, "dp": dp, "global_batch": 8 * dp, "micro_batch": 1, "zero_stage": 1}
+    scenario = Scenario(
+        workload="gpt2", algorithm="megatron", device="h100_sxm5", devices_per_node=per_node,
+        intra_node="nvswitch3" if per_node > 1 else None, network="ib_ndr", nics_per_node=per_node,
+        precision="bf16", nodes=[nodes], options=make_options("megatron", {"layout": layout}),
+    )  # fmt: skip
+    rounds = run_des(scenario, nodes, mode="vectorised")
+    messages = run_des(scenario, nodes, mode="message")
+    assert rounds.result.iteration_s == pytest.approx(messages.result.iteration_s, rel=1e-9)
+    assert run_des(scenario, nodes).result.path == "vectorised"

@@ -597,17 +597,18 @@ class VectorisedExecutor:
         writer = self._writer_serial
         for link in links:  # scalar loop: a message crosses a few links, numpy calls would dominate
             sender = int(senders[link])
-            if sender == -1:
-                senders[link] = src
-            elif sender != src:
-                if sender >= 0:  # a second sender: the first one's clock bounds its flows (see _claim)
-                    busy[link] = max(busy[link], clock[sender])
-                    senders[link] = -2
-                    self._shared_version += 1
-                if begin < busy[link]:
-                    raise ContentionDetected("a point-to-point message may overlap another flow on a link")
-                busy[link] = begin + flow
-                writer[link] = -1
+            if sender != -2:
+                # the link's busy time becomes exact from here on: a one-sender link's clock bound
+                # (see _claim) would make a pipeline's receiver look busy while its sender runs a
+                # collective of its own elsewhere (Llama 3 405B: every DP reduce-scatter fell back)
+                if sender >= 0:
+                    busy[link] = max(busy[link], clock[sender])  # clock[src] is start_s by now
+                senders[link] = -2
+                self._shared_version += 1
+            if begin < busy[link]:
+                raise ContentionDetected("a point-to-point message may overlap another flow on a link")
+            busy[link] = begin + flow
+            writer[link] = -1
         clock[src] = begin + flow
         self.transfers += 1
         return start_s + alpha + flow
