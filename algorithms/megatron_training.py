@@ -118,8 +118,14 @@ def schedule_name(layout: ParallelLayout) -> str:
     return "interleaved" if layout.virtual_stages > 1 else layout.schedule
 
 
-def stage_tasks(layout: ParallelLayout, stage: int) -> list[Task]:
-    return pipeline_schedule(schedule_name(layout), layout.pp, micro_batches(layout), layout.virtual_stages)[stage]
+def stage_tasks(layout: ParallelLayout, stage: int) -> tuple[Task, ...]:
+    return _schedule(schedule_name(layout), layout.pp, micro_batches(layout), layout.virtual_stages)[stage]
+
+
+@lru_cache(maxsize=64)
+def _schedule(name: str, stages: int, micro: int, chunks: int) -> tuple[tuple[Task, ...], ...]:
+    """Every stage's tasks, built once per layout shape (every rank of a stage runs the same ones)."""
+    return tuple(tuple(tasks) for tasks in pipeline_schedule(name, stages, micro, chunks))
 
 
 def neighbour(rank: int, layout: ParallelLayout, virtual: int) -> int:
@@ -163,6 +169,9 @@ class MegatronTraining(TrainingAlgorithm):
         chunks, last = layout.virtual_stages, layout.pp * layout.virtual_stages - 1
         tasks = stage_tasks(layout, here.pp)
         group = data_parallel_group(rank, layout)  # dense parameters' group: the optimizer's shards
+        # the ranks holding the virtual stages next to this rank's (looked up once, not per message)
+        near = {v: neighbour(rank, layout, v) for c in range(chunks) for v in (c * layout.pp + here.pp - 1,
+                c * layout.pp + here.pp + 1) if 0 <= v <= last}  # fmt: skip
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
         for _ in range(plan.steps):
             sends, reductions = [], []
@@ -172,21 +181,21 @@ class MegatronTraining(TrainingAlgorithm):
                 if task.phase == FORWARD:
                     activation = None
                     if virtual > 0:
-                        source = neighbour(rank, layout, virtual - 1)
+                        source = near[virtual - 1]
                         activation = yield comm.recv(source, tag(virtual, FORWARD))
                     output = yield comm.compute(trainer.stage_forward(task.micro_batch, task.chunk, activation))
                     if virtual < last:
-                        target = neighbour(rank, layout, virtual + 1)
+                        target = near[virtual + 1]
                         message = comm.send(target, output, tag(virtual + 1, FORWARD))
                         sends.append((yield comm.start(message)))
                     continue
                 gradient = None
                 if virtual < last:
-                    source = neighbour(rank, layout, virtual + 1)
+                    source = near[virtual + 1]
                     gradient = yield comm.recv(source, tag(virtual, BACKWARD))
                 input_gradient = yield comm.compute(trainer.stage_backward(task.micro_batch, task.chunk, gradient))
                 if virtual > 0:
-                    target = neighbour(rank, layout, virtual - 1)
+                    target = near[virtual - 1]
                     message = comm.send(target, input_gradient, tag(virtual - 1, BACKWARD))
                     sends.append((yield comm.start(message)))
                 left[task.chunk] -= 1
