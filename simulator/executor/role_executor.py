@@ -357,10 +357,35 @@ class RoleExecutor:
         self._deliver(op.dst, _Message(rank, op.tag, op.payload, float(env.now)))
 
     def _start_p2p(self, rank: int, op: Send | Recv) -> _Handle:
-        """A started send or receive: a process of its own; the handle's payload is the received one."""
+        """A started send or receive: a process of its own; the handle's payload is the received one.
+        On the round path a started send is one scheduled event: its arrival is known when it starts
+        (a pipeline sends one per micro-batch and stage; a process each was a third of the run)."""
+        if self.vectorised is not None and isinstance(op, Send):
+            return self._start_send_on_rounds(rank, op)
         handle = _Handle(self.env.event(), None)
         handle.done = self.env.process(self._p2p(rank, op, handle))
         return handle
+
+    def _start_send_on_rounds(self, rank: int, op: Send) -> _Handle:
+        env, vectorised = self.env, self.vectorised
+        assert vectorised is not None
+        if not 0 <= op.dst < self.ranks or op.dst == rank:
+            raise ValueError(f"rank {rank} sends to invalid rank {op.dst}")
+        if self._in_flight[rank]:
+            raise ContentionDetected("a rank sends a message while its started collective runs")
+        start, nbytes = float(env.now), float(op.payload.nbytes)
+        arrival = vectorised.transfer(int(self.placement[rank]), int(self.placement[op.dst]), nbytes, start)
+        self._sends_in_flight[rank] += 1
+        done = env.event()
+
+        def arrived(_event: simpy.Event) -> None:
+            self._sends_in_flight[rank] -= 1
+            self._deliver(op.dst, _Message(rank, op.tag, op.payload, arrival))
+            self._log(rank, "send", "send", op.dst, nbytes, start)
+
+        done.callbacks.append(arrived)
+        _succeed_after(env, done, arrival - start)
+        return _Handle(done, None)
 
     def _p2p(self, rank: int, op: Send | Recv, handle: _Handle):
         start = self.env.now
