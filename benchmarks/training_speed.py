@@ -14,6 +14,12 @@
    whole command (interpreter start included). Target: under 0.5 s and 200 MB.
 4. A traced point at a real cluster's scale (issue 15): ``ddlsim simulate --nodes 4096 --trace``
    (the default scenario: 8 GPUs per node, 32,768 ranks), whole command. Target: under 500 MB.
+5. Llama 3 405B as Meta trained it, on 16,384 H100 (issue 14): TP 8, PP 16 (7 layers on the end
+   stages), DP 128, 2048 sequences of 8192 tokens, micro-batch 1, sequence parallelism, gradients
+   and optimizer states sharded (ZeRO 2), one iteration in the DES, whole command; and where its
+   time goes. Targets: under 60 s and 4 GB.
+
+``--parts 5`` (or ``1,3``) runs some of them.
 
 Times are wall-clock on this machine (2 cores, shared): repeat and compare medians.
 """
@@ -134,19 +140,81 @@ def traced_point(nodes: int = 4096) -> None:
           f"{'meets' if peak < 500 else 'MISSES'} the target")
 
 
+LLAMA3_405B = """workload = "llama3_405b"
+algorithm = "megatron"
+device = "h100_sxm5"
+precision = "bf16"
+[options.layout]
+tp = 8
+pp = 16
+dp = 128
+global_batch = 2048
+micro_batch = 1
+zero_stage = 2
+sequence_parallel = true
+first_stage_layers = 7
+last_stage_layers = 7
+"""
+
+
+def llama3_405b(nodes: int = 2048) -> None:
+    print(f"\n# 5. Llama 3 405B on {nodes * 8} H100 (TP 8, PP 16, DP 128), one iteration in the DES, whole command "
+          "(targets: < 60 s, < 4096 MB)")  # fmt: skip
+    import csv
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as out:
+        (Path(out) / "llama3_405b.toml").write_text(LLAMA3_405B)
+        code = (
+            "import resource, sys; from ddlsim.simulator.cli.main import main; "
+            f"code = main(['simulate', '--scenario', '{out}/llama3_405b.toml', '--nodes', '{nodes}', "
+            f"'--out', '{out}/run', '--no-progress']); "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, file=sys.stderr); sys.exit(code)"
+        )
+        started = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+        seconds = time.perf_counter() - started
+        peak = float(done.stderr.strip().splitlines()[-1])
+        with (Path(out) / "run" / "results.csv").open() as handle:
+            row = next(csv.DictReader(handle))
+    print(f"seconds {seconds:.1f}; peak memory {peak:.0f} MB; path {row['execution_path']}  "
+          f"{'meets' if seconds < 60 and peak < 4096 else 'MISSES'} the targets")  # fmt: skip
+    parts = ("compute_s", "tp_s", "pipeline_wait_s", "dp_wait_s", "exposed_comm_s")
+    print(f"iteration {float(row['iteration_s']):.2f} s (closed form {float(row['analytic_iteration_s']):.2f} s), "
+          + ", ".join(f"{name} {float(row[name]):.2f}" for name in parts)
+          + f"; {float(row['tflops_per_gpu']):.0f} TFLOP/s per GPU, MFU {100 * float(row['mfu']):.1f}%")
+
+
+PARTS = {1: "you_et_al", 2: "every_algorithm", 3: "million_nodes", 4: "traced_point", 5: "llama3_405b"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=4096, help="nodes of the per-algorithm table")
     parser.add_argument("--updates", type=int, default=20)
+    parser.add_argument("--parts", default="1,2,3,4,5", help="which parts to run, e.g. 5 or 1,3 (default: all)")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: one algorithm, JSON on stdout
     args = parser.parse_args(argv)
     if args.one:
         print(json.dumps(one(args.one, args.nodes, args.updates)))
         return 0
-    you_et_al()
-    every_algorithm(args.nodes, args.updates)
-    million_nodes()
-    traced_point()
+    try:
+        parts = sorted({int(part) for part in args.parts.split(",")})
+    except ValueError:
+        parts = []
+    if not parts or not set(parts) <= set(PARTS):
+        parser.error(f"--parts takes numbers among {', '.join(map(str, PARTS))}, got {args.parts!r}")
+    for part in parts:
+        if part == 1:
+            you_et_al()
+        elif part == 2:
+            every_algorithm(args.nodes, args.updates)
+        elif part == 3:
+            million_nodes()
+        elif part == 4:
+            traced_point()
+        else:
+            llama3_405b()
     return 0
 
 
