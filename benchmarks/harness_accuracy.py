@@ -72,23 +72,6 @@ def measure(work: Path, ranks: int, iterations: int, repeats: int) -> list:
     return runs
 
 
-def points_of(runs: list) -> tuple[list, dict]:
-    """One run per point (the median of its repeats) and each point's spread (max - min) / median."""
-    from ddlsim.simulator.calibration.harness import HarnessRun
-
-    groups: dict[tuple, list[float]] = {}
-    for run in runs:
-        groups.setdefault((run.ranks, run.model, run.algorithm, run.bucket_bytes, run.per_device_batch), []).append(
-            run.measured_s
-        )
-    points, spread = [], {}
-    for key, times in groups.items():
-        point = HarnessRun(*key, statistics.median(times))
-        points.append(point)
-        spread[key] = (max(times) - min(times)) / point.measured_s if len(times) > 1 else None
-    return points, spread
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--ranks", default="2,4")
@@ -98,7 +81,7 @@ def main() -> int:
     parser.add_argument("--predict-only", action="store_true", help="predict the runs already measured in WORK")
     args = parser.parse_args()
 
-    from ddlsim.simulator.calibration.harness import error_summary, predict_runs, read_runs, write_runs
+    from ddlsim.simulator.calibration.harness import error_summary, predict_runs, read_runs, repeat_points, write_runs
 
     if args.repeats < 1:
         parser.error(f"--repeats must be a positive integer, got {args.repeats}")
@@ -110,7 +93,8 @@ def main() -> int:
     else:
         runs = [run for ranks in rank_counts for run in measure(args.work, ranks, args.iterations, args.repeats)]
         write_runs(runs_csv, runs)  # a row per repeat: --predict-only finds the spread again
-    points, spread = points_of(runs)
+    points = [point for point, _ in repeat_points(runs)]
+    spread = {(p.ranks, p.model, p.algorithm, p.bucket_bytes, p.per_device_batch): s for p, s in repeat_points(runs)}
     cores = os.cpu_count() or 1
     predictions = predict_runs(points, {ranks: args.work / f"bench_{ranks}" for ranks in rank_counts}, cores)
     for run, predicted in predictions:

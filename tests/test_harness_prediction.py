@@ -88,3 +88,17 @@ def test_a_run_without_a_bench_of_its_rank_count_is_named(tmp_path):
     run = HarnessRun(3, "small_cnn", "ring", 25e6, 32, 0.05)
     with pytest.raises(HarnessPredictionError, match="no bench of 3 ranks"):
         predict_runs([run], {2: RECORDED / "bench_2"}, RECORDED_CORES)
+
+
+def test_repeats_of_a_point_give_its_median_and_spread():
+    from ddlsim.simulator.calibration.harness import HarnessRun, repeat_points
+
+    runs = [
+        HarnessRun(2, "small_cnn", "ring", 25e6, 32, 0.030),
+        HarnessRun(2, "small_cnn", "ring", 25e6, 32, 0.036),
+        HarnessRun(2, "small_cnn", "ring", 25e6, 32, 0.033),
+        HarnessRun(4, "small_cnn", "ring", 25e6, 32, 0.050),
+    ]
+    (three, spread), (once, none) = repeat_points(runs)
+    assert three.measured_s == 0.033 and spread == pytest.approx(0.006 / 0.033)
+    assert once.ranks == 4 and once.measured_s == 0.050 and none is None

@@ -18,6 +18,7 @@ oversubscription rule the profile applies to message costs.
 from __future__ import annotations
 
 import csv
+import statistics
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -145,6 +146,20 @@ def read_runs(path: Path) -> list[HarnessRun]:
     with Path(path).open(newline="") as handle:
         rows = list(csv.DictReader(handle))
     return [HarnessRun(**{column: kind(row[column]) for column, kind in RUN_COLUMNS.items()}) for row in rows]
+
+
+def repeat_points(runs: Iterable[HarnessRun]) -> list[tuple[HarnessRun, float | None]]:
+    """One run per point (shape), measured as the median of its repeats, with the repeats' spread
+    ``(max - min) / median`` (None for a point run once): the noise floor the model is judged against."""
+    groups: dict[tuple, list[float]] = {}
+    for run in runs:
+        key = (run.ranks, run.model, run.algorithm, run.bucket_bytes, run.per_device_batch)
+        groups.setdefault(key, []).append(run.measured_s)
+    points: list[tuple[HarnessRun, float | None]] = []
+    for key, times in groups.items():
+        middle = statistics.median(times)
+        points.append((HarnessRun(*key, middle), (max(times) - min(times)) / middle if len(times) > 1 else None))
+    return points
 
 
 def predict_runs(runs: Iterable[HarnessRun], benches: Mapping[int, Path], cores: int) -> list[tuple[HarnessRun, float]]:
