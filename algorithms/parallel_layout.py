@@ -102,6 +102,14 @@ class ParallelLayout:
         middle = [rest // middle_stages] * middle_stages if middle_stages else []
         return ([first] if first is not None else []) + middle + ([last] if last is not None else [])
 
+    def layers_per_virtual_stage(self, layers: int) -> list[int]:
+        """Transformer layers on each virtual stage, in order (chunk c of pipeline rank r is virtual
+        stage c x pp + r): each rank's layers (``layers_per_stage``) over its ``virtual_stages``
+        chunks as evenly as they go, the earlier chunks taking one more where they do not divide
+        (Llama 3 405B interleaved: 7 layers on the end ranks, chunks of 4 and 3)."""
+        per_rank, chunks = self.layers_per_stage(layers), self.virtual_stages
+        return [count // chunks + (chunk < count % chunks) for chunk in range(chunks) for count in per_rank]
+
 
 def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = None) -> None:
     """Raise LayoutError naming the first rule ``layout`` breaks for ``config`` (and ``gpus``, if given)."""
@@ -170,8 +178,11 @@ def _check_uneven(layout: ParallelLayout, config: ModelShape) -> None:
     ends = [value for value in (layout.first_stage_layers, layout.last_stage_layers) if value is not None]
     if any(isinstance(value, bool) or not isinstance(value, int) or value < 1 for value in ends):
         raise LayoutError(f"first_stage_layers and last_stage_layers must be whole numbers >= 1, got {ends}")
-    if layout.virtual_stages > 1:
-        raise LayoutError("first_stage_layers/last_stage_layers need virtual_stages 1")
+    if min(ends) < layout.virtual_stages:
+        raise LayoutError(
+            f"first_stage_layers/last_stage_layers ({min(ends)}) must hold at least one layer per model chunk "
+            f"(virtual_stages = {layout.virtual_stages})"
+        )
     middle_stages = layout.pp - len(ends)
     rest = config.total_layers - sum(ends)
     if middle_stages < 1 or rest < middle_stages or rest % middle_stages:

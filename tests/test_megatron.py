@@ -184,3 +184,24 @@ def test_a_pipeline_with_data_parallelism_runs_on_the_round_path_exactly(per_nod
     messages = run_des(scenario, nodes, mode="message")
     assert rounds.result.iteration_s == pytest.approx(messages.result.iteration_s, rel=1e-9)
     assert run_des(scenario, nodes).result.path == "vectorised"
+
+
+def test_interleaving_with_uneven_end_stages_runs_and_the_des_equals_the_closed_form():
+    """Llama 3 405B's shape in small: GPT-2's 12 layers on 3 stages as 3, 6, 3, two chunks each
+    (2+1, 3+3, 2+1 layers): it runs as an interleaved schedule (a timeline of its own) and both executors agree."""
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.simulator.closed_form.training import closed_form_result
+    from ddlsim.simulator.executor.des import run_des
+    from ddlsim.simulator.scenario import Scenario
+
+    def scenario(virtual: int) -> Scenario:
+        layout = {"tp": 1, "pp": 3, "dp": 1, "global_batch": 6, "micro_batch": 1, "virtual_stages": virtual,
+                  "first_stage_layers": 3, "last_stage_layers": 3}  # fmt: skip
+        return Scenario(workload="gpt2", algorithm="megatron", device="h100_sxm5", devices_per_node=1,
+                        intra_node=None, network="ib_ndr", precision="bf16", nodes=[3],
+                        options=make_options("megatron", {"layout": layout}))  # fmt: skip
+
+    interleaved = run_des(scenario(2), 3).result
+    assert interleaved.iteration_s == pytest.approx(closed_form_result(scenario(2), 3).iteration_s, rel=1e-9)
+    plain = run_des(scenario(1), 3).result
+    assert interleaved.iteration_s != pytest.approx(plain.iteration_s, rel=1e-3)

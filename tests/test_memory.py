@@ -130,6 +130,15 @@ def test_uneven_stages_follow_the_given_ends() -> None:
     assert layout.layers_per_stage(126) == [7] + [8] * 14 + [7]
 
 
+def test_uneven_ends_with_interleaving_split_each_rank_over_its_chunks() -> None:
+    """Virtual stage c x pp + r is chunk c of rank r: the end ranks' 7 layers go 4 then 3, the others' 8 go 4 and 4."""
+    layout = ParallelLayout(pp=16, virtual_stages=2, first_stage_layers=7, last_stage_layers=7)
+    assert layout.layers_per_virtual_stage(126) == [4] * 16 + [3] + [4] * 14 + [3]
+    check_layout(layout, load_transformer("llama3_405b"))  # allowed: every chunk holds a layer
+    even = ParallelLayout(pp=4, virtual_stages=3)
+    assert even.layers_per_virtual_stage(60) == [5] * 12
+
+
 def test_describe_names_every_component_and_the_verdict() -> None:
     text = peak_memory(small_gpt(), ParallelLayout()).describe(1e9)
     for name in ("weights", "gradients", "optimizer states", "activations", "communication buffers",
@@ -164,6 +173,8 @@ def test_describe_names_every_component_and_the_verdict() -> None:
         ("llama3_405b", ParallelLayout(pp=16, first_stage_layers=6, last_stage_layers=7), None,
          "the other 113 layers of llama3_405b do not split evenly over the remaining 14"),
         ("llama3_8b", ParallelLayout(tp=0), None, "tp must be a whole number >= 1, got 0"),
+        ("llama3_405b", ParallelLayout(pp=16, virtual_stages=8, first_stage_layers=7, last_stage_layers=7), None,
+         "first_stage_layers/last_stage_layers (7) must hold at least one layer per model chunk (virtual_stages = 8)"),
     ],
 )
 def test_bad_layout_is_one_line_naming_the_rule(model: str, layout: ParallelLayout, gpus: int | None,

@@ -81,9 +81,7 @@ def virtual_stage_of_blocks(blocks: tuple[Block, ...], layout: ParallelLayout) -
     virtual stages (uneven end stages as the layout says), the embedding with the first layer after
     it, any other block with the layer before it."""
     layers = [i for i, block in enumerate(blocks) if block.kind == "layer"]
-    stages = layout.pp * layout.virtual_stages
-    interleaved = layout.virtual_stages > 1
-    counts = [len(layers) // stages] * stages if interleaved else layout.layers_per_stage(len(layers))
+    counts = layout.layers_per_virtual_stage(len(layers))
     virtual = [0] * len(blocks)
     position = 0
     for stage, count in enumerate(counts):

@@ -121,16 +121,11 @@ def _rank_of_chunks(blocks: tuple[Block, ...], layout: ParallelLayout) -> list[i
     """
     layers = [i for i, block in enumerate(blocks) if block.kind == "layer"]
     ranks = [0] * len(blocks)
-    if layout.interleaved:
-        per_chunk = len(layers) // (layout.pp * layout.virtual_stages)
-        for position, index in enumerate(layers):
-            ranks[index] = (position // per_chunk) % layout.pp
-    else:
-        position = 0
-        for rank, count in enumerate(layout.layers_per_stage(len(layers))):
-            for index in layers[position : position + count]:
-                ranks[index] = rank
-            position += count
+    position = 0
+    for virtual, count in enumerate(layout.layers_per_virtual_stage(len(layers))):
+        for index in layers[position : position + count]:
+            ranks[index] = virtual % layout.pp
+        position += count
     for index, block in enumerate(blocks):
         if block.kind != "layer":
             following = [i for i in layers if i > index]
