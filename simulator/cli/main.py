@@ -42,6 +42,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "ddlsim.simulator.cli.validate_command",
         "predict measurements after calibrating on others; exit 1 past --tolerance",
     ),
+    "plan": (
+        "ddlsim.simulator.cli.plan_command",
+        "search every TP x PP x DP x CP x EP layout of a transformer on N GPUs: fits, ranked by throughput",
+    ),
     "run": ("ddlsim.simulator.cli.run_command", "train for real (torch + MPI or gloo) on N ranks and trace every op"),
     "bench": (
         "ddlsim.simulator.cli.bench_command",

@@ -1,0 +1,172 @@
+"""``ddlsim plan``: every valid layout of a transformer on N GPUs, screened for memory, ranked.
+
+    ddlsim plan --model llama3_70b --gpus 1024 --device h100_sxm5 --global-batch 1024
+    ddlsim plan --model megatron_76b --gpus 1024 --device a100_sxm4_80gb --global-batch 1792 \\
+        --tp 8 --top 10 --recheck 3 --out plans/76b
+
+The search is ``simulator.planner``'s (the closed form of the ``megatron`` algorithm for each layout
+that fits). It prints the best ``--top`` layouts with tokens/s, TFLOP/s per GPU, MFU and the days
+and cost to train ``--train-tokens``, then the winner's time and memory breakdown. ``--out DIR``
+writes ``layouts.csv`` (the top layouts) and ``layouts.parquet`` (every layout evaluated, and the
+ones that did not fit with their reason: a table pandas reads with ``pd.read_parquet``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from ddlsim.simulator.cli.common import check_output, print_table
+from ddlsim.simulator.parsing import InputError
+
+OUTPUT_FILES = ("layouts.csv", "layouts.parquet")
+FIXABLE = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "micro_batch": int, "virtual_stages": int,
+           "zero_stage": int, "recompute": str}  # fmt: skip
+TOP_COLUMNS = ("rank", "layout", "iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu_pct", "memory_GB",
+               "train_days", "train_cost")  # fmt: skip
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="search every TP x PP x DP x CP x EP layout of a transformer on N GPUs: fits, ranked by throughput",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--model", required=True, help="catalog transformer (ddlsim list workloads)")
+    parser.add_argument("--gpus", type=int, required=True, help="GPUs in all (a multiple of the device's node)")
+    parser.add_argument("--device", default="h100_sxm5", help="catalog device with a node shape (default h100_sxm5)")
+    parser.add_argument("--global-batch", type=int, default=1024, help="sequences per iteration (default 1024)")
+    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    for name, kind in FIXABLE.items():
+        flag = "--" + name.replace("_", "-")
+        parser.add_argument(flag, type=kind, default=None, help=f"fix {name} instead of searching it")
+    parser.add_argument("--top", type=int, default=10, help="layouts to print and write to layouts.csv (default 10)")
+    parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
+    parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
+    parser.add_argument("--recheck", type=int, default=0, help="event-simulate the best K layouts (default 0)")
+    parser.add_argument("--workers", type=int, default=1, help="processes evaluating layouts (default 1)")
+    parser.add_argument("--out", type=Path, default=None, help="directory for layouts.csv and layouts.parquet")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress on stderr")
+    parser.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> dict[str, Any]:
+    for name in ("gpus", "global_batch", "top", "workers"):
+        value = getattr(args, name)
+        if value < 1:
+            raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
+    if args.recheck < 0:
+        raise InputError(f"--recheck must be 0 or more, got {args.recheck}")
+    for name in ("train_tokens", "price_per_gpu_hour"):
+        value = getattr(args, name)
+        if not value >= 0 or value == float("inf"):
+            raise InputError(f"--{name.replace('_', '-')} must be a finite number >= 0, got {value}")
+    fixed = {name: getattr(args, name) for name in FIXABLE if getattr(args, name) is not None}
+    for name, value in fixed.items():
+        if name == "recompute":
+            if value not in ("none", "selective", "full"):
+                raise InputError(f"--recompute must be one of none, selective, full, got {value!r}")
+        elif value < (0 if name == "zero_stage" else 1) or (name == "zero_stage" and value > 3):
+            allowed = "0, 1, 2 or 3" if name == "zero_stage" else "a positive integer"
+            raise InputError(f"--{name.replace('_', '-')} must be {allowed}, got {value}")
+    return fixed
+
+
+def run(args: argparse.Namespace) -> int:
+    from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
+    from ddlsim.hardware_models.catalog import load_device
+    from ddlsim.simulator import planner
+    from ddlsim.simulator.progress import Progress
+
+    fixed = _check(args)
+    out = args.out
+    check_output(out, "directory", files=OUTPUT_FILES)
+    config = planner.load_model(args.model)
+    cluster = planner.Cluster.of(args.device, args.gpus, args.precision)
+    if "tp" in fixed:  # a fixed TP the model cannot take: say which rule, not just "nothing fits"
+        if fixed["tp"] > cluster.devices_per_node:
+            raise InputError(f"--tp {fixed['tp']} is larger than a node's {cluster.devices_per_node} GPUs "
+                             "(tensor parallelism stays inside the NVLink domain)")  # fmt: skip
+        try:
+            check_layout(ParallelLayout(tp=fixed["tp"], sequence_parallel=fixed["tp"] > 1), config)
+        except LayoutError as error:
+            raise InputError(f"--tp {fixed['tp']}: {error}") from None
+    layouts = list(planner.candidate_layouts(config, cluster, args.global_batch, fixed))
+    if not layouts:
+        raise InputError(
+            f"no valid layout of {config.name} on {args.gpus} GPUs with global batch {args.global_batch}"
+            + (f" and {', '.join(f'{k}={v}' for k, v in fixed.items())}" if fixed else "")
+            + " (the batch must split into micro-batches x DP; layers, heads and GPUs must divide)"
+        )
+    progress = Progress("planning", args.progress, unit="layouts")
+    progress.stage("memory screen", len(layouts), "layouts")
+    candidates = []
+    for index in range(0, len(layouts), 256):  # in blocks: the progress line moves on long screens
+        candidates += planner.screen(config, cluster, layouts[index : index + 256])
+        progress(min(index + 256, len(layouts)), len(layouts))
+    fitting = sum(1 for candidate in candidates if not candidate.reason)
+    capacity = load_device(args.device).memory_capacity_bytes
+    if not fitting:
+        smallest = min(candidates, key=lambda candidate: candidate.memory_bytes)
+        raise InputError(
+            f"none of the {len(candidates)} layouts of {config.name} on {args.gpus} {args.device} fits: the "
+            f"smallest needs {smallest.memory_bytes / 1e9:.1f} GB of {capacity / 1e9:.1f} GB "
+            f"({planner.layout_text(smallest.layout)})"
+        )
+    progress.stage("closed form", fitting, "layouts")
+    ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress)
+    progress.close()
+    top = ranked[: args.top]
+    rows = []
+    for rank, candidate in enumerate(top, start=1):
+        figures = candidate.figures
+        cost = planner.train_time(candidate, args.train_tokens, args.gpus, args.price_per_gpu_hour)
+        rows.append({"rank": rank, "layout": planner.layout_text(candidate.layout),
+                     "iteration_s": figures["iteration_s"], "tokens_per_s": figures["tokens_per_s"],
+                     "tflops_per_gpu": figures["tflops_per_gpu"], "mfu_pct": 100 * figures["mfu"],
+                     "memory_GB": candidate.memory_bytes / 1e9, **cost})  # fmt: skip
+    print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
+          f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
+          f"{len(layouts)} valid layouts, {fitting} fit, best {len(top)} by tokens/s")  # fmt: skip
+    print_table(rows, TOP_COLUMNS)
+    _explain(top[0], config, capacity)
+    if args.recheck:
+        checked = planner.recheck(args.model, cluster, top[: args.recheck])
+        print("\n# event simulation of the best layouts (contention the closed form does not see)")
+        print_table([{"rank": i, **row} for i, row in enumerate(checked, start=1)],
+                    ("rank", "des_iteration_s", "closed_form_iteration_s", "path"))  # fmt: skip
+    if out is not None:
+        _write(out, rows, candidates)
+        print(f"# wrote {out / 'layouts.csv'}, {out / 'layouts.parquet'}")
+    return 0
+
+
+def _explain(best: Any, config: Any, capacity: float) -> None:
+    from ddlsim.simulator import planner
+    from ddlsim.simulator.workloads.transformer_memory import peak_memory
+
+    figures = best.figures
+    parts = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
+    shown = ", ".join(f"{name[:-2]} {figures[name]:.3f} s" for name in parts if figures.get(name))
+    waits = figures["iteration_s"] - sum(figures.get(name, 0.0) for name in parts)
+    shown += f", waits (pipeline bubble, messages, exposed DP) {waits:.3f} s" if waits > 1e-9 else ""
+    print(f"\n# the best layout, {planner.layout_text(best.layout)}: {figures['iteration_s']:.3f} s per iteration = "
+          f"{shown}")  # fmt: skip
+    print(peak_memory(config, best.layout).describe(capacity))
+
+
+def _write(out: Path, rows: list[dict[str, Any]], candidates: list[Any]) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ddlsim.simulator.records import atomic_open, write_csv
+
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "layouts.csv", rows, TOP_COLUMNS)
+    everything = [candidate.row() for candidate in candidates]
+    columns = sorted({key for row in everything for key in row}, key=lambda k: (k == "reason", k))
+    table = pa.table({key: [row.get(key) for row in everything] for key in columns})
+    with atomic_open(out / "layouts.parquet", "wb") as handle:
+        pq.write_table(table, handle)

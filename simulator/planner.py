@@ -1,0 +1,252 @@
+"""The layout planner behind ``ddlsim plan``: every valid layout of a transformer on N GPUs, ranked.
+
+A search is three steps:
+
+1. ``candidate_layouts`` enumerates TP x PP x DP x CP x EP, micro-batch, virtual stages, ZeRO stage
+   and recomputation under the layout rules (``algorithms.parallel_layout.check_layout``) and
+   Megatron's own: TP inside a node's NVLink domain (at most its devices per node), sequence
+   parallelism whenever TP > 1, interleaving only with PP > 1 and micro-batches a multiple of PP,
+   a global batch that divides into micro-batches x DP. ``fixed`` pins any field the user gives.
+2. ``screen`` keeps the layouts whose fullest pipeline rank fits the device
+   (``simulator.workloads.transformer_memory.peak_memory``, about 1 ms a layout); the others are
+   kept with their reason.
+3. ``evaluate`` runs the ``megatron`` closed form (``simulator.closed_form.training``, about 10 ms
+   a layout: the pipeline recurrence over one pipeline's tasks with the collectives' closed forms)
+   for every layout that fits, over a process pool when asked, and ranks by tokens/s.
+
+``recheck`` runs the event simulation of the best few (contention the closed form does not see).
+All figures are the closed form's; the DES of the same layout equals it where nothing contends.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
+from ddlsim.hardware_models.catalog import load_device
+from ddlsim.simulator.parsing import InputError
+from ddlsim.simulator.scenario import Scenario
+from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer
+
+MICRO_BATCHES = (1, 2, 4, 8)
+VIRTUAL_STAGES = (1, 2, 3, 4, 6, 8)
+CONTEXT_PARALLEL = (1, 2, 4, 8)
+ZERO_STAGES = (0, 1, 2, 3)
+RECOMPUTE = ("none", "selective", "full")
+SEARCHED = ("tp", "pp", "cp", "ep", "micro_batch", "virtual_stages", "zero_stage", "recompute")
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """What the layouts run on: ``gpus`` devices, ``devices_per_node`` to a node, its links."""
+
+    device: str
+    gpus: int
+    devices_per_node: int
+    intra_node: str | None
+    network: str
+    nics_per_node: int
+    precision: str = "bf16"
+
+    @property
+    def nodes(self) -> int:
+        return self.gpus // self.devices_per_node
+
+    @classmethod
+    def of(cls, device: str, gpus: int, precision: str = "bf16") -> Cluster:
+        """``gpus`` of ``device`` in its catalog node (DGX-like: devices per node, NVLink, NICs)."""
+        spec = load_device(device)
+        if spec.system is None:
+            raise InputError(f"device {device!r} has no node in the catalog ([system]); plan needs one")
+        system = spec.system
+        if isinstance(gpus, bool) or gpus < 1 or gpus % system.devices_per_node:
+            raise InputError(
+                f"--gpus must be a positive multiple of {device}'s {system.devices_per_node} devices per node, "
+                f"got {gpus}"
+            )
+        return cls(device, gpus, system.devices_per_node, system.intra_node_link, system.network,
+                   system.nics_per_node, precision)  # fmt: skip
+
+
+@dataclass
+class Candidate:
+    """One layout and what the search learnt of it (``reason`` says why it was dropped)."""
+
+    layout: ParallelLayout
+    memory_bytes: float = 0.0
+    reason: str = ""
+    figures: dict[str, float] = field(default_factory=dict)
+
+    def row(self) -> dict[str, Any]:
+        layout = self.layout
+        row: dict[str, Any] = {name: getattr(layout, name) for name in (*SEARCHED[:2], "dp", *SEARCHED[2:])}
+        row["sequence_parallel"] = layout.sequence_parallel
+        row["memory_GB"] = self.memory_bytes / 1e9
+        row.update(self.figures)
+        row["reason"] = self.reason
+        return row
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def candidate_layouts(
+    config: TransformerConfig, cluster: Cluster, global_batch: int, fixed: Mapping[str, Any] | None = None
+) -> Iterator[ParallelLayout]:
+    """Every layout of ``config`` on the cluster that the layout rules accept (see the module docstring)."""
+    fixed = dict(fixed or {})
+    choices: dict[str, Iterable[Any]] = {
+        "tp": _divisors(cluster.devices_per_node),
+        "pp": _divisors(config.total_layers),
+        "cp": CONTEXT_PARALLEL,
+        "ep": _divisors(config.moe.experts) if config.moe is not None else (1,),
+        "micro_batch": MICRO_BATCHES,
+        "virtual_stages": VIRTUAL_STAGES,
+        "zero_stage": ZERO_STAGES,
+        "recompute": RECOMPUTE,
+    }
+    for name, value in fixed.items():
+        choices[name] = (value,)
+    for values in itertools.product(*(choices[name] for name in SEARCHED)):
+        chosen = dict(zip(SEARCHED, values, strict=True))
+        tp, pp, cp, ep, micro = chosen["tp"], chosen["pp"], chosen["cp"], chosen["ep"], chosen["micro_batch"]
+        if cluster.gpus % (tp * pp * cp):
+            continue
+        dp = cluster.gpus // (tp * pp * cp)
+        if "dp" in fixed and fixed["dp"] != dp:
+            continue
+        if global_batch % (micro * dp) or (dp * cp) % ep:
+            continue
+        micro_batches = global_batch // (micro * dp)
+        virtual = chosen["virtual_stages"]
+        if virtual > 1 and (pp == 1 or micro_batches % pp):
+            continue
+        if dp == 1 and chosen["zero_stage"] > 0 and "zero_stage" not in fixed:
+            continue  # nothing to shard over one replica: ZeRO 0 is the same layout
+        layout = ParallelLayout(
+            tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro, global_batch=global_batch,
+            virtual_stages=virtual, sequence_parallel=tp > 1, zero_stage=chosen["zero_stage"],
+            recompute=chosen["recompute"], precision=cluster.precision,
+        )  # fmt: skip
+        try:
+            check_layout(layout, config, cluster.gpus)
+        except LayoutError:
+            continue
+        yield layout
+
+
+def screen(config: TransformerConfig, cluster: Cluster, layouts: Iterable[ParallelLayout]) -> list[Candidate]:
+    """Each layout with its fullest rank's bytes; ``reason`` set where it does not fit."""
+    from ddlsim.simulator.workloads.transformer_memory import peak_memory
+
+    capacity = load_device(cluster.device).memory_capacity_bytes
+    out = []
+    for layout in layouts:
+        peak = peak_memory(config, layout)
+        reason = "" if peak.fits(capacity) else f"needs {peak.total / 1e9:.1f} GB of {capacity / 1e9:.1f} GB"
+        out.append(Candidate(layout, peak.total, reason))
+    return out
+
+
+def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenario:
+    """The ``megatron`` scenario of one layout (memory already screened)."""
+    from ddlsim.algorithms.training_algorithm import make_options
+
+    values = {name: getattr(layout, name) for name in (
+        "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
+        "zero_stage", "recompute")}  # fmt: skip
+    return Scenario(
+        workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
+        intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,
+        precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False,
+        options=make_options("megatron", {"layout": values}),
+    )  # fmt: skip
+
+
+FIGURES = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s", "tp_s", "cp_s", "ep_s", "zero3_s",
+           "pipeline_wait_s", "dp_wait_s")  # fmt: skip
+
+
+def closed_form_figures(task: tuple[str, Cluster, ParallelLayout]) -> dict[str, float]:
+    """One layout's closed-form figures (a top-level function: process pools pickle it)."""
+    from ddlsim.simulator.closed_form.training import closed_form_result
+
+    model, cluster, layout = task
+    row = closed_form_result(scenario_of(model, cluster, layout), cluster.nodes).row(1)
+    return {name: float(row[name]) for name in FIGURES if row.get(name) not in (None, "")}
+
+
+def evaluate(
+    model: str,
+    cluster: Cluster,
+    candidates: list[Candidate],
+    workers: int = 1,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[Candidate]:
+    """The candidates that fit, with their closed-form figures, fastest (most tokens/s) first."""
+    fitting = [candidate for candidate in candidates if not candidate.reason]
+    tasks = [(model, cluster, candidate.layout) for candidate in fitting]
+    chunk = max(1, len(tasks) // (workers * 16)) if workers > 1 else 1
+    if workers > 1:
+        with ProcessPoolExecutor(workers) as pool:
+            results: Iterable[dict[str, float]] = pool.map(closed_form_figures, tasks, chunksize=chunk)
+            for done, (candidate, figures) in enumerate(zip(fitting, results, strict=True), start=1):
+                candidate.figures = figures
+                if progress is not None:
+                    progress(done, len(fitting))
+    else:
+        for done, (candidate, task) in enumerate(zip(fitting, tasks, strict=True), start=1):
+            candidate.figures = closed_form_figures(task)
+            if progress is not None:
+                progress(done, len(fitting))
+    return sorted(fitting, key=lambda candidate: -candidate.figures["tokens_per_s"])
+
+
+def train_time(candidate: Candidate, tokens: float, gpus: int, price_per_gpu_hour: float) -> dict[str, float]:
+    """Days and cost to train ``tokens`` at this layout's rate."""
+    seconds = tokens / candidate.figures["tokens_per_s"]
+    return {"train_days": seconds / 86400, "train_cost": seconds / 3600 * gpus * price_per_gpu_hour}
+
+
+def recheck(model: str, cluster: Cluster, candidates: list[Candidate]) -> list[dict[str, Any]]:
+    """The event simulation of each candidate: its iteration against the closed form's."""
+    from ddlsim.simulator.executor.des import run_des
+
+    out = []
+    for candidate in candidates:
+        result = run_des(scenario_of(model, cluster, candidate.layout), cluster.nodes).result
+        out.append({"des_iteration_s": result.iteration_s, "closed_form_iteration_s": candidate.figures["iteration_s"],
+                    "path": result.path})  # fmt: skip
+    return out
+
+
+def load_model(model: str) -> TransformerConfig:
+    """The catalog transformer ``model`` (an unknown name is one line naming the valid ones)."""
+    return load_transformer(model)
+
+
+def layout_text(layout: ParallelLayout) -> str:
+    """``tp8 pp4 dp32 v3 mb1 zero1 sp`` and so on: the fields that differ from one GPU's layout."""
+    parts = [f"tp{layout.tp}", f"pp{layout.pp}", f"dp{layout.dp}"]
+    parts += [f"cp{layout.cp}"] * (layout.cp > 1) + [f"ep{layout.ep}"] * (layout.ep > 1)
+    parts += [f"v{layout.virtual_stages}"] * (layout.virtual_stages > 1)
+    parts += [f"mb{layout.micro_batch}", f"zero{layout.zero_stage}"]
+    parts += ["sp"] * layout.sequence_parallel + [f"recompute-{layout.recompute}"] * (layout.recompute != "none")
+    return " ".join(parts)
+
+
+def same_layout(a: ParallelLayout, b: ParallelLayout) -> bool:
+    """Equal in every searched field (precision and flags the search does not vary aside)."""
+    keys = ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "zero_stage", "recompute")
+    return all(getattr(a, key) == getattr(b, key) for key in keys)
+
+
+__all__ = [
+    "Candidate", "Cluster", "candidate_layouts", "closed_form_figures", "evaluate", "layout_text", "load_model",
+    "recheck", "same_layout", "scenario_of", "screen", "train_time",
+]  # fmt: skip

@@ -1,0 +1,100 @@
+"""``ddlsim plan``: the layout search, its ranking and memory screen, its files and its bad input."""
+
+from __future__ import annotations
+
+import pytest
+
+from ddlsim.simulator.cli.main import main
+
+SMALL = ["plan", "--model", "llama3_8b", "--gpus", "16", "--global-batch", "32", "--tp", "8", "--zero-stage", "1",
+         "--recompute", "none", "--no-progress"]  # fmt: skip
+
+
+def test_the_search_ranks_fitting_layouts_by_the_closed_form(tmp_path, capsys):
+    """Every layout printed fits the H100's memory, the list is in falling tokens/s, and the best
+    one's figures are the megatron closed form of that layout, built here from its own fields."""
+    import pyarrow.parquet as pq
+
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.simulator.closed_form.training import closed_form_result
+    from ddlsim.simulator.records import read_csv
+    from ddlsim.simulator.scenario import Scenario
+
+    assert main([*SMALL, "--top", "4", "--out", str(tmp_path / "p")]) == 0
+    out = capsys.readouterr().out
+    assert "# the best layout, tp8" in out and "fits in 85.5 GB" in out
+    top = read_csv(tmp_path / "p" / "layouts.csv")
+    assert len(top) == 4 and [row["rank"] for row in top] == ["1", "2", "3", "4"]
+    rates = [float(row["tokens_per_s"]) for row in top]
+    assert rates == sorted(rates, reverse=True)
+    assert all(float(row["memory_GB"]) <= 85.5 for row in top)
+    every = pq.read_table(tmp_path / "p" / "layouts.parquet").to_pylist()
+    best = max((row for row in every if not row["reason"]), key=lambda row: row["tokens_per_s"])
+    assert best["tokens_per_s"] == pytest.approx(rates[0], rel=1e-9)
+    layout = {key: best[key] for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "virtual_stages", "zero_stage",
+                                         "recompute")}  # fmt: skip
+    assert layout["tp"] == 8 and layout["zero_stage"] == 1 and layout["tp"] * layout["pp"] * layout["dp"] * layout[
+        "cp"] == 16  # fmt: skip
+    scenario = Scenario(
+        workload="llama3_8b", algorithm="megatron", device="h100_sxm5", devices_per_node=8, intra_node="nvswitch3",
+        network="ib_ndr", nics_per_node=8, precision="bf16", nodes=(2,), enforce_memory=False,
+        options=make_options("megatron", {"layout": {**layout, "global_batch": 32, "sequence_parallel": True}}),
+    )  # fmt: skip
+    result = closed_form_result(scenario, 2)
+    assert best["iteration_s"] == pytest.approx(result.iteration_s, rel=1e-12)
+    assert best["tokens_per_s"] == pytest.approx(32 * 8192 / result.iteration_s, rel=1e-9)
+
+
+def test_layouts_that_do_not_fit_are_kept_with_their_reason(tmp_path, capsys):
+    import pyarrow.parquet as pq
+
+    argv = ["plan", "--model", "llama3_70b", "--gpus", "32", "--global-batch", "32", "--tp", "8",
+            "--recompute", "none", "--micro-batch", "1", "--no-progress", "--out", str(tmp_path / "p")]  # fmt: skip
+    assert main(argv) == 0
+    every = pq.read_table(tmp_path / "p" / "layouts.parquet").to_pylist()
+    refused = [row for row in every if row["reason"]]
+    assert refused and all(row["reason"].startswith("needs ") and row["memory_GB"] > 85.5 for row in refused)
+    assert all(row["memory_GB"] <= 85.5 for row in every if not row["reason"])
+    # without ZeRO, weights, gradients and Adam states (16 B x 70.6e9 / (8 x 2) = 71 GB) and activations
+    # overflow a two-stage pipeline; sharding them over 2 replicas (ZeRO 1) brings it in
+    assert any(row["zero_stage"] == 0 and row["pp"] == 2 for row in refused)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model", "llama9_8b", "--gpus", "16"], "unknown transformer model 'llama9_8b'; valid:"),
+        (["--model", "llama3_8b", "--gpus", "12"], "--gpus must be a positive multiple of h100_sxm5's 8 devices"),
+        (["--model", "llama3_8b", "--gpus", "16", "--tp", "3"], "--tp 3: attention heads (32) of llama3_8b"),
+        (["--model", "llama3_8b", "--gpus", "16", "--tp", "16"], "--tp 16 is larger than a node's 8 GPUs"),
+        (["--model", "llama3_405b", "--gpus", "8", "--global-batch", "8"], "none of the"),
+        (["--model", "llama3_8b", "--gpus", "16", "--global-batch", "3", "--dp", "2"], "no valid layout of llama3_8b"),
+        (["--model", "llama3_8b", "--gpus", "16", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3, got 4"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    out = tmp_path / "p"
+    assert main(["plan", *argv, "--no-progress", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ddlsim: error: {message}") and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_an_unwritable_out_is_refused_before_the_search(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    assert main([*SMALL, "--out", str(blocker)]) == 2
+    assert "ddlsim: error:" in capsys.readouterr().err
+
+
+def test_recheck_runs_the_event_simulation_of_the_best_layouts(capsys):
+    from ddlsim.simulator import planner
+
+    assert main([*SMALL, "--top", "3", "--recheck", "2"]) == 0
+    lines = capsys.readouterr().out.split("# event simulation of the best layouts")[1].strip().splitlines()
+    rows = [line.split() for line in lines[2:]]  # after the heading line and the column names
+    assert [row[0] for row in rows] == ["1", "2"] and all(row[3] == "vectorised" for row in rows)
+    # nothing contends in these layouts: the DES gives the closed form's time
+    assert all(row[1] == row[2] for row in rows)
+    cluster = planner.Cluster.of("h100_sxm5", 16)
+    assert (cluster.nodes, cluster.intra_node, cluster.network, cluster.nics_per_node) == (2, "nvswitch3", "ib_ndr", 8)
