@@ -10,6 +10,7 @@ expands the tokens into the datasheet numbers actually used, and is written besi
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from dataclasses import dataclass, field
@@ -182,9 +183,10 @@ class Scenario:
                 f"option(s) {', '.join(unused)} do not apply to algorithm {algorithm.name!r}; it reads: {valid}"
             )
 
-    @property
+    @functools.cached_property
     def is_transformer(self) -> bool:
-        """A transformer from the catalog (trained by ``megatron``) rather than a DNN layer table."""
+        """A transformer from the catalog (trained by ``megatron``) rather than a DNN layer table.
+        Looked up once per scenario: the lookup lists the catalog directories' files."""
         return self.workload in transformer_names()
 
     @property

@@ -73,17 +73,24 @@ class GroupCosts:
         self.spec = spec
         self.fabric = fabric_costs(spec)
         self.devices_per_node = spec.devices_per_node
+        self._layouts: dict[tuple[int, ...], int] = {}
+        self._seconds: dict[tuple, float] = {}  # the same tensor's collective over the same group, asked again
 
     def group_layout(self, group: tuple[int, ...] | None, ranks: int) -> int:
         """Members per node of ``group`` if it fills nodes in equal consecutive blocks, else 1 (as the
-        event simulation lays a group's schedule out); the run's devices per node without a group."""
+        event simulation lays a group's schedule out); the run's devices per node without a group.
+        Remembered per group: a layout's closed form asks for the same few groups thousands of times."""
         if group is None:
             return self.devices_per_node
-        nodes = np.asarray(group, dtype=np.int64) // self.devices_per_node
-        counts = np.bincount(nodes)
-        counts = counts[counts > 0]
-        per = int(counts[0])
-        return per if bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0)) else 1
+        per = self._layouts.get(group)
+        if per is None:
+            nodes = np.asarray(group, dtype=np.int64) // self.devices_per_node
+            counts = np.bincount(nodes)
+            counts = counts[counts > 0]
+            per = int(counts[0])
+            per = per if bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0)) else 1
+            self._layouts[group] = per
+        return per
 
     def collective_s(
         self,
@@ -94,11 +101,20 @@ class GroupCosts:
         options: dict[str, Any],
         group: tuple[int, ...] | None = None,
     ) -> float:
-        per_node = self.group_layout(group, ranks)
-        token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node)
-        costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
-        impl = COLLECTIVE_ALGORITHMS.get(token)
-        return impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
+        try:
+            key = (collective, algorithm, ranks, nbytes, group, tuple(sorted(options.items())) if options else ())
+            seconds = self._seconds.get(key)
+        except TypeError:  # an unhashable option value: compute it every time
+            key, seconds = None, None
+        if seconds is None:
+            per_node = self.group_layout(group, ranks)
+            token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node)
+            costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
+            impl = COLLECTIVE_ALGORITHMS.get(token)
+            seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
+            if key is not None:
+                self._seconds[key] = seconds
+        return seconds
 
     def message_s(self, src: int, dst: int, nbytes: float) -> float:
         same = src // self.devices_per_node == dst // self.devices_per_node
