@@ -33,6 +33,7 @@ from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
 EXECUTORS = ("des", "analytic")
+TRANSFORMER_CHANGES = ("seq_len", "vocabulary", "max_positions")  # what a published run may change
 STRAGGLER_FORMS = "none, lognormal:SIGMA (per step) or lognormal:SIGMA:device (per device, fixed)"
 
 
@@ -105,6 +106,8 @@ class Scenario:
     profile: Profile | None = None
     # False when predicting a run that was measured: it did fit, whatever the activation estimate says
     enforce_memory: bool = True
+    # a catalog transformer as a published run had it: (field, value) pairs among TRANSFORMER_CHANGES
+    transformer_changes: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         self.validate()
@@ -116,6 +119,12 @@ class Scenario:
 
         for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch"):
             positive_int(name.replace("_", "-"), getattr(self, name))
+        for change, value in self.transformer_changes:
+            if change not in TRANSFORMER_CHANGES:
+                raise ScenarioError(
+                    f"transformer_changes: {change!r} cannot be changed; valid: {', '.join(TRANSFORMER_CHANGES)}"
+                )
+            positive_int(f"transformer_changes {change}", value)
         if self.updates is not None:
             positive_int("updates", self.updates)
         if not self.nodes:
@@ -191,7 +200,11 @@ class Scenario:
 
     @property
     def transformer_spec(self) -> TransformerConfig:
-        return load_transformer(self.workload)
+        """The catalog transformer, with ``transformer_changes`` applied (a run's sequence length,
+        padded vocabulary)."""
+        config = load_transformer(self.workload)
+        changes: dict[str, Any] = dict(self.transformer_changes)
+        return dataclasses.replace(config, **changes) if changes else config
 
     @property
     def training_algorithm(self) -> TrainingAlgorithm:
@@ -339,6 +352,8 @@ class Scenario:
         for key in ("nodes", "torus_dims"):
             if values.get(key) is not None:
                 values[key] = tuple(values[key])
+        if values.get("transformer_changes"):
+            values["transformer_changes"] = tuple((str(k), int(v)) for k, v in values["transformer_changes"])
         return Scenario(**(values | overrides))
 
     def resolved(self) -> dict[str, Any]:

@@ -161,7 +161,7 @@ def leave_one_source_out(
 
 def optimism(row: dict[str, Any]) -> float:
     """How much faster the model is than the measurement (a fraction; negative: slower)."""
-    if row["metric"] == "time_s":
+    if row["metric"] in ("time_s", "iteration_s"):
         return row["measured"] / row["predicted"] - 1.0
     return row["predicted"] / row["measured"] - 1.0
 

@@ -133,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
     if args.leave_one_source_out and (args.profile or args.calibration):
         raise InputError("--leave-one-source-out fits its own profiles: drop --profile and --calibration")
     _check_destination(args.out)
+    from ddlsim.simulator.calibration.llm_validation import is_llm_file
+
+    if any(is_llm_file(path) for path in args.measurements):
+        return _run_llm(args)
     try:
         measured = read_measurements(args.measurements)
         calibration = read_measurements(args.calibration) if args.calibration else None
@@ -164,6 +168,41 @@ def run(args: argparse.Namespace) -> int:
     except (MeasurementError, CalibrationError) as error:
         raise InputError(str(error)) from None
     table += [rejected_row(rejected) for rejected in measured.rejected]
+    summary = summarise(table, args.ci, args.tolerance, split)
+    _print(table)
+    print(summary_line(summary))
+    write_csv(args.out / "validation.csv", table, VALIDATION_COLUMNS)
+    write_json(args.out / "summary.json", summary)
+    print(f"# wrote {args.out / 'validation.csv'} and {args.out / 'summary.json'}")
+    return 0 if summary["passed"] else 1
+
+
+def _run_llm(args: argparse.Namespace) -> int:
+    """Files with llm_dev.csv's columns: large-model runs predicted by the megatron closed form
+    (``simulator.calibration.llm_validation``); the same table, summary and files."""
+    from ddlsim.simulator.calibration import llm_validation
+    from ddlsim.simulator.cli.common import InputError
+    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
+
+    if args.profile is not None:
+        raise InputError("--profile holds data-parallel parameters; large-model rows calibrate with --calibration")
+    every = [*args.measurements, *args.calibration]
+    mixed = [path for path in every if not llm_validation.is_llm_file(path)]
+    if mixed:
+        raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; give large-model and data-parallel files "
+                         "to separate validate runs")  # fmt: skip
+    try:
+        measured = llm_validation.read_llm_runs(args.measurements)
+        calibration = llm_validation.read_llm_runs(args.calibration) if args.calibration else None
+    except (LlmRunsError, OSError) as error:
+        raise InputError(str(error)) from None
+    progress = Progress("validate: large-model rows")
+    if args.leave_one_source_out:
+        table, _ = llm_validation.leave_one_source_out(measured, args.ci, progress)
+        split = "leave one source out"
+    else:
+        table, _ = llm_validation.validate_llm(measured, calibration, args.ci, progress)
+        split = "calibration rows" if calibration else "datasheets"
     summary = summarise(table, args.ci, args.tolerance, split)
     _print(table)
     print(summary_line(summary))

@@ -1,0 +1,70 @@
+"""Issue 14's validation: the large-model rows of ``llm_dev.csv`` predicted by the megatron closed form.
+
+    python benchmarks/llm_validation.py [--ci 0.9]
+
+Two splits, each printed by source family (the unit left out) and overall: the datasheets alone
+(no fitted parameter), and leave-one-source-out (``transformer_slowdown`` fitted on the other
+families, this one predicted). Target: median |error| <= 10 % and coverage >= 85 % on the honest
+split; rows refused for memory: none (the memory check is not applied to rows that really ran, and
+``benchmarks/llm_runs_check.py`` checks that the memory model would admit them).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+
+def table(rows: list[dict], title: str) -> None:
+    print(f"\n## {title}")
+    heads = ("rows", 4), ("pred", 4), ("median", 7), ("p90", 6), ("signed", 7), ("width", 6), ("cover", 6)
+    print(f"{'family':16s} " + " ".join(f"{name:>{size}s}" for name, size in heads))
+    families: dict[str, list[dict]] = {}
+    for row in rows:
+        families.setdefault(row["family"], []).append(row)
+    families["all"] = rows
+    for family, members in families.items():
+        done = [row for row in members if row["status"] == "predicted"]
+        apes = sorted(abs(row["error_pct"]) for row in done)
+        if not apes:
+            print(f"{family:16s} {len(members):4d} {0:4d}")
+            continue
+        p90 = apes[min(len(apes) - 1, round(0.9 * (len(apes) - 1)))]
+        signed = statistics.median(row["optimism"] for row in done)
+        width = statistics.median(row["ci_width"] for row in done)
+        cover = sum(bool(row["in_ci"]) for row in done) / len(done)
+        print(f"{family:16s} {len(members):4d} {len(done):4d} {statistics.median(apes):6.1f}% {p90:5.1f}% "
+              f"{100 * signed:+6.1f}% {width:6.2f} {100 * cover:5.0f}%")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--ci", type=float, default=0.9)
+    args = parser.parse_args(argv)
+
+    from ddlsim.simulator.calibration import llm_validation
+    from ddlsim.simulator.calibration.crossval import optimism
+
+    runs = llm_validation.load_llm_runs()
+    family = {run.id: run.source_family for run in runs}
+    datasheets, _ = llm_validation.validate_llm(runs, None, args.ci)
+    loso, fits = llm_validation.leave_one_source_out(runs, args.ci)
+    for rows in (datasheets, loso):
+        for row in rows:
+            row["family"] = family[row["id"]]
+            row["optimism"] = optimism(row) if row["status"] == "predicted" else 0.0
+    print(f"# {len(runs)} rows of llm_dev.csv; signed: + = model faster than published; width: high/low of the "
+          f"{100 * args.ci:.0f} % interval")  # fmt: skip
+    table(datasheets, "datasheets alone (nothing fitted)")
+    table(loso, "leave one source family out (transformer_slowdown fitted on the others)")
+    print("\nfitted transformer_slowdown without each family: "
+          + ", ".join(f"{name} {fit.slowdown:.3f} ({fit.rows} rows)" for name, fit in fits.items()))
+    for row in loso:
+        if row["status"] != "predicted":
+            print(f"# cannot model {row['id']}: {row['reason']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,232 @@
+"""Validation of large-model runs: files with ``llm_dev.csv``'s columns, read as they are.
+
+Each row is mapped onto a catalog transformer, device, links and ``ParallelLayout``
+(``simulator.workloads.llm_runs.map_run``: every value the source leaves open is filled in and
+named in the row's note) and predicted with the ``megatron`` closed form
+(``simulator.closed_form.training``). A row that cannot be mapped is listed with its reason.
+
+Calibration is one named parameter, ``transformer_slowdown``: the factor between the measured
+iteration time and the closed form's on the calibration rows (the geometric median: what the
+datasheet efficiencies, kernels and software stacks the model does not have cost on these rows).
+The interval of a prediction is the spread of the calibration rows' residuals around it (their
+``ci`` quantiles in log space). ``leave_one_source_out`` fits it on the other source families and
+predicts each family in turn: the honest split.
+
+Published metrics and how a prediction becomes one: ``iteration_s`` as is; ``tflops_per_gpu``
+with the source's own FLOP count (Narayanan et al. count hardware FLOPs with recomputation) over
+the predicted iteration; ``mfu`` with model FLOPs and the device's peak at the run's precision.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddlsim.simulator.workloads.llm_runs import COLUMNS, LlmRun, MappedRun, load_llm_runs, map_run
+
+SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"
+TIME_METRICS = ("iteration_s",)
+MODELLED_METRICS = ("tflops_per_gpu", "mfu", "iteration_s")
+
+
+def is_llm_file(path: Path | str) -> bool:
+    """Whether ``path``'s header is exactly ``llm_dev.csv``'s columns."""
+    try:
+        with Path(path).open(newline="", encoding="utf-8-sig") as handle:
+            header = next(csv.reader(handle), [])
+    except (OSError, UnicodeDecodeError):
+        return False
+    return tuple(name.strip() for name in header) == COLUMNS
+
+
+@dataclass
+class LlmPrediction:
+    """One row: its mapping and the closed form's iteration seconds (or why there is none)."""
+
+    run: LlmRun
+    mapped: MappedRun | None
+    iteration_s: float = math.nan  # the closed form's, before calibration
+    reason: str = ""
+
+    @property
+    def family(self) -> str:
+        return self.run.source_family
+
+
+def scenario_of(mapped: MappedRun) -> Any:
+    """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran)."""
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.hardware_models.catalog import load_device
+    from ddlsim.simulator.scenario import TRANSFORMER_CHANGES, Scenario
+    from ddlsim.simulator.workloads.transformer import load_transformer
+
+    assert mapped.layout is not None
+    base = load_transformer(mapped.model.name)
+    changes = tuple(
+        (name, int(getattr(mapped.model, name)))
+        for name in TRANSFORMER_CHANGES
+        if getattr(mapped.model, name) != getattr(base, name)
+    )
+    system = load_device(mapped.device).system
+    per_node = system.devices_per_node if system is not None else 8
+    gpus = mapped.layout.gpus
+    if gpus % per_node:
+        per_node = gpus  # fewer GPUs than a node: one node holds them
+    layout = {
+        key: value for key, value in dataclasses.asdict(mapped.layout).items()
+        if key not in ("first_stage_layers", "last_stage_layers") or value is not None
+    }  # fmt: skip
+    return Scenario(
+        workload=mapped.model.name, algorithm="megatron", device=mapped.device, devices_per_node=per_node,
+        intra_node=mapped.intra_node_link if per_node > 1 else None, network=mapped.network or "ib_hdr",
+        nics_per_node=min(mapped.nics_per_node, per_node), precision=mapped.layout.precision,
+        nodes=(gpus // per_node,), enforce_memory=False, transformer_changes=changes,
+        options=make_options("megatron", {"layout": layout}),
+    )  # fmt: skip
+
+
+def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | None = None) -> list[LlmPrediction]:
+    """The closed form's iteration for every row that maps onto a layout (the others with their reason)."""
+    from ddlsim.simulator.closed_form.training import closed_form_result
+    from ddlsim.simulator.scenario import ScenarioError
+
+    out = []
+    for done, run in enumerate(runs, start=1):
+        mapped = map_run(run)
+        if not isinstance(mapped, MappedRun):
+            out.append(LlmPrediction(run, None, reason=mapped.reason))
+        elif mapped.layout is None:
+            out.append(LlmPrediction(run, mapped, reason=mapped.layout_missing))
+        elif run.metric not in MODELLED_METRICS:
+            out.append(LlmPrediction(run, mapped, reason=f"metric {run.metric!r} is not predicted yet"))
+        else:
+            try:
+                scenario = scenario_of(mapped)
+                seconds = closed_form_result(scenario, scenario.nodes[0]).iteration_s
+            except ScenarioError as error:
+                out.append(LlmPrediction(run, mapped, reason=str(error)))
+            else:
+                out.append(LlmPrediction(run, mapped, iteration_s=seconds))
+        if progress is not None:
+            progress(done, len(runs))
+    return out
+
+
+def metric_of(prediction: LlmPrediction, iteration_s: float) -> float:
+    """The row's published metric for an iteration of ``iteration_s`` seconds."""
+    from ddlsim.hardware_models.catalog import load_device
+    from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
+
+    run, mapped = prediction.run, prediction.mapped
+    assert mapped is not None and mapped.layout is not None
+    if run.metric == "iteration_s":
+        return iteration_s
+    gpus = mapped.layout.gpus
+    batch = mapped.layout.global_batch or mapped.layout.dp * mapped.layout.micro_batch
+    model_flops = model_flops_per_sample(transformer_blocks(mapped.model)) * batch
+    if run.metric == "mfu":
+        peak = load_device(mapped.device).peak_flops_for(mapped.layout.precision)
+        return model_flops / iteration_s / gpus / peak
+    flops = mapped.flops_per_iteration() or model_flops  # the source's own count where known
+    return flops / iteration_s / gpus / 1e12
+
+
+def slowdown(prediction: LlmPrediction) -> float:
+    """Measured over predicted iteration time (the closed form, uncalibrated)."""
+    value = metric_of(prediction, prediction.iteration_s)
+    ratio = prediction.run.value / value
+    return ratio if prediction.run.metric in TIME_METRICS else 1.0 / ratio
+
+
+@dataclass(frozen=True)
+class LlmFit:
+    """``transformer_slowdown`` and the residual band (factors) for intervals at level ``ci``."""
+
+    slowdown: float = 1.0
+    low: float = 1.0
+    high: float = 1.0
+    rows: int = 0
+
+    @classmethod
+    def of(cls, predictions: Sequence[LlmPrediction], ci: float) -> LlmFit:
+        logs = [math.log(slowdown(p)) for p in predictions if not p.reason]
+        if not logs:
+            return cls()
+        centre = statistics.median(logs)
+        residuals = np.array(logs) - centre
+        tail = (1 - ci) / 2
+        low, high = np.quantile(residuals, [tail, 1 - tail]) if len(logs) > 1 else (0.0, 0.0)
+        return cls(math.exp(centre), math.exp(float(low)), math.exp(float(high)), len(logs))
+
+
+def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted", basis: str = "") -> dict[str, Any]:
+    """One row of ``validate``'s table (``crossval.VALIDATION_COLUMNS``)."""
+    run, mapped = prediction.run, prediction.mapped
+    row: dict[str, Any] = {
+        "id": run.id, "source": run.source, "kind": "llm", "metric": run.metric,
+        "workload": mapped.model.name if mapped else run.model, "collective": "", "algorithm": "megatron",
+        "device": mapped.device if mapped else run.gpu_type, "devices_per_node": "", "nodes": run.gpus or "",
+        "message_bytes": "", "per_device_batch": run.micro_batch or "", "precision": run.precision,
+        "measured": run.value, "predicted": math.nan, "error_pct": math.nan, "ci_low": math.nan,
+        "ci_high": math.nan, "ci_width": math.nan, "in_ci": "", "basis": basis, "status": status,
+        "note": "; ".join(mapped.assumptions) if mapped else "", "reason": prediction.reason,
+    }  # fmt: skip
+    if prediction.reason:
+        row["status"] = "cannot_model"
+        return row
+    iteration = prediction.iteration_s * fit.slowdown
+    band = (iteration * fit.low, iteration * fit.high)
+    values = sorted(metric_of(prediction, seconds) for seconds in band)
+    predicted = metric_of(prediction, iteration)
+    row.update(predicted=predicted, error_pct=100 * (predicted - run.value) / run.value)
+    row.update(ci_low=values[0], ci_high=values[1], ci_width=values[1] / values[0],
+               in_ci=values[0] <= run.value <= values[1])  # fmt: skip
+    return row
+
+
+def validate_llm(
+    measured: Sequence[LlmRun], calibration: Sequence[LlmRun] | None, ci: float, progress=None
+) -> tuple[list[dict[str, Any]], LlmFit]:
+    """Rows of ``measured`` predicted after fitting on ``calibration`` (None: the datasheets alone)."""
+    predictions = predict_runs(measured, progress)
+    if calibration is None:
+        fit = LlmFit()
+        return [table_row(p, fit, basis="datasheets") for p in predictions], fit
+    calibration_ids = {run.id for run in calibration}
+    by_id = {p.run.id: p for p in predictions}
+    fitted = [by_id.get(run.id) for run in calibration]
+    fresh = predict_runs([run for run, p in zip(calibration, fitted, strict=True) if p is None])
+    fit = LlmFit.of([p for p in fitted if p is not None] + fresh, ci)
+    basis = f"transformer_slowdown {fit.slowdown:.3f} from {fit.rows} calibration rows"
+    return [table_row(p, fit, "calibration" if p.run.id in calibration_ids else "predicted", basis)
+            for p in predictions], fit  # fmt: skip
+
+
+def leave_one_source_out(
+    runs: Sequence[LlmRun], ci: float, progress=None
+) -> tuple[list[dict[str, Any]], dict[str, LlmFit]]:
+    """Each source family predicted with ``transformer_slowdown`` fitted on the others."""
+    predictions = predict_runs(runs, progress)
+    fits: dict[str, LlmFit] = {}
+    table = []
+    for prediction in predictions:
+        family = prediction.family
+        if family not in fits:
+            fits[family] = LlmFit.of([p for p in predictions if p.family != family], ci)
+        fit = fits[family]
+        table.append(table_row(prediction, fit, basis=f"transformer_slowdown {fit.slowdown:.3f} fitted without "
+                                                       f"{family} ({fit.rows} rows)"))  # fmt: skip
+    return table, fits
+
+
+def read_llm_runs(paths: Sequence[Path]) -> list[LlmRun]:
+    """Every row of ``paths`` (each with ``llm_dev.csv``'s columns)."""
+    return [run for path in paths for run in load_llm_runs(path)]

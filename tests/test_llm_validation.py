@@ -1,0 +1,72 @@
+"""Large-model rows (llm_dev.csv's columns) in ``ddlsim validate``: read as they are, predicted by the
+megatron closed form, calibrated by one named factor, left out source by source."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+
+from ddlsim.simulator.calibration import llm_validation
+from ddlsim.simulator.calibration.llm_validation import LlmFit, predict_runs
+from ddlsim.simulator.workloads.llm_runs import DATA_FILE, load_llm_runs
+
+
+def test_validate_reads_the_llm_file_as_it_is_and_lists_what_it_cannot_model(tmp_path, capsys):
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    out = tmp_path / "v"
+    code = main(["validate", "--measurements", str(DATA_FILE), "--leave-one-source-out", "--out", str(out)])
+    assert code in (0, 1)  # 1: past the tolerance, still a full answer
+    printed = capsys.readouterr().out
+    assert "24 of 27 held-out rows predicted" in printed
+    assert "cannot model LLM-065: LoRA fine-tuning" in printed
+    rows = {row["id"]: row for row in read_csv(out / "validation.csv")}
+    assert len(rows) == 27 and rows["LLM-041"]["status"] == "cannot_model" and rows["LLM-001"]["status"] == "predicted"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_predicted"] == 24 and summary["split"] == "leave one source out"
+
+
+def test_a_narayanan_row_is_their_flop_count_over_the_closed_form_iteration():
+    """Narayanan et al. count hardware FLOPs with full recomputation (their eq. 3):
+    96 B s l h^2 (1 + s/6h + V/16lh) per iteration, over the predicted iteration and the GPUs."""
+    run = next(run for run in load_llm_runs() if run.id == "LLM-001")  # 1.7B: 24 layers, h 2304, 32 A100
+    (prediction,) = predict_runs([run])
+    batch, seq, layers, hidden, vocab = 512, 2048, 24, 2304, 51200
+    flops = 96 * batch * seq * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
+    expected = flops / prediction.iteration_s / 32 / 1e12
+    assert llm_validation.metric_of(prediction, prediction.iteration_s) == pytest.approx(expected, rel=1e-9)
+    assert llm_validation.slowdown(prediction) == pytest.approx(expected / 137.0, rel=1e-9)
+
+
+def test_the_fit_recovers_a_known_slowdown_and_widens_with_scatter():
+    """Rows made from the model's own predictions times a known factor: the fit finds the factor,
+    a LOSO fold predicts the left-out rows exactly, and scatter shows up as the band."""
+    runs = [run for run in load_llm_runs() if run.metric == "iteration_s"]
+    predictions = [p for p in predict_runs(runs) if not p.reason]
+    assert len(predictions) >= 6
+    truth = 1.25
+    made = [dataclasses.replace(p, run=dataclasses.replace(p.run, value=p.iteration_s * truth)) for p in predictions]
+    fit = LlmFit.of(made, 0.9)
+    assert fit.slowdown == pytest.approx(truth, rel=1e-9) and fit.low == pytest.approx(1.0) and fit.rows == len(made)
+    row = llm_validation.table_row(made[0], fit)
+    assert row["error_pct"] == pytest.approx(0.0, abs=1e-9) and row["in_ci"]
+    scattered = [dataclasses.replace(p, run=dataclasses.replace(p.run, value=p.run.value * (1.1 if i % 2 else 0.9)))
+                 for i, p in enumerate(made)]  # fmt: skip
+    wide = LlmFit.of(scattered, 0.9)
+    assert wide.low < 1.0 < wide.high and math.log(wide.high / wide.low) > 0.1
+
+
+def test_mixing_schemas_is_one_line_and_exit_2(tmp_path, capsys):
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev
+    from ddlsim.simulator.cli.main import main
+
+    published = packaged_published_dev()
+    out = tmp_path / "v"
+    code = main(["validate", "--measurements", str(DATA_FILE), "--calibration", str(published), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "not llm_dev.csv's columns" in err and err.count("\n") == 1
+    assert not out.exists()
