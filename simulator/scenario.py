@@ -60,6 +60,20 @@ class Stragglers:
             raise ScenarioError(f"--stragglers: sigma must lie in [0, 5], got {sigma!r}")
         return Stragglers(sigma, match.group(2) == ":device")
 
+    def expected_slowest(self, ranks: int) -> float:
+        """E[max of ``ranks`` multipliers]: the factor by which a step that waits for every rank's
+        compute is slower than one rank's mean, exp(sigma z - sigma^2/2) over the distribution of the
+        largest of ``ranks`` standard normals (integrated on a grid; 1 without noise or for one rank)."""
+        if self.sigma == 0 or ranks <= 1:
+            return 1.0
+        from scipy.special import log_ndtr
+
+        z = np.linspace(-12.0, 14.0, 40001)
+        log_density = np.log(ranks) - z * z / 2 - 0.5 * np.log(2 * np.pi) + (ranks - 1) * log_ndtr(z)
+        weights = np.exp(log_density)
+        values = np.exp(self.sigma * z - self.sigma * self.sigma / 2)
+        return float(np.trapezoid(weights * values, z) / np.trapezoid(weights, z))
+
     def sampler(self, rng: np.random.Generator):
         """A function () -> next multiplier for one rank."""
         if self.sigma == 0:

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ddlsim.simulator.closed_form.training import closed_form_result
+from ddlsim.simulator.closed_form.training import STRAGGLER_CLOSED_FORMS, closed_form_result
 from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.trainers import with_interference
@@ -32,7 +32,8 @@ def simulate_point(scenario: Scenario, nodes: int, des_mode: str = "auto") -> di
         result = closed_form_result(scenario, nodes)
     else:
         result = run_des(scenario, nodes, des_mode).result
-        if scenario.training_algorithm.has_closed_form:
+        noisy = scenario.stragglers not in ("", "none")
+        if scenario.training_algorithm.has_closed_form and (not noisy or scenario.algorithm in STRAGGLER_CLOSED_FORMS):
             result.analytic_iteration_s = closed_form_result(scenario, nodes).iteration_s
     factor = scenario.overlap_interference
     if factor > 0:

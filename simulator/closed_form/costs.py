@@ -5,9 +5,11 @@ simulation's own cost model, without noise) and the uncontended times of collect
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from ddlsim.algorithms.gradient_buckets import StepProfile
+from ddlsim.simulator.scenario import Stragglers
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.setup import TrainingSetup
 from ddlsim.simulator.training.trainers import SimTrainer, layer_times, transformer_costs
@@ -26,6 +28,16 @@ class ClosedFormCosts(GroupCosts):
         else:
             self.worker = SimTrainer(scenario, layer_times(scenario), setup.algorithm.momentum)
             self.step: StepProfile = self.worker.profile
+            # stragglers: a step that waits for every worker's compute takes the expected slowest of
+            # them (the event simulation draws each worker's multiplier; this is its mean maximum)
+            self.straggler_factor = Stragglers.parse(scenario.stragglers).expected_slowest(len(setup.plan.workers))
+            if self.straggler_factor != 1.0:
+                factor = self.straggler_factor
+                self.step = dataclasses.replace(
+                    self.step,
+                    forward_s=self.step.forward_s * factor,
+                    backward_segments_s=tuple(seconds * factor for seconds in self.step.backward_segments_s),
+                )
 
     def trainer(self, rank: int) -> Any:
         """Rank ``rank``'s trainer, without noise (layouts' ranks differ; the others' workers are alike)."""

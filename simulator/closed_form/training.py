@@ -18,10 +18,18 @@ from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import setup_of
 from ddlsim.simulator.training.trainers import layout_figures, single_device_step_s
 
+# closed forms whose step waits for every worker's compute: stragglers cost the expected slowest
+STRAGGLER_CLOSED_FORMS = ("sync_sgd",)
+
 
 def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
     setup = setup_of(scenario, nodes)
     algorithm, plan = setup.algorithm, setup.plan
+    if scenario.stragglers not in ("", "none") and algorithm.name not in STRAGGLER_CLOSED_FORMS:
+        raise ScenarioError(
+            f"--stragglers: the closed form of {algorithm.name!r} has no straggler term (it holds for "
+            f"{', '.join(STRAGGLER_CLOSED_FORMS)}, whose steps wait for every worker); use --executor des"
+        )
     costs = ClosedFormCosts(setup)
     estimate = algorithm.closed_form(costs, plan)
     if estimate is None:
