@@ -50,11 +50,14 @@ def group_labels(rows: list[Measurement], by: str) -> dict[str, str]:
     return labels
 
 
-def leave_one_out(rows: list[Measurement], by: str, bootstrap: int, ci: float) -> list[dict[str, Any]]:
+def leave_one_out(
+    rows: list[Measurement], by: str, bootstrap: int, ci: float, ideal: bool = False
+) -> list[dict[str, Any]]:
     labels = group_labels(rows, by)
     table = leave_one_source_out(
-        rows, ci, by, bootstrap, progress=lambda done, total: print(f"# fold {done}/{total}", file=sys.stderr)
-    )
+        rows, ci, by, bootstrap, progress=lambda done, total: print(f"# fold {done}/{total}", file=sys.stderr),
+        ideal=ideal,
+    )  # fmt: skip
     for row, result in zip(rows, table, strict=True):
         result["group"] = labels[group_key(row, by)]
         result["scale"] = scale_of(row)
@@ -103,10 +106,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--bootstrap", type=int, default=20)
     parser.add_argument("--ci", type=float, default=0.9)
     parser.add_argument("--out", type=Path, default=None, help="also write the table here (CSV)")
+    parser.add_argument("--ideal", action="store_true", help="without the fitted step-level cost terms")
     args = parser.parse_args(argv)
     rows = read_measurements([packaged_published_dev()]).rows
     started = time.perf_counter()
-    table = leave_one_out(rows, args.by, args.bootstrap, args.ci)
+    table = leave_one_out(rows, args.by, args.bootstrap, args.ci, args.ideal)
     elapsed = time.perf_counter() - started
     if args.out:
         write_csv(args.out, table, (*VALIDATION_COLUMNS, "group", "scale"))

@@ -6,6 +6,7 @@ units) written by ``ddlsim calibrate``::
     schema_version = 1
     data_sha256 = "..."                       # hash of the measurement rows it was fitted to
     overlap_interference = { value = 0.0, source = "..." }
+    rank_jitter_sigma = { value = 0.04, source = "..." }  # per-rank step-time noise: the slowest of N
     noise_sigma = { value = 0.05, source = "..." }   # lognormal sigma of measured / predicted
 
     [devices.k80]                              # any of the device datasheet's efficiencies
@@ -66,6 +67,7 @@ TOP_KEYS = (
     "data_sha256",
     "description",
     "overlap_interference",
+    "rank_jitter_sigma",
     "noise_sigma",
     "devices",
     "links",
@@ -214,6 +216,8 @@ class Profile:
     devices: dict[str, DeviceFit] = field(default_factory=dict)
     links: dict[str, LinkFit] = field(default_factory=dict)
     overlap_interference: float = 0.0
+    # lognormal sigma of each rank's compute per step: a synchronous step waits for the slowest of N
+    rank_jitter_sigma: float = 0.0
     noise_sigma: float = 0.0
     data_sha256: str = ""
     description: str = ""
@@ -345,6 +349,13 @@ class Profile:
             self, devices=devices, links=links, overlap_interference=interference, compute=fitted
         )
 
+    def ideal(self) -> Profile:
+        """This profile with the fitted step-level cost terms switched off (``--ideal``): no rank
+        jitter (the slowest of N ranks) and no overlap interference; compute and links stay fitted."""
+        sources = {**self.sources, "rank_jitter_sigma": "switched off (--ideal)",
+                   "overlap_interference": "switched off (--ideal)"}  # fmt: skip
+        return dataclasses.replace(self, rank_jitter_sigma=0.0, overlap_interference=0.0, sources=sources)
+
     def samples(self) -> list[Profile]:
         """One profile per bootstrap sample (empty when the profile carries none)."""
         return [self.with_flat(sample) for sample in self.bootstrap]
@@ -356,6 +367,7 @@ class Profile:
             "devices": sorted(self.devices),
             "links": sorted(self.links),
             "overlap_interference": self.overlap_interference,
+            "rank_jitter_sigma": self.rank_jitter_sigma,
             "noise_sigma": self.noise_sigma,
             "noise": dict(self.noise),
             "compute": dict(self.compute.values) if self.compute else None,
@@ -395,6 +407,7 @@ def profile_to_toml(profile: Profile) -> str:
         f"description = {_toml_string(profile.description)}",
         "overlap_interference = "
         + _entry(profile.overlap_interference, profile.sources.get("overlap_interference", "fitted")),
+        "rank_jitter_sigma = " + _entry(profile.rank_jitter_sigma, profile.sources.get("rank_jitter_sigma", "fitted")),
         "noise_sigma = " + _entry(profile.noise_sigma, profile.sources.get("noise_sigma", "fitted")),
     ]
     for token in sorted(profile.devices):
@@ -530,6 +543,9 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         )
     sources: dict[str, str] = {}
     interference, sources["overlap_interference"] = _number_entry(data, "overlap_interference", where, 0.0, 1.0)
+    jitter = 0.0
+    if "rank_jitter_sigma" in data:  # profiles written before the term have none: no jitter
+        jitter, sources["rank_jitter_sigma"] = _number_entry(data, "rank_jitter_sigma", where, 0.0, 1.0)
     sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, *NOISE_BOUNDS)
     devices: dict[str, DeviceFit] = {}
     for token, table in _table(data.get("devices", {}), where, "devices").items():
@@ -593,6 +609,7 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         devices=devices,
         links=links,
         overlap_interference=float(interference),
+        rank_jitter_sigma=float(jitter),
         noise_sigma=float(sigma),
         data_sha256=str(data.get("data_sha256", "")),
         description=str(data.get("description", "")),

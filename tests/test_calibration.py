@@ -95,3 +95,26 @@ def test_profile_round_trips_through_toml(tmp_path):
     assert loaded.flat() == pytest.approx(result.profile.flat())
     assert loaded.bootstrap == result.profile.bootstrap
     assert loaded.data_sha256 == result.profile.data_sha256 and len(loaded.data_sha256) == 64
+
+
+def test_rank_jitter_is_recovered_from_rows_made_with_it_and_round_trips(tmp_path):
+    """Multi-device training rows whose values the model gives at rank jitter 0.08: the fit finds
+    0.08 back (to its grid), ``ideal()`` switches it off, and the profile file keeps it."""
+    from ddlsim.simulator.calibration.fit import fit_rank_jitter
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements
+
+    published = read_measurements([packaged_published_dev()]).rows
+    rows = [row for row in published if row.id.startswith("TFBENCH-0") and row.devices > 1
+            and row.metric == "throughput_samples_per_s"][:8]  # fmt: skip
+    assert len(rows) == 8 and len({row.devices for row in rows}) > 1
+    truth = Profile(rank_jitter_sigma=0.08)
+    made = [dataclasses.replace(row, value=predict(row, truth).value) for row in rows]
+    quiet = [predict(row, Profile()).value for row in rows]
+    assert all(m < q for m, q in zip((row.value for row in made), quiet, strict=True))  # the slowest rank costs
+    fitted = fit_rank_jitter(Profile(), made)
+    assert fitted.rank_jitter_sigma == pytest.approx(0.08, abs=0.005)
+    assert "8 multi-device training rows" in fitted.sources["rank_jitter_sigma"]
+    assert fitted.ideal().rank_jitter_sigma == 0.0
+    path = tmp_path / "p.toml"
+    path.write_text(profile_to_toml(fitted))
+    assert load_profile(path).rank_jitter_sigma == pytest.approx(fitted.rank_jitter_sigma)

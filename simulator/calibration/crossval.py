@@ -137,8 +137,10 @@ def leave_one_source_out(
     seed: int = 0,
     executor: str = "analytic",
     progress: Progress | None = None,
+    ideal: bool = False,
 ) -> list[dict[str, Any]]:
-    """Each source's rows predicted by a profile calibrated on every other source's rows."""
+    """Each source's rows predicted by a profile calibrated on every other source's rows (``ideal``:
+    with the fitted step-level cost terms switched off, ``Profile.ideal``)."""
     from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 
     groups: dict[str, list[Measurement]] = {}
@@ -151,7 +153,7 @@ def leave_one_source_out(
             profile = calibrate(others, bootstrap=bootstrap, seed=seed).profile
         except CalibrationError:
             profile = Profile()  # nothing else to fit to: the datasheets alone
-        estimator = Estimator(profile, ci, executor)
+        estimator = Estimator(profile.ideal() if ideal else profile, ci, executor)
         for row in members:
             out[row.id] = table_row(row, estimator.estimate(row), "predicted")
         if progress:

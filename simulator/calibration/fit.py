@@ -145,8 +145,9 @@ def pin_shapes(
     return dataclasses.replace(profile, devices=devices), samples
 
 
-def fit_interference(profile: Profile, usable: list[Measurement], single: list[Measurement]):
-    """Step 5: the overlap interference factor from multi-device training rows with pinned compute and links."""
+def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[Measurement]) -> list[Measurement]:
+    """Multi-device training rows whose compute (a single-device row of the same shape) and links are
+    pinned independently: what the step-level terms (interference, rank jitter) are fitted to."""
     pinned_by_single = {
         (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0)) for row in single
     }
@@ -166,6 +167,12 @@ def fit_interference(profile: Profile, usable: list[Measurement], single: list[M
             if token
         )
     ]
+    return rows
+
+
+def fit_interference(profile: Profile, usable: list[Measurement], single: list[Measurement]):
+    """Step 5: the overlap interference factor from multi-device training rows with pinned compute and links."""
+    rows = multi_device_rows(profile, usable, single)
     sources = dict(profile.sources)
     if not rows:
         sources["overlap_interference"] = (
@@ -193,6 +200,60 @@ def fit_interference(profile: Profile, usable: list[Measurement], single: list[M
     profile = dataclasses.replace(profile, overlap_interference=best, sources=sources)
     fitted = [(row, predict(row, profile).value or float("nan")) for row in rows]
     return profile, fitted
+
+
+JITTER_BOUNDS = (0.0, 0.3)
+
+
+def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
+    """Step 6: ``rank_jitter_sigma``, the lognormal sigma of each rank's compute per step, from the
+    multi-device training rows: a synchronous step waits for the slowest of its N ranks, which the
+    model pays as E[max of N multipliers] (``Stragglers.expected_slowest``). The sigma in [0, 0.3]
+    with the least squared log error over the rows; 0 where no row identifies it."""
+    # every multi-device training row: the cross-device compute model predicts each row's compute, so
+    # no single-device row of the same shape is needed (interference needs one; jitter grows with N)
+    rows = [row for row in usable if row.kind == "training" and row.devices > 1
+            and row.metric in ("throughput_samples_per_s", "time_s")]  # fmt: skip
+    sources = dict(profile.sources)
+    if not rows:
+        sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row; 0"
+        return dataclasses.replace(profile, rank_jitter_sigma=0.0, sources=sources)
+
+    # A row's prediction depends on sigma only through the factor E[max of N multipliers] on its
+    # compute, and piecewise linearly in that factor: predict each row at a few sigmas, interpolate
+    # in the factor, and search sigma on the interpolants (a few predictions per row, not dozens).
+    from ddlsim.simulator.scenario import Stragglers
+
+    knots = (0.0, 0.05, 0.1, 0.2, JITTER_BOUNDS[1])
+    factors: dict[tuple[float, int], float] = {}
+
+    def factor(sigma: float, ranks: int) -> float:
+        key = (round(sigma, 6), ranks)
+        if key not in factors:
+            factors[key] = Stragglers(sigma).expected_slowest(ranks)
+        return factors[key]
+
+    curves = []
+    for row in rows:
+        values = [predict(row, dataclasses.replace(profile, rank_jitter_sigma=sigma)).value for sigma in knots]
+        logs = [math.log(value) for value in values if value]
+        if len(logs) == len(knots):
+            curves.append((row, [factor(sigma, row.devices) for sigma in knots], logs))
+
+    def cost(sigma: float) -> float:
+        total = 0.0
+        for row, at, logs in curves:
+            total += (float(np.interp(factor(sigma, row.devices), at, logs)) - math.log(row.value)) ** 2
+        return total
+
+    grid = np.linspace(*JITTER_BOUNDS, 121)
+    best = float(grid[int(np.argmin([cost(float(sigma)) for sigma in grid]))])
+    sources["rank_jitter_sigma"] = (
+        f"fitted by ddlsim calibrate (grid search on interpolated predictions) to {len(curves)} multi-device "
+        f"training rows "
+        f"({min(row.devices for row in rows)}-{max(row.devices for row in rows)} devices)"
+    )
+    return dataclasses.replace(profile, rank_jitter_sigma=best, sources=sources)
 
 
 # --- the procedure -------------------------------------------------------------------------------
@@ -239,11 +300,16 @@ def fit_rows(
     compute_samples = compute_samples or [{} for _ in range(bootstrap)]
     samples = [{**a, **b, **c} for a, b, c in zip(links.samples, compute_samples, pin_samples, strict=True)]
     single = [row for row in usable if row.kind == "training" and row.devices == 1]
-    if reuse is not None:
-        profile = dataclasses.replace(profile, overlap_interference=reuse.profile.overlap_interference)
+    if reuse is not None:  # the noise estimate's inner folds keep the step-level terms of the whole fit
+        profile = dataclasses.replace(
+            profile,
+            overlap_interference=reuse.profile.overlap_interference,
+            rank_jitter_sigma=reuse.profile.rank_jitter_sigma,
+        )
         interference_rows: list[tuple[Measurement, float]] = []
     else:
         profile, interference_rows = fit_interference(profile, usable, single)
+        profile = fit_rank_jitter(profile, usable)
     return Fitted(profile, samples, links.groups, links.parameters, model, interference_rows, links.unused)
 
 

@@ -195,6 +195,8 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
         executor=executor,
         profile=profile,
         enforce_memory=False,  # the run was measured, so it fit in memory
+        # the slowest of N ranks at every step, with the profile's fitted per-rank jitter
+        stragglers=f"lognormal:{profile.rank_jitter_sigma!r}" if profile and profile.rank_jitter_sigma > 0 else "none",
     )
 
 

@@ -74,6 +74,10 @@ def register(subparsers) -> None:
     parser.add_argument("--ci", type=float, default=0.9, help="confidence level of the intervals")
     parser.add_argument("--bootstrap", type=int, default=20, help="bootstrap resamples when calibrating")
     parser.add_argument("--executor", choices=("analytic", "des"), default="analytic")
+    parser.add_argument(
+        "--ideal", action="store_true",
+        help="switch off the fitted step-level cost terms (rank jitter: the slowest of N ranks; overlap interference)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="directory for validation.csv, summary.json")
     parser.set_defaults(func=run)
@@ -146,8 +150,9 @@ def run(args: argparse.Namespace) -> int:
         calibration_ids: set[str] = set()
         if args.leave_one_source_out:
             table = leave_one_source_out(
-                rows, args.ci, args.by, args.bootstrap, args.seed, args.executor, Progress("validate: sources")
-            )
+                rows, args.ci, args.by, args.bootstrap, args.seed, args.executor, Progress("validate: sources"),
+                ideal=args.ideal,
+            )  # fmt: skip
             split = f"leave one {args.by} out"
         else:
             if args.profile is not None:
@@ -163,6 +168,8 @@ def run(args: argparse.Namespace) -> int:
                     )
             else:
                 profile = Profile()  # the datasheets alone
+            if args.ideal:
+                profile = profile.ideal()
             table = validate_table(rows, calibration_ids, profile, args.ci, args.executor, Progress("validate"))
             split = "profile" if args.profile else "calibration rows" if calibration else "datasheets"
     except (MeasurementError, CalibrationError) as error:
