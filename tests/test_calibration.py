@@ -115,6 +115,7 @@ def test_rank_jitter_is_recovered_from_rows_made_with_it_and_round_trips(tmp_pat
     assert fitted.rank_jitter_sigma == pytest.approx(0.08, abs=0.005)
     assert "8 multi-device training rows" in fitted.sources["rank_jitter_sigma"]
     assert fitted.ideal().rank_jitter_sigma == 0.0
+    assert f"slowest of {rows[0].devices} ranks" in predict(rows[0], fitted).detail  # named where it applies
     path = tmp_path / "p.toml"
     path.write_text(profile_to_toml(fitted))
     assert load_profile(path).rank_jitter_sigma == pytest.approx(fitted.rank_jitter_sigma)

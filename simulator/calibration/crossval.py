@@ -90,6 +90,7 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
         out.update(status="cannot_model", reason=estimate.reason if estimate else "")
         return out
     assert estimate.low is not None and estimate.high is not None
+    jitter = estimate.detail.partition(", rank jitter ")[2]  # the named cost term, where it applied
     out.update(
         predicted=estimate.value,
         error_pct=100.0 * (estimate.value - row.value) / row.value,
@@ -98,7 +99,7 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
         ci_width=estimate.high / estimate.low,
         in_ci=estimate.low <= row.value <= estimate.high,
         basis=estimate.kind,
-        note=estimate.note,
+        note="; ".join(part for part in (estimate.note, f"rank jitter {jitter}" if jitter else "") if part),
     )
     return out
 

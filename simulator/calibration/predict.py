@@ -42,7 +42,7 @@ from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
 from ddlsim.simulator.engine.fabric import FabricError
-from ddlsim.simulator.scenario import Scenario, ScenarioError, default_host_link
+from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers, default_host_link
 from ddlsim.simulator.sweep import simulate_point
 
 # Bus-bandwidth rows quoted as a large-message plateau without a size are predicted at 1 GB
@@ -215,6 +215,9 @@ def predict_training(
     scenario = training_scenario(row, profile, executor)
     point = simulate_point(scenario, row.nodes)
     detail = f"{scenario.collective} {executor}"
+    if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1:
+        slowest = Stragglers(profile.rank_jitter_sigma).expected_slowest(row.devices)
+        detail += f", rank jitter {profile.rank_jitter_sigma:.3f}: slowest of {row.devices} ranks x{slowest:.3f}"
     if row.metric == "throughput_samples_per_s":
         return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
     if row.metric == "time_s":
