@@ -34,7 +34,10 @@ from ddlsim.simulator.workloads.transformer import TransformerConfig, load_trans
 
 EXECUTORS = ("des", "analytic")
 TRANSFORMER_CHANGES = ("seq_len", "vocabulary", "max_positions")  # what a published run may change
-STRAGGLER_FORMS = "none, lognormal:SIGMA (per step) or lognormal:SIGMA:device (per device, fixed)"
+STRAGGLER_FORMS = (
+    "none, lognormal:SIGMA (per step), lognormal:SIGMA:device (per device, fixed) or lognormal:SIGMA:expected "
+    "(every rank at the expected slowest of N's pace: the closed form's view, deterministic)"
+)
 
 
 class ScenarioError(ValueError):
@@ -47,18 +50,19 @@ class Stragglers:
 
     sigma: float = 0.0
     per_device: bool = False
+    expected: bool = False  # every rank runs at E[max of N multipliers]: no draws
 
     @staticmethod
     def parse(text: str | None) -> Stragglers:
         if text in (None, "", "none"):
             return Stragglers()
-        match = re.fullmatch(r"lognormal:([0-9.eE+-]+)(:device|:step)?", str(text))
+        match = re.fullmatch(r"lognormal:([0-9.eE+-]+)(:device|:step|:expected)?", str(text))
         if not match:
             raise ScenarioError(f"--stragglers: cannot parse {text!r}; allowed: {STRAGGLER_FORMS}")
         sigma = float(match.group(1))
         if not (math.isfinite(sigma) and 0 <= sigma <= 5):
             raise ScenarioError(f"--stragglers: sigma must lie in [0, 5], got {sigma!r}")
-        return Stragglers(sigma, match.group(2) == ":device")
+        return Stragglers(sigma, match.group(2) == ":device", match.group(2) == ":expected")
 
     def expected_slowest(self, ranks: int) -> float:
         """E[max of ``ranks`` multipliers]: the factor by which a step that waits for every rank's
@@ -74,10 +78,13 @@ class Stragglers:
         values = np.exp(self.sigma * z - self.sigma * self.sigma / 2)
         return float(np.trapezoid(weights * values, z) / np.trapezoid(weights, z))
 
-    def sampler(self, rng: np.random.Generator):
-        """A function () -> next multiplier for one rank."""
+    def sampler(self, rng: np.random.Generator, ranks: int = 1):
+        """A function () -> next multiplier for one of ``ranks`` ranks."""
         if self.sigma == 0:
             return lambda: 1.0
+        if self.expected:
+            slowest = self.expected_slowest(ranks)
+            return lambda: slowest
         sigma = self.sigma
         if self.per_device:
             fixed = float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))

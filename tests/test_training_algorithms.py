@@ -444,5 +444,8 @@ def test_the_closed_form_pays_the_slowest_rank_as_the_event_simulation_does(caps
     quiet = closed_form_result(dataclasses.replace(base, stragglers="none"), 2).iteration_s
     assert closed == pytest.approx(des, rel=0.03)
     assert quiet < 0.75 * des
+    # ":expected": every rank at the expected slowest pace, no draws: the DES is the closed form exactly
+    steady = dataclasses.replace(base, stragglers="lognormal:0.3:expected", updates=3)
+    assert run_des(steady, 2).result.iteration_s == pytest.approx(closed_form_result(steady, 2).iteration_s, rel=1e-9)
     with pytest.raises(ScenarioError, match="closed form of 'sync_easgd' has no straggler term"):
         closed_form_result(dataclasses.replace(base, algorithm="sync_easgd"), 2)

@@ -303,9 +303,12 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
     scenario, algorithm, plan = setup.scenario, setup.algorithm, setup.plan
     streams = np.random.default_rng(scenario.seed).spawn(plan.ranks)
     stragglers = Stragglers.parse(scenario.stragglers)
+    workers = len(plan.workers)  # a synchronous step waits for the slowest of them
     if scenario.is_transformer:
         costs = transformer_costs(setup, GroupCosts(scenario.fabric_spec(setup.fabric_nodes)))
-        return [TransformerTrainer(costs, rank, stragglers.sampler(streams[rank])) for rank in range(plan.ranks)]
+        return [
+            TransformerTrainer(costs, rank, stragglers.sampler(streams[rank], workers)) for rank in range(plan.ranks)
+        ]
     layers = layer_times(scenario)
     if algorithm.name == "hybrid_parallel":
         split = plan.options.split or balanced_split(layers, plan.options.stages)
@@ -315,7 +318,7 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
             stage = rank % plan.options.stages
             incoming = _activation_bytes(scenario, stages[stage - 1]) if stage > 0 else 0.0
             outgoing = _activation_bytes(scenario, stages[stage]) if stage < len(stages) - 1 else 0.0
-            sample = stragglers.sampler(streams[rank])
+            sample = stragglers.sampler(streams[rank], workers)
             trainer = SimTrainer(
                 scenario, stages[stage], algorithm.momentum, sample,
                 activation_in_bytes=incoming, activation_out_bytes=outgoing,
@@ -326,7 +329,7 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
     return [
         SimTrainer(scenario, layers, algorithm.momentum, shards=shards)
         if plan.is_server(rank)
-        else SimTrainer(scenario, layers, algorithm.momentum, stragglers.sampler(streams[rank]))
+        else SimTrainer(scenario, layers, algorithm.momentum, stragglers.sampler(streams[rank], workers))
         for rank in range(plan.ranks)
     ]
 
