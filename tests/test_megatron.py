@@ -205,3 +205,29 @@ def test_interleaving_with_uneven_end_stages_runs_and_the_des_equals_the_closed_
     assert interleaved.iteration_s == pytest.approx(closed_form_result(scenario(2), 3).iteration_s, rel=1e-9)
     plain = run_des(scenario(1), 3).result
     assert interleaved.iteration_s != pytest.approx(plain.iteration_s, rel=1e-3)
+
+
+def test_layout_flags_set_the_layout_field_by_field(tmp_path, capsys):
+    """--tp/--pp/... on the command line give the same run as a scenario file with that layout, change
+    a file's layout one field at a time, default a transformer to bf16, and are refused for sync SGD."""
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    flags = ["--algorithm", "megatron", "--workload", "llama3_8b", "--device", "h100_sxm5", "--tp", "8", "--pp", "2",
+             "--global-batch", "16", "--nodes", "4", "--no-progress"]  # fmt: skip
+    assert main(["simulate", *flags, "--out", str(tmp_path / "flags")]) == 0
+    path = tmp_path / "layout.toml"
+    path.write_text('workload = "llama3_8b"\nalgorithm = "megatron"\ndevice = "h100_sxm5"\nprecision = "bf16"\n'
+                    "[options.layout]\ntp = 8\npp = 2\ndp = 2\nglobal_batch = 16\n")  # fmt: skip
+    assert main(["simulate", "--scenario", str(path), "--nodes", "4", "--out", str(tmp_path / "file")]) == 0
+    by_flags, by_file = read_csv(tmp_path / "flags" / "results.csv"), read_csv(tmp_path / "file" / "results.csv")
+    assert by_flags[0]["iteration_s"] == by_file[0]["iteration_s"]
+    saved = json.loads((tmp_path / "flags" / "scenario.json").read_text())["scenario"]
+    assert saved["precision"] == "bf16" and saved["options"]["layout"]["dp"] == 0  # 0: what the GPUs leave
+    changed = tmp_path / "changed"
+    assert main(["simulate", "--scenario", str(path), "--nodes", "4", "--zero-stage", "1", "--out", str(changed)]) == 0
+    layout = json.loads((changed / "scenario.json").read_text())["scenario"]["options"]["layout"]
+    assert (layout["tp"], layout["pp"], layout["dp"], layout["zero_stage"]) == (8, 2, 2, 1)
+    capsys.readouterr()
+    assert main(["simulate", "--tp", "2", "--nodes", "2"]) == 2
+    assert "--tp do(es) not apply to --algorithm sync_sgd" in capsys.readouterr().err

@@ -30,6 +30,35 @@ OPTION_FLAGS: dict[str, str] = {
 }
 
 
+# flag (argparse dest) -> ParallelLayout field: megatron's layout, one flag per field
+LAYOUT_FLAGS: dict[str, str] = {
+    "tp": "tp", "pp": "pp", "dp": "dp", "cp": "cp", "ep": "ep", "micro_batch": "micro_batch",
+    "global_batch": "global_batch", "virtual_stages": "virtual_stages", "sequence_parallel": "sequence_parallel",
+    "zero_stage": "zero_stage", "recompute": "recompute", "schedule": "schedule",
+    "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
+    "last_stage_layers": "last_stage_layers",
+}  # fmt: skip
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
+    """megatron's layout as flags (each sets one field of the ``layout`` option; a scenario file's
+    layout keeps the fields no flag names)."""
+    group = parser.add_argument_group("megatron layout (a transformer split over GPUs; ddlsim plan searches them)")
+    for dest in ("tp", "pp", "cp", "ep"):
+        group.add_argument(flag(dest), type=int, default=None, help=f"{dest.upper()} size")
+    group.add_argument("--dp", type=int, default=None, help="data-parallel size (default: what the GPUs leave)")
+    group.add_argument("--micro-batch", type=int, default=None, help="sequences per micro-batch (default 1)")
+    group.add_argument("--global-batch", type=int, default=None, help="sequences per iteration")
+    group.add_argument("--virtual-stages", type=int, default=None, help="model chunks per pipeline rank (interleaved)")
+    group.add_argument("--sequence-parallel", action="store_true", default=None, help="Megatron sequence parallelism")
+    group.add_argument("--zero-stage", type=int, default=None, help="ZeRO stage 0-3 (1: the distributed optimizer)")
+    group.add_argument("--recompute", default=None, help="activation recomputation: none, selective, full")
+    group.add_argument("--schedule", default=None, help="pipeline schedule: gpipe, 1f1b (default)")
+    group.add_argument("--no-flash-attention", action="store_true", default=None, help="materialise the scores")
+    group.add_argument("--first-stage-layers", type=int, default=None, help="layers on the first pipeline stage")
+    group.add_argument("--last-stage-layers", type=int, default=None, help="layers on the last pipeline stage")
+
+
 def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "sync_sgd") -> None:
     parser.add_argument(
         "--algorithm",
@@ -52,6 +81,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "syn
     group.add_argument("--threads", type=int, default=None, help="Hogwild threads per worker node")
     group.add_argument("--split", default=None, help="hybrid_parallel: layers per device of a node, e.g. 80,81")
     group.add_argument("--staleness", type=int, default=None, help="async_sgd: artificial extra staleness (pulls)")
+    add_layout_arguments(parser)
 
 
 def flag(name: str) -> str:
@@ -63,7 +93,10 @@ def options_from_args(args: argparse.Namespace, extra_flags: dict[str, set[str]]
 
     ``extra_flags``: a command's own algorithm-specific flags, {dest: algorithms that read it}.
     """
-    return make_options(args.algorithm, options_values(args, args.algorithm, extra_flags))
+    values = options_values(args, args.algorithm, extra_flags)
+    if "layout" in values:
+        values["layout"] = {"dp": 0, **values["layout"]}  # dp: what the GPUs leave, unless given
+    return make_options(args.algorithm, values)
 
 
 def options_values(
@@ -79,10 +112,16 @@ def options_values(
     algorithm = TRAINING_ALGORITHMS.get(name)
     extra = extra_flags or {}
     given = [dest for dest in OPTION_FLAGS if getattr(args, dest) is not None]
+    layout = {LAYOUT_FLAGS[dest]: getattr(args, dest) for dest in LAYOUT_FLAGS if getattr(args, dest, None) is not None}
+    if "flash_attention" in layout:
+        layout["flash_attention"] = False  # --no-flash-attention
     unused = [dest for dest in given if OPTION_FLAGS[dest] not in algorithm.options]
+    if layout and "layout" not in algorithm.options:
+        unused += [dest for dest in LAYOUT_FLAGS if getattr(args, dest, None) is not None]
     unused += [dest for dest, readers in extra.items() if getattr(args, dest) and algorithm.name not in readers]
     if unused:
         valid = [flag(dest) for dest, name in OPTION_FLAGS.items() if name in algorithm.options]
+        valid += [flag(dest) for dest in LAYOUT_FLAGS] if "layout" in algorithm.options else []
         valid += [flag(dest) for dest, readers in extra.items() if algorithm.name in readers]
         raise InputError(
             f"{', '.join(flag(dest) for dest in unused)} do(es) not apply to --algorithm {algorithm.name}; "
@@ -98,4 +137,6 @@ def options_values(
         elif dest == "no_overlap":
             value = not value
         values[OPTION_FLAGS[dest]] = value
+    if layout:
+        values["layout"] = layout  # the fields given; callers merge them into a layout (dp 0 unless given)
     return values

@@ -166,8 +166,15 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
     options = dict(values.get("options") or {}) if args.scenario is not None else {}
     if "algorithm" in given and args.scenario is not None and values["algorithm"] != base.get("algorithm"):
         options = {}  # another algorithm: the file's options were the old one's
-    options.update(options_values(args, values["algorithm"], {"best_split": {"hybrid_parallel"}}))
+    given_options = options_values(args, values["algorithm"], {"best_split": {"hybrid_parallel"}})
+    if "layout" in given_options:  # layout flags change the file's layout field by field
+        base_layout = options.get("layout")
+        given_options["layout"] = {**(base_layout if isinstance(base_layout, dict) else {"dp": 0}),
+                                   **given_options["layout"]}  # fmt: skip
+    options.update(given_options)
     values["options"] = make_options(values["algorithm"], _applicable(values["algorithm"], options)).to_dict()
+    if values["algorithm"] == "megatron" and "precision" not in given and "precision" not in from_file:
+        values["precision"] = "bf16"  # transformers train in bf16 (fp32 runs H100s at a 15th of their peak)
     if not args.memory_check:
         values["enforce_memory"] = False
     return Scenario.from_dict(values)
