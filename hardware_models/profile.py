@@ -68,6 +68,8 @@ TOP_KEYS = (
     "description",
     "overlap_interference",
     "rank_jitter_sigma",
+    "transformer_slowdown",
+    "transformer_band",
     "noise_sigma",
     "devices",
     "links",
@@ -218,6 +220,9 @@ class Profile:
     overlap_interference: float = 0.0
     # lognormal sigma of each rank's compute per step: a synchronous step waits for the slowest of N
     rank_jitter_sigma: float = 0.0
+    # large-model rows: measured / closed-form iteration time (simulator.calibration.llm_validation)
+    transformer_slowdown: float = 1.0
+    transformer_band: tuple[float, float] = (1.0, 1.0)  # the rows' spread around it (low, high factors)
     noise_sigma: float = 0.0
     data_sha256: str = ""
     description: str = ""
@@ -368,6 +373,7 @@ class Profile:
             "links": sorted(self.links),
             "overlap_interference": self.overlap_interference,
             "rank_jitter_sigma": self.rank_jitter_sigma,
+            "transformer_slowdown": self.transformer_slowdown,
             "noise_sigma": self.noise_sigma,
             "noise": dict(self.noise),
             "compute": dict(self.compute.values) if self.compute else None,
@@ -408,6 +414,10 @@ def profile_to_toml(profile: Profile) -> str:
         "overlap_interference = "
         + _entry(profile.overlap_interference, profile.sources.get("overlap_interference", "fitted")),
         "rank_jitter_sigma = " + _entry(profile.rank_jitter_sigma, profile.sources.get("rank_jitter_sigma", "fitted")),
+        "transformer_slowdown = "
+        + _entry(profile.transformer_slowdown, profile.sources.get("transformer_slowdown", "default: none")),
+        "transformer_band = "
+        + _entry(list(profile.transformer_band), profile.sources.get("transformer_band", "default: none")),
         "noise_sigma = " + _entry(profile.noise_sigma, profile.sources.get("noise_sigma", "fitted")),
     ]
     for token in sorted(profile.devices):
@@ -543,9 +553,17 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         )
     sources: dict[str, str] = {}
     interference, sources["overlap_interference"] = _number_entry(data, "overlap_interference", where, 0.0, 1.0)
-    jitter = 0.0
+    jitter, slowdown = 0.0, 1.0
     if "rank_jitter_sigma" in data:  # profiles written before the term have none: no jitter
         jitter, sources["rank_jitter_sigma"] = _number_entry(data, "rank_jitter_sigma", where, 0.0, 1.0)
+    band: tuple[float, float] = (1.0, 1.0)
+    if "transformer_slowdown" in data:
+        slowdown, sources["transformer_slowdown"] = _number_entry(data, "transformer_slowdown", where, 0.1, 10.0)
+    if "transformer_band" in data:
+        values, sources["transformer_band"] = _number_entry(data, "transformer_band", where, 0.1, 10.0, array=True)
+        if len(values) != 2 or values[0] > values[1]:
+            raise ProfileError(f"{where}: key 'transformer_band': value must be [low, high], got {values!r}")
+        band = (float(values[0]), float(values[1]))
     sigma, sources["noise_sigma"] = _number_entry(data, "noise_sigma", where, *NOISE_BOUNDS)
     devices: dict[str, DeviceFit] = {}
     for token, table in _table(data.get("devices", {}), where, "devices").items():
@@ -610,6 +628,8 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         links=links,
         overlap_interference=float(interference),
         rank_jitter_sigma=float(jitter),
+        transformer_slowdown=float(slowdown),
+        transformer_band=band,
         noise_sigma=float(sigma),
         data_sha256=str(data.get("data_sha256", "")),
         description=str(data.get("description", "")),

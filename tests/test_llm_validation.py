@@ -70,3 +70,29 @@ def test_mixing_schemas_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "not llm_dev.csv's columns" in err and err.count("\n") == 1
     assert not out.exists()
+
+
+def test_calibrate_writes_the_slowdown_and_validate_reads_it_back(tmp_path, capsys):
+    """calibrate -> profile -> validate on large-model rows: the profile holds the geometric median of
+    measured / closed-form time (computed here from the rows), and validate --profile predicts with it."""
+    import statistics
+
+    from ddlsim.hardware_models.profile import load_profile
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    profile_path = tmp_path / "llm.toml"
+    assert main(["calibrate", "--measurements", str(DATA_FILE), "--out", str(profile_path)]) == 0
+    predictions = [p for p in predict_runs(load_llm_runs()) if not p.reason]
+    expected = math.exp(statistics.median(math.log(llm_validation.slowdown(p)) for p in predictions))
+    saved = load_profile(profile_path)
+    assert saved.transformer_slowdown == pytest.approx(expected, rel=1e-9)
+    assert saved.transformer_band[0] < 1.0 < saved.transformer_band[1]
+    assert "24 large-model rows" in saved.sources["transformer_slowdown"]
+    out = tmp_path / "v"
+    argv = ["validate", "--measurements", str(DATA_FILE), "--profile", str(profile_path), "--out", str(out)]
+    assert main(argv) in (0, 1)
+    row = {r["id"]: r for r in read_csv(out / "validation.csv")}["LLM-023"]  # an iteration_s row
+    first = next(p for p in predictions if p.run.id == "LLM-023")
+    assert float(row["predicted"]) == pytest.approx(first.iteration_s * expected, rel=1e-9)
+    capsys.readouterr()

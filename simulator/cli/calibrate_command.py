@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     parent = next((p for p in args.out.parents if p.exists()), Path("."))
     if not parent.is_dir():
         raise InputError(f"--out {args.out}: {parent} is not a directory")
+    from ddlsim.simulator.calibration.llm_validation import is_llm_file
+
+    if any(is_llm_file(path) for path in args.measurements):
+        return _calibrate_llm(args)
     try:
         measured = read_measurements(args.measurements)
         for notice in measured.notices:
@@ -86,6 +90,54 @@ def run(args: argparse.Namespace) -> int:
         parse_profile(tomllib.loads(text), args.out)
     except (ProfileError, tomllib.TOMLDecodeError) as error:
         raise InputError(f"the fitted profile would not load back, nothing written: {error}") from None
+    with atomic_open(args.out) as handle:
+        handle.write(text)
+    print(f"# wrote {args.out}")
+    return 0
+
+
+def _calibrate_llm(args: argparse.Namespace) -> int:
+    """Files with llm_dev.csv's columns: ``transformer_slowdown``, the geometric median of measured over
+    closed-form iteration time (``simulator.calibration.llm_validation``), written into a profile."""
+    import dataclasses
+
+    from ddlsim.hardware_models.profile import Profile
+    from ddlsim.simulator.calibration import llm_validation
+    from ddlsim.simulator.cli.common import InputError
+    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
+
+    mixed = [path for path in args.measurements if not llm_validation.is_llm_file(path)]
+    if mixed:
+        raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; calibrate large-model and data-parallel files apart")
+    try:
+        runs = llm_validation.read_llm_runs(args.measurements)
+    except (LlmRunsError, OSError) as error:
+        raise InputError(str(error)) from None
+    predictions = llm_validation.predict_runs(runs, Progress("calibrate: large-model rows"))
+    fit = llm_validation.LlmFit.of(predictions, 0.9)
+    if not fit.rows:
+        raise InputError("nothing to calibrate: no large-model row could be predicted")
+    table = [
+        {"id": p.run.id, "metric": p.run.metric, "measured": p.run.value,
+         "closed_form": llm_validation.metric_of(p, p.iteration_s), "slowdown": llm_validation.slowdown(p)}
+        for p in predictions if not p.reason
+    ]  # fmt: skip
+    print_table(table, ("id", "metric", "measured", "closed_form", "slowdown"))
+    for p in predictions:
+        if p.reason:
+            print(f"# not used: {p.run.id}: {p.reason}")
+    source = (
+        f"fitted by ddlsim calibrate: geometric median of measured / closed-form iteration time over {fit.rows} "
+        f"large-model rows; 90 % of them within x{fit.low:.3f} to x{fit.high:.3f} of it"
+    )
+    profile = Profile(transformer_slowdown=fit.slowdown, transformer_band=(fit.low, fit.high),
+                      description="large-model rows (llm_dev.csv columns)")  # fmt: skip
+    band_source = "the 5 % and 95 % quantiles of the rows' measured / fitted time"
+    sources = {**profile.sources, "transformer_slowdown": source, "transformer_band": band_source}
+    profile = dataclasses.replace(profile, sources=sources)
+    print(f"# transformer_slowdown {fit.slowdown:.4f} from {fit.rows} rows (90 % band x{fit.low:.3f}-x{fit.high:.3f})")
+    text = profile_to_toml(profile)
+    parse_profile(tomllib.loads(text), args.out)  # what we write must load back
     with atomic_open(args.out) as handle:
         handle.write(text)
     print(f"# wrote {args.out}")

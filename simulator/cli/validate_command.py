@@ -191,8 +191,6 @@ def _run_llm(args: argparse.Namespace) -> int:
     from ddlsim.simulator.cli.common import InputError
     from ddlsim.simulator.workloads.llm_runs import LlmRunsError
 
-    if args.profile is not None:
-        raise InputError("--profile holds data-parallel parameters; large-model rows calibrate with --calibration")
     every = [*args.measurements, *args.calibration]
     mixed = [path for path in every if not llm_validation.is_llm_file(path)]
     if mixed:
@@ -207,6 +205,12 @@ def _run_llm(args: argparse.Namespace) -> int:
     if args.leave_one_source_out:
         table, _ = llm_validation.leave_one_source_out(measured, args.ci, progress)
         split = "leave one source out"
+    elif args.profile is not None:  # a profile ddlsim calibrate wrote from large-model rows
+        saved = load_profile(args.profile)
+        fit = llm_validation.LlmFit(saved.transformer_slowdown, *saved.transformer_band)
+        basis = f"transformer_slowdown {fit.slowdown:.3f} from {args.profile}"
+        table = [llm_validation.table_row(p, fit, basis=basis) for p in llm_validation.predict_runs(measured, progress)]
+        split = "profile"
     else:
         table, _ = llm_validation.validate_llm(measured, calibration, args.ci, progress)
         split = "calibration rows" if calibration else "datasheets"
