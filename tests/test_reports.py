@@ -254,7 +254,8 @@ def test_report_renders_in_headless_chromium(tmp_path, results):
 
 
 def test_gallery_writes_tables_plots_and_marks_failures_pending(tmp_path):
-    from ddlsim.reports.gallery import ENTRIES, Comparison, Entry, Run, build_gallery, efficiency_pct
+    from ddlsim.reports.gallery import Comparison, Entry, Run, build_gallery, efficiency_pct
+    from ddlsim.reports.gallery_entries import ENTRIES
     from ddlsim.simulator.cli.gallery_runs import run_gallery
 
     tiny = Entry(
@@ -294,7 +295,7 @@ def test_per_node_plot_puts_layouts_on_the_same_node_axis(results, tmp_path):
 
 
 def test_gallery_entries_plot_runs_they_have():
-    from ddlsim.reports.gallery import ENTRIES
+    from ddlsim.reports.gallery_entries import ENTRIES
 
     for entry in ENTRIES:
         assert entry.plot in ("scaling", "per_node", "collective", "none"), entry.key
@@ -305,7 +306,7 @@ def test_gallery_entries_plot_runs_they_have():
 def test_knl_hybrid_entry_uses_the_split_best_split_finds(capsys):
     """The gallery's 1536-node hybrid sweep runs a fixed split (--best-split at 1536 nodes takes minutes);
     it must be the one --best-split finds at 16 nodes, or the entry is stale."""
-    from ddlsim.reports.gallery import ENTRIES, KNL_HYBRID_SPLIT
+    from ddlsim.reports.gallery_entries import ENTRIES, KNL_HYBRID_SPLIT
 
     entry = next(entry for entry in ENTRIES if entry.key == "codreanu2017_knl_hybrid")
     search = next(run for run in entry.runs if run.name == "hybrid_best_split")

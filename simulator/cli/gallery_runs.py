@@ -64,7 +64,8 @@ def run_gallery(
     out: Path = DEFAULT_OUT, entries: Sequence[Entry] | None = None, progress: bool | None = None
 ) -> list[str]:
     """Run every entry into ``out/runs`` and render the gallery into ``out``; the names written."""
-    from ddlsim.reports.gallery import ENTRIES, build_gallery
+    from ddlsim.reports.gallery import build_gallery
+    from ddlsim.reports.gallery_entries import ENTRIES
 
     entries = ENTRIES if entries is None else entries
     out = Path(out)

@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 from ddlsim.algorithms.training_algorithm import make_options
 from ddlsim.hardware_models.catalog import load_device
+from ddlsim.hardware_models.profile import Profile, load_profile
 from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_values
 from ddlsim.simulator.cli.common import (
     InputError,
@@ -77,6 +78,11 @@ def register(subparsers) -> None:
         help="gradient steps per worker (default: 1 for synchronous algorithms, 20 otherwise)",
     )  # fmt: skip
     p.add_argument("--stragglers", default="none", help=STRAGGLER_FORMS)
+    p.add_argument(
+        "--profile", type=Path, default=None, metavar="TOML",
+        help="a profile from 'ddlsim calibrate': its fitted compute, links and rank jitter replace the datasheets' "
+        "(the jitter as --stragglers lognormal:SIGMA:expected unless --stragglers is given)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the straggler draws")
     p.add_argument("--executor", default="des", choices=EXECUTORS, help="des (SimPy) or analytic (closed form)")
     p.add_argument("--executor-pool", default="auto", choices=POOLS, help="how sweep points run in parallel")
@@ -177,7 +183,19 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         values["precision"] = "bf16"  # transformers train in bf16 (fp32 runs H100s at a 15th of their peak)
     if not args.memory_check:
         values["enforce_memory"] = False
-    return Scenario.from_dict(values)
+    scenario = Scenario.from_dict(values)
+    if args.profile is not None:
+        scenario = with_profile(scenario, load_profile(args.profile), stragglers_given="stragglers" in given)
+    return scenario
+
+
+def with_profile(scenario: Scenario, profile: Profile, stragglers_given: bool = False) -> Scenario:
+    """``scenario`` under a calibrated profile; its rank jitter becomes the expected slowest of N ranks
+    (what ``validate`` predicts with) unless stragglers were asked for explicitly."""
+    scenario = dataclasses.replace(scenario, profile=profile)
+    if not stragglers_given and profile.rank_jitter_sigma > 0:
+        scenario = dataclasses.replace(scenario, stragglers=f"lognormal:{profile.rank_jitter_sigma!r}:expected")
+    return scenario
 
 
 def _applicable(algorithm: str, options: dict[str, Any]) -> dict[str, Any]:
@@ -289,6 +307,8 @@ def run(args: argparse.Namespace) -> int:
         f"{scenario.topology}, {batch_text(scenario)}, {scenario.precision}, "
         f"{scenario.steps} update(s)/worker, executor {scenario.executor}"
     )
+    if scenario.profile is not None:
+        print(f"# profile {args.profile}: calibrated compute and links; stragglers {scenario.stragglers}")
     print_table(rows, columns)
     if args.out is not None:
         write_outputs(args.out, scenario, rows, columns, args.plot)
