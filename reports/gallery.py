@@ -28,9 +28,9 @@ from ddlsim.simulator.records import atomic_open, read_csv
 
 IMAGENET_IMAGES = 1_281_167
 # Synchronous entries wait for the slowest rank every step: the rank jitter ddlsim calibrate fits on
-# published_dev.csv (rank_jitter_sigma 0.0525, docs/calibration.md), every rank at the expected
+# published_dev.csv (rank_jitter_sigma 0.065, docs/calibration.md), every rank at the expected
 # slowest pace (deterministic: the DES equals the closed form). Fitted on other data, not on these.
-RANK_JITTER_SIGMA = 0.0525
+RANK_JITTER_SIGMA = 0.065
 # what a run directory keeps (the results, the resolved inputs and what the command printed), and the
 # file that says why an entry could not be computed
 KEEP_FILES = ("results.csv", "scenario.json", "setup.json", "stdout.txt")
@@ -43,13 +43,19 @@ class Run:
 
     name: str
     line: str
+    # False for a run that writes one file, not a results directory (``calibrate`` writing the profile
+    # that the entry's other runs read as ``--profile {entry}/NAME``)
+    results: bool = True
 
-    @property
-    def argv(self) -> list[str]:
-        return shlex.split(self.line)
+    def argv(self, entry_dir: Path, published_dev: Path) -> list[str]:
+        """The command's words with ``{entry}`` (the entry's run directory) and ``{published_dev}``
+        (the packaged development measurements) filled in."""
+        line = self.line.replace("{entry}", str(entry_dir)).replace("{published_dev}", str(published_dev))
+        return shlex.split(line)
 
     def command(self) -> str:
-        return f"ddlsim {self.line} --out runs/.../{self.name}"
+        line = self.line.replace("{entry}", "runs/...").replace("{published_dev}", "published_dev.csv")
+        return f"ddlsim {line} --out runs/.../{self.name}"
 
 
 @dataclass(frozen=True)
@@ -127,6 +133,8 @@ def read_entry(entry: Entry, runs_dir: Path) -> tuple[Results, str]:
         return {}, pending.read_text(encoding="utf-8").strip()
     results: Results = {}
     for run in entry.runs:
+        if not run.results:
+            continue
         out = runs_dir / entry.key / run.name
         if not (out / entry.result_file).is_file():
             return {}, f"no {entry.result_file} in {out}: run `ddlsim report gallery` to compute it"

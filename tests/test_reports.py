@@ -310,5 +310,16 @@ def test_knl_hybrid_entry_uses_the_split_best_split_finds(capsys):
 
     entry = next(entry for entry in ENTRIES if entry.key == "codreanu2017_knl_hybrid")
     search = next(run for run in entry.runs if run.name == "hybrid_best_split")
-    assert main(search.argv) == 0
+    assert main(search.argv(Path("unused"), Path("unused"))) == 0
     assert f"# best split {KNL_HYBRID_SPLIT}:" in capsys.readouterr().out
+
+
+def test_gallery_rank_jitter_is_what_calibrate_fits_on_the_development_data():
+    """The synchronous entries' --stragglers sigma is a calibrated number, not a knob: it must be the
+    one ddlsim calibrate fits on the packaged published_dev.csv, or the gallery is stale."""
+    from ddlsim.reports.gallery import RANK_JITTER_SIGMA
+    from ddlsim.simulator.calibration.fit import calibrate
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements
+
+    fitted = calibrate(read_measurements([packaged_published_dev()]).rows, bootstrap=0).profile
+    assert fitted.rank_jitter_sigma == pytest.approx(RANK_JITTER_SIGMA, abs=1e-9)

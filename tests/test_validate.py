@@ -121,3 +121,28 @@ def test_leave_one_source_out_predicts_each_mlperf_system_from_the_others(tmp_pa
     assert summary["median_ape"] <= MLPERF_LOSO_MEDIAN_BOUND
     assert abs(summary["signed_median_error"]) <= 0.03
     assert "signed median error" in captured.out and "wide (high / low)" in captured.out
+
+
+def test_simulate_with_a_calibrated_profile_predicts_with_its_compute_and_jitter(tmp_path, capsys):
+    """calibrate -> simulate --profile: MLPerf's DGX A100 row (pinned) comes back from the profile, while the
+    datasheets alone are far off; the profile's rank jitter becomes the expected slowest rank; a missing
+    profile is one line and exit 2."""
+    rows = [row for row in load_measurements([packaged_published_dev()]) if row.id.startswith(("MLPERF", "TFBENCH-0"))]
+    data = write_measurements(tmp_path / "rows.csv", rows)
+    profile = tmp_path / "profile.toml"
+    assert main(["calibrate", "--measurements", str(data), "--out", str(profile), "--bootstrap", "0"]) == 0
+    shape = ["simulate", "--workload", "resnet50", "--device", "a100_sxm4", "--devices-per-node", "8",
+             "--intra-node", "nvswitch2", "--network", "ib_hdr", "--collective", "nccl", "--precision", "fp16",
+             "--per-device-batch", "408", "--nodes", "1"]  # fmt: skip
+    capsys.readouterr()
+    measured = next(row.value for row in rows if row.id == "MLPERF-048")
+    rates = {}
+    for name, extra in (("datasheet", []), ("profile", ["--profile", str(profile)])):
+        assert main([*shape, *extra, "--out", str(tmp_path / name)]) == 0
+        rates[name] = float(read_csv(tmp_path / name / "results.csv")[0]["throughput_samples_per_s"])
+    out = capsys.readouterr().out
+    assert rates["profile"] == pytest.approx(measured, rel=0.02)
+    assert abs(rates["datasheet"] / measured - 1) > 0.1
+    assert "stragglers lognormal:" in out and ":expected" in out
+    assert main([*shape, "--profile", str(tmp_path / "missing.toml")]) == 2
+    assert "no such profile file" in capsys.readouterr().err

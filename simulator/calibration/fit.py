@@ -106,10 +106,16 @@ def usable_rows(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[tu
 def pin_shapes(
     profile: Profile, model: ComputeModelFit | None, rng: np.random.Generator, bootstrap: int
 ) -> tuple[Profile, list[dict[str, float]]]:
-    """Step 4 (pins from the compute fit's rows at its fitted parameters)."""
+    """Step 4 (pins from the compute fit's rows at its fitted parameters). A multi-device row's
+    layers ran at the pace of the slowest of its ranks: with the profile's rank jitter, that factor
+    (``Stragglers.expected_slowest``) is divided out, so the pin is one rank's mean pace and the
+    prediction, which multiplies it back, reproduces the row."""
+    from ddlsim.simulator.scenario import Stragglers
+
     samples: list[dict[str, float]] = [{} for _ in range(bootstrap)]
     if model is None:
         return profile, samples
+    jitter = Stragglers(profile.rank_jitter_sigma)
     compute, _ = model.times(model.theta)
     update = model.update_times(model.theta)
     scales: dict[tuple[str, str], list[tuple[str, float]]] = {}
@@ -121,7 +127,8 @@ def pin_shapes(
         key = (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
         # the pin scales the layers' time (simulator.training.trainers.layer_times), not the update's
         layers_s = compute[index] - update[index]
-        scales.setdefault(key, []).append((row.id, (busy - update[index]) / layers_s))
+        slowest = jitter.expected_slowest(row.devices)
+        scales.setdefault(key, []).append((row.id, (busy - update[index]) / (layers_s * slowest)))
         if row.devices > 1:
             through_comm.add(key)
     devices = dict(profile.devices)
@@ -210,10 +217,24 @@ def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
     multi-device training rows: a synchronous step waits for the slowest of its N ranks, which the
     model pays as E[max of N multipliers] (``Stragglers.expected_slowest``). The sigma in [0, 0.3]
     with the least squared log error over the rows; 0 where no row identifies it."""
-    # every multi-device training row: the cross-device compute model predicts each row's compute, so
-    # no single-device row of the same shape is needed (interference needs one; jitter grows with N)
+    # multi-device training rows: the cross-device compute model predicts each row's compute, so no
+    # single-device row of the same shape is needed (interference needs one; jitter grows with N); but a
+    # shape that only multi-device rows pin is pinned to those rows whatever the jitter (the pin
+    # absorbs it, step 4), so they say nothing about it and are left out
+    single = {(row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
+              for row in usable if row.kind == "training" and row.devices == 1}  # fmt: skip
+    self_pinned = {
+        (row.device, key)
+        for row in usable
+        if row.kind == "training" and row.devices > 1
+        and (row.device, key := workload_key(row.workload, row.precision, row.per_device_batch or 0)) not in single
+        and (row.device, key) in {(device, shape) for device, fit in profile.devices.items()
+                                  for shape in fit.workload_scale}
+    }  # fmt: skip
     rows = [row for row in usable if row.kind == "training" and row.devices > 1
-            and row.metric in ("throughput_samples_per_s", "time_s")]  # fmt: skip
+            and row.metric in ("throughput_samples_per_s", "time_s")
+            and (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
+            not in self_pinned]  # fmt: skip
     sources = dict(profile.sources)
     if not rows:
         sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row; 0"
@@ -310,6 +331,9 @@ def fit_rows(
     else:
         profile, interference_rows = fit_interference(profile, usable, single)
         profile = fit_rank_jitter(profile, usable)
+        if profile.rank_jitter_sigma > 0:  # multi-device pins are one rank's pace: divide the jitter out
+            profile, pin_samples = pin_shapes(profile, model, rng, bootstrap)
+            samples = [{**a, **b, **c} for a, b, c in zip(links.samples, compute_samples, pin_samples, strict=True)]
     return Fitted(profile, samples, links.groups, links.parameters, model, interference_rows, links.unused)
 
 

@@ -27,6 +27,7 @@ DEFAULT_OUT = Path("gallery")  # under the working directory, never inside the i
 def run_entry(entry: Entry, runs_dir: Path, progress: Progress | None = None) -> str:
     """Run the entry's commands (output captured) into ``runs_dir/<entry>``; '' or why it is pending."""
     from ddlsim.reports.gallery import KEEP_FILES, PENDING_FILE
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev
     from ddlsim.simulator.cli.main import main
 
     where = runs_dir / entry.key
@@ -39,7 +40,7 @@ def run_entry(entry: Entry, runs_dir: Path, progress: Progress | None = None) ->
         captured_out, captured_err = io.StringIO(), io.StringIO()
         try:
             with contextlib.redirect_stdout(captured_out), contextlib.redirect_stderr(captured_err):
-                code = main([*run.argv, "--out", str(out)])
+                code = main([*run.argv(where, packaged_published_dev()), "--out", str(out)])
         except SystemExit as error:  # argparse: unknown command or option (a module not there yet)
             code = int(error.code or 2) if not isinstance(error.code, str) else 2
             captured_err.write(str(error.code or ""))
@@ -49,6 +50,8 @@ def run_entry(entry: Entry, runs_dir: Path, progress: Progress | None = None) ->
             lines = captured_err.getvalue().strip().splitlines()
             reason = f"`{run.command()}` failed: {lines[-1] if lines else f'exit status {code}'}"
             break
+        if not run.results:
+            continue  # one file (a calibrated profile), read by the entry's other runs
         with atomic_open(out / "stdout.txt") as handle:
             handle.write(captured_out.getvalue())
         for path in out.iterdir():  # keep the results and the resolved inputs, not traces
