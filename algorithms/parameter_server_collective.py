@@ -10,6 +10,10 @@ in; in the next every server sends its summed shard back to every worker::
     w ---shard i---> P+i                   w ---shard i---> i      (w != i: own shard stays home)
     w <--sum i------ P+i                   w <--sum i------ i
 
+    placement="per_node": one server on each node's first device (worker i x D, D devices per
+    node), k = the node count, as distributed TensorFlow deploys one parameter-server task per host;
+    ``servers``, if given, must be that count.
+
 With dedicated servers the schedule has P + k ranks and ``worker_ranks = P``: the extra ranks are
 relays that contribute nothing. Every server link carries P x S/k bytes in each direction, the
 incast the DES models with shared bandwidth; the uncontended closed form ignores it.
@@ -25,30 +29,42 @@ import numpy as np
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
-PLACEMENTS = ("dedicated", "colocated")
+PLACEMENTS = ("dedicated", "colocated", "per_node")
 
 
-def _settings(ranks: int, options: dict[str, Any]) -> tuple[int, str]:
-    servers = positive_int_option("parameter_server", options, "servers")
+def _settings(ranks: int, options: dict[str, Any], devices_per_node: int = 1) -> tuple[int, str, int]:
+    """(servers, placement, stride): server i is rank i x stride (colocated, per_node) or P + i."""
     placement = options.get("placement", "dedicated")
     if placement not in PLACEMENTS:
         raise ScheduleError(f"parameter_server: unknown placement {placement!r}; valid: {', '.join(PLACEMENTS)}")
+    if placement == "per_node":
+        stride = max(min(int(devices_per_node), ranks), 1)
+        nodes = -(-ranks // stride)
+        servers = positive_int_option("parameter_server", options, "servers", nodes)
+        if servers != nodes:
+            raise ScheduleError(
+                f"parameter_server: placement='per_node' puts one server on each of the {nodes} nodes; "
+                f"servers={servers} does not match (leave it out)"
+            )
+        return servers, placement, stride
+    servers = positive_int_option("parameter_server", options, "servers")
     if placement == "colocated" and servers > ranks:
         raise ScheduleError(
             f"parameter_server: {servers} colocated servers need at least as many workers, got {ranks} "
             "ranks; use placement='dedicated' or servers <= ranks"
         )
-    return servers, placement
+    return servers, placement, 1
 
 
-def _pairs(ranks: int, servers: int, placement: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _pairs(ranks: int, servers: int, placement: str, stride: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(worker, server rank, shard) for every push, in worker-major order."""
     worker = np.repeat(np.arange(ranks, dtype=np.int64), servers)
     shard = np.tile(np.arange(servers, dtype=np.int64), ranks)
     if placement == "dedicated":
         return worker, ranks + shard, shard
-    keep = worker != shard  # a colocated server's own shard does not cross the wire
-    return worker[keep], shard[keep], shard[keep]
+    server = shard * stride
+    keep = worker != server  # a colocated server's own shard does not cross the wire
+    return worker[keep], server[keep], shard[keep]
 
 
 class ParameterServerCollective:
@@ -58,15 +74,17 @@ class ParameterServerCollective:
 
     def helper_ranks(self, ranks: int, **options: Any) -> int:
         """Relay ranks the schedule adds to ``ranks`` workers: the dedicated servers (none colocated)."""
-        servers, placement = _settings(ranks, options)
+        if options.get("placement") == "per_node":
+            return 0  # its server count follows the nodes, which the schedule checks
+        servers, placement, _ = _settings(ranks, options)
         return servers if placement == "dedicated" else 0
 
     def schedule(self, collective: str, ranks: int, *, devices_per_node: int = 1, **options: Any) -> Schedule:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        servers, placement = _settings(ranks, options)
-        worker, server, shard = _pairs(ranks, servers, placement)
+        servers, placement, stride = _settings(ranks, options, devices_per_node)
+        worker, server, shard = _pairs(ranks, servers, placement, stride)
 
         def rounds() -> Iterator[Round]:
             if worker.size:
@@ -95,8 +113,8 @@ class ParameterServerCollective:
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        servers, placement = _settings(ranks, options)
-        if placement == "colocated" and ranks == 1:
+        servers, placement, _ = _settings(ranks, options, costs.devices_per_node)
+        if placement != "dedicated" and ranks == 1:
             return 0.0
         last = ranks + servers - 1 if placement == "dedicated" else ranks - 1
         hop = costs.inter if last // costs.devices_per_node > 0 else costs.intra

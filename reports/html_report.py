@@ -48,7 +48,6 @@ code { background: #f4f4f4; padding: 0 .25em; }
 """
 
 
-
 Block = dict[str, Any]
 
 

@@ -32,7 +32,7 @@ VARIANTS: dict[str, list[dict]] = {
         {"inner": "double_binary_tree", "intra": "reduce_scatter", "inner_options": {"chunks": 2}},
         {"inner": "parameter_server", "inner_options": {"placement": "colocated"}},
     ],
-    "parameter_server": [{}, {"servers": 3}, {"placement": "colocated", "servers": 2}],
+    "parameter_server": [{}, {"servers": 3}, {"placement": "colocated", "servers": 2}, {"placement": "per_node"}],
     "topk_sparse": [{}, {"density": 0.5, "value_bytes": 2}],
 }
 # Closed forms charge each round its slowest hop; with the non-power-of-two fold (or devices_per_node
@@ -316,6 +316,18 @@ def test_colocated_server_keeps_its_own_shard_off_the_wire():
     assert np.allclose(_bytes_by(schedule, 2e6, "dst"), [4e6, 4e6, 2e6, 2e6])
 
 
+def test_per_node_servers_sit_on_each_nodes_first_device():
+    """per_node, P=8 on 2 nodes of 4, S=2 MB: servers are ranks 0 and 4 (one per host, as distributed
+    TensorFlow deploys them); each receives its 1 MB shard from the 7 other workers (7 MB) and the
+    other server's shard back (1 MB): 8 MB; a worker receives 2 MB."""
+    schedule = COLLECTIVE_ALGORITHMS.get("parameter_server").schedule(
+        "allreduce", 8, devices_per_node=4, placement="per_node"
+    )
+    assert schedule.ranks == 8 and schedule.worker_ranks in (None, 8)
+    assert np.allclose(_bytes_by(schedule, 2e6, "dst"), [8e6, 2e6, 2e6, 2e6, 8e6, 2e6, 2e6, 2e6])
+    check_schedule(schedule)
+
+
 # (e) bad input ------------------------------------------------------------------------------------
 
 
@@ -371,6 +383,12 @@ def test_unknown_and_unimplemented_collectives_are_rejected(name):
         ("parameter_server", 2, {"servers": 3, "placement": "colocated"}, "at least as many workers"),
         ("parameter_server", 2, {"placement": "remote"}, "unknown placement 'remote'; valid: dedicated"),
         ("parameter_server", 2, {"servers": 0}, "servers must be a positive integer"),
+        (
+            "parameter_server",
+            8,
+            {"placement": "per_node", "devices_per_node": 4, "servers": 3},
+            "one server on each of the 2 nodes",
+        ),
         ("topk_sparse", 4, {"density": 0.0}, r"density must be in \(0, 1\]"),
         ("topk_sparse", 4, {"density": 1.5}, r"density must be in \(0, 1\]"),
     ],

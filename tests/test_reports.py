@@ -323,3 +323,62 @@ def test_gallery_rank_jitter_is_what_calibrate_fits_on_the_development_data():
 
     fitted = calibrate(read_measurements([packaged_published_dev()]).rows, bootstrap=0).profile
     assert fitted.rank_jitter_sigma == pytest.approx(RANK_JITTER_SIGMA, abs=1e-9)
+
+
+def test_gallery_runs_a_calibration_its_other_runs_read_and_states_reasons(tmp_path):
+    """A run may write one file (a calibrated profile) that later runs name as {entry}/FILE; the summary
+    table gives the reason of a comparison more than 10% off, and leaves it out for one that is not."""
+    from ddlsim.reports.gallery import Comparison, Entry, Run, throughput
+    from ddlsim.simulator.cli.gallery_runs import run_gallery
+
+    def compare(results):
+        rate = throughput(results["sim"], 1)
+        return [
+            Comparison("rate, close", rate * 1.05, rate, "img/s", reason="not shown: within 10%"),
+            Comparison("rate, far off", rate * 2, rate, "img/s", reason="because of the stated mechanism"),
+        ]
+
+    entry = Entry(
+        "calibrated",
+        "Calibrate, then simulate",
+        "nobody",
+        (
+            Run("profile.toml", "calibrate --measurements {published_dev} --bootstrap 0", results=False),
+            Run("sim", "simulate --nodes 1 --executor-pool serial --profile {entry}/profile.toml"),
+        ),
+        compare,
+        "-",
+        "-",
+        plot="none",
+    )
+    run_gallery(tmp_path, [entry])
+    assert (tmp_path / "runs" / "calibrated" / "profile.toml").is_file()
+    readme = (tmp_path / "README.md").read_text()
+    assert (
+        "ddlsim calibrate --measurements published_dev.csv --bootstrap 0 --out runs/calibrated/profile.toml" in readme
+    )
+    assert "--profile runs/calibrated/profile.toml" in readme
+    assert "| because of the stated mechanism |" in readme and "not shown" not in readme.split("\n## ")[0]
+    stdout = (tmp_path / "runs" / "calibrated" / "sim" / "stdout.txt").read_text()
+    assert "# profile " in stdout
+
+
+def test_every_gallery_figure_more_than_10_percent_off_states_why():
+    """The committed gallery (reports/gallery/README.md): in its summary table every row off by more than
+    10% (10 points) carries a reason, and every entry has at least one row."""
+    readme = (Path(__file__).parent.parent / "reports" / "gallery" / "README.md").read_text(encoding="utf-8")
+    summary = readme.split("\n## ")[0]
+    rows = [line.split(" | ") for line in summary.splitlines() if line.startswith("| ") and "---" not in line][1:]
+    off = 0
+    for cells in rows:
+        gap, why = cells[4].strip(), cells[5].strip(" |")
+        if gap.endswith("points"):
+            too_far = abs(float(gap.split()[0])) > 10
+        elif "x)" in gap:
+            too_far = abs(float(gap.split("(")[1].rstrip("x)")) - 1) > 0.10
+        else:
+            too_far = False
+        if too_far:
+            off += 1
+            assert why, cells
+    assert off > 0 and len(rows) > 40
