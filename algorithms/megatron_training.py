@@ -280,6 +280,8 @@ def _pipeline_recurrence(
     clock = [0.0] * stages
     sends_done = [0.0] * stages
     chunk_done: dict[tuple[int, int], float] = {}
+    works: dict[tuple[int, str, int], tuple[float, float | None]] = {}  # every micro-batch's task costs the same
+    hops: dict[tuple[int, int, float], float] = {}
     remaining = sum(len(tasks) for tasks in schedule)
     while remaining:
         progressed = False
@@ -294,16 +296,24 @@ def _pipeline_recurrence(
                 if needs_input and key not in arrival:
                     break
                 start = max(clock[stage], arrival.get(key, 0.0))
-                if forward:
-                    work = trainer.stage_forward(task.micro_batch, task.chunk, None)
-                else:
-                    work = trainer.stage_backward(task.micro_batch, task.chunk, None)
-                end = start + work.duration_s
+                cost = works.get((stage, task.phase, task.chunk))
+                if cost is None:
+                    if forward:
+                        work = trainer.stage_forward(task.micro_batch, task.chunk, None)
+                    else:
+                        work = trainer.stage_backward(task.micro_batch, task.chunk, None)
+                    output = work.run()
+                    cost = (work.duration_s, None if output is None else float(output.nbytes))
+                    works[(stage, task.phase, task.chunk)] = cost
+                duration_s, nbytes = cost
+                end = start + duration_s
                 clock[stage] = end
-                output = work.run()
                 target = virtual + 1 if forward else virtual - 1
-                if 0 <= target <= last and output is not None:
-                    hop = costs.message_s(pipeline[stage], pipeline[target % stages], output.nbytes)
+                if 0 <= target <= last and nbytes is not None:
+                    hop_key = (stage, target, nbytes)
+                    hop = hops.get(hop_key)
+                    if hop is None:
+                        hop = hops[hop_key] = costs.message_s(pipeline[stage], pipeline[target % stages], nbytes)
                     arrival[(task.phase, task.micro_batch, target)] = end + hop
                     sends_done[stage] = max(sends_done[stage], end + hop)
                 if not forward:

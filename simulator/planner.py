@@ -14,6 +14,10 @@ A search is three steps:
    a layout: the pipeline recurrence over one pipeline's tasks with the collectives' closed forms)
    for every layout that fits, over a process pool when asked, and ranks by tokens/s.
 
+``branch_and_bound`` does steps 2 and 3 only where they can matter: it bounds every layout's
+iteration from below (``planner_bounds``: microseconds a layout), walks them by increasing bound,
+and stops when the bound reaches the K-th best time found. Its top K are the exhaustive search's.
+
 ``recheck`` runs the event simulation of the best few (contention the closed form does not see).
 All figures are the closed form's; the DES of the same layout equals it where nothing contends.
 """
@@ -207,6 +211,71 @@ def evaluate(
     return sorted(fitting, key=lambda candidate: -candidate.figures["tokens_per_s"])
 
 
+def branch_and_bound(
+    model: str,
+    config: TransformerConfig,
+    cluster: Cluster,
+    layouts: list[ParallelLayout],
+    keep: int,
+    progress: Callable[[int, int], None] | None = None,
+    tolerance: float = 0.0,
+) -> tuple[list[Candidate], list[Candidate]]:
+    """The ``keep`` fastest layouts that fit, exactly as the exhaustive search ranks them, evaluating
+    only layouts whose lower bound (``planner_bounds``) is below the ``keep``-th best time found.
+    With ``tolerance`` t > 0 it also skips layouts that could be at most a fraction t faster than
+    the ``keep``-th best: the layouts it returns are then each within t of the exhaustive search's.
+
+    Layouts are walked by decreasing ceiling (tokens per iteration / the bound); each is screened for
+    memory and, if it fits, timed by the closed form. Once ``keep`` layouts are timed and the next
+    ceiling is at most the slowest of them, no remaining layout can enter the top ``keep`` (its rate
+    is at most its ceiling): they are kept with the reason ``pruned``. Returns (the timed layouts
+    fastest first, every candidate).
+    """
+    import heapq
+
+    from ddlsim.algorithms.megatron_training import micro_batches
+    from ddlsim.simulator.planner_bounds import LowerBounds
+    from ddlsim.simulator.workloads.transformer_memory import peak_memory
+
+    bounds = LowerBounds(model, config, cluster)
+    bound = bounds.bounds(layouts)
+    tokens = bounds.blocks[-1].tokens  # per sequence, as the closed form's tokens/s counts them
+    ceiling = [micro_batches(layout) * layout.micro_batch * layout.dp * tokens / seconds
+               for layout, seconds in zip(layouts, bound, strict=True)]  # fmt: skip
+    order = sorted(range(len(layouts)), key=lambda index: -ceiling[index])
+    capacity = load_device(cluster.device).memory_capacity_bytes
+    candidates: list[Candidate | None] = [None] * len(layouts)
+    best: list[tuple[float, int]] = []  # min-heap of the kept tokens/s
+    timed: list[Candidate] = []
+    for walked, index in enumerate(order, start=1):
+        layout = layouts[index]
+        if len(best) >= keep and ceiling[index] <= best[0][0] * (1 + tolerance):
+            for rest in order[walked - 1 :]:
+                candidates[rest] = Candidate(
+                    layouts[rest], float("nan"),
+                    f"pruned: at most {ceiling[rest]:.4g} tokens/s (at least {bound[rest]:.4g} s per iteration), "
+                    f"not faster than the best {keep}" + (f" by more than {tolerance:.1%}" if tolerance else ""),
+                    {"iteration_lower_bound_s": bound[rest]},
+                )  # fmt: skip
+            break
+        peak = peak_memory(config, layout)
+        candidate = Candidate(layout, peak.total)
+        candidates[index] = candidate
+        if not peak.fits(capacity):
+            candidate.reason = f"needs {peak.total / 1e9:.1f} GB of {capacity / 1e9:.1f} GB"
+        else:
+            candidate.figures = closed_form_figures((model, cluster, layout))
+            candidate.figures["iteration_lower_bound_s"] = bound[index]
+            timed.append(candidate)
+            heapq.heappush(best, (candidate.figures["tokens_per_s"], index))
+            if len(best) > keep:
+                heapq.heappop(best)
+        if progress is not None:
+            progress(walked, len(layouts))
+    ranked = sorted(timed, key=lambda candidate: -candidate.figures["tokens_per_s"])
+    return ranked, [candidate for candidate in candidates if candidate is not None]
+
+
 def train_time(candidate: Candidate, tokens: float, gpus: int, price_per_gpu_hour: float) -> dict[str, float]:
     """Days and cost to train ``tokens`` at this layout's rate."""
     seconds = tokens / candidate.figures["tokens_per_s"]
@@ -247,6 +316,6 @@ def same_layout(a: ParallelLayout, b: ParallelLayout) -> bool:
 
 
 __all__ = [
-    "Candidate", "Cluster", "candidate_layouts", "closed_form_figures", "evaluate", "layout_text", "load_model",
-    "recheck", "same_layout", "scenario_of", "screen", "train_time",
+    "Candidate", "Cluster", "branch_and_bound", "candidate_layouts", "closed_form_figures", "evaluate",
+    "layout_text", "load_model", "recheck", "same_layout", "scenario_of", "screen", "train_time",
 ]  # fmt: skip

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from ddlsim.simulator.cli.main import main
@@ -49,7 +51,8 @@ def test_layouts_that_do_not_fit_are_kept_with_their_reason(tmp_path, capsys):
     import pyarrow.parquet as pq
 
     argv = ["plan", "--model", "llama3_70b", "--gpus", "32", "--global-batch", "32", "--tp", "8",
-            "--recompute", "none", "--micro-batch", "1", "--no-progress", "--out", str(tmp_path / "p")]  # fmt: skip
+            "--recompute", "none", "--micro-batch", "1", "--no-progress", "--exhaustive",
+            "--out", str(tmp_path / "p")]  # fmt: skip
     assert main(argv) == 0
     every = pq.read_table(tmp_path / "p" / "layouts.parquet").to_pylist()
     refused = [row for row in every if row["reason"]]
@@ -98,3 +101,60 @@ def test_recheck_runs_the_event_simulation_of_the_best_layouts(capsys):
     assert all(row[1] == row[2] for row in rows)
     cluster = planner.Cluster.of("h100_sxm5", 16)
     assert (cluster.nodes, cluster.intra_node, cluster.network, cluster.nics_per_node) == (2, "nvswitch3", "ib_ndr", 8)
+
+
+@pytest.mark.parametrize(
+    ("model", "gpus", "device", "batch"),
+    [
+        ("llama3_8b", 64, "h100_sxm5", 256),
+        ("mixtral_8x7b", 32, "h100_sxm5", 128),
+        ("gpt3_13b", 64, "a100_sxm4_80gb", 256),
+    ],
+)
+def test_branch_and_bound_finds_the_exhaustive_top_and_prunes_only_slower_layouts(model, gpus, device, batch):
+    """The bound is below every layout's closed-form time; the search's top 8 are the exhaustive
+    search's, in order and to the digit; every pruned layout's ceiling is below the 8th best."""
+    from ddlsim.simulator import planner
+    from ddlsim.simulator.planner_bounds import LowerBounds
+
+    config = planner.load_model(model)
+    cluster = planner.Cluster.of(device, gpus)
+    every = list(planner.candidate_layouts(config, cluster, batch))
+    layouts = random.Random(7).sample(every, min(300, len(every)))  # the exhaustive side takes ~10 ms a layout
+    ranked, candidates = planner.branch_and_bound(model, config, cluster, layouts, keep=8)
+    exhaustive = planner.evaluate(model, cluster, planner.screen(config, cluster, layouts))
+    assert len(candidates) == len(layouts)
+    assert [planner.layout_text(c.layout) for c in ranked[:8]] == [
+        planner.layout_text(c.layout) for c in exhaustive[:8]
+    ]
+    assert [c.figures["iteration_s"] for c in ranked[:8]] == [c.figures["iteration_s"] for c in exhaustive[:8]]
+    timed = {planner.layout_text(c.layout): c.figures["iteration_s"] for c in exhaustive}
+    bounds = LowerBounds(model, config, cluster)
+    for layout, bound in zip(layouts, bounds.bounds(layouts), strict=True):
+        exact = timed.get(planner.layout_text(layout))
+        assert exact is None or bound <= exact * (1 + 1e-12), planner.layout_text(layout)
+    pruned = [c for c in candidates if c.reason.startswith("pruned")]
+    assert pruned and len(ranked) < len(exhaustive)  # the point: layouts that cannot win are never timed
+    eighth = exhaustive[7].figures["iteration_s"]
+    assert all(c.figures["iteration_lower_bound_s"] >= eighth * (1 - 1e-12) for c in pruned)
+
+
+def test_every_schedule_ends_each_rank_with_the_same_backward_on_chunk_0():
+    """What the planner's lower bound relies on (``planner_bounds.ENDS_TOGETHER``): on every pipeline
+    rank the last task is the backward of one and the same micro-batch on chunk 0."""
+    from ddlsim.algorithms.pipeline_schedules import BACKWARD, SCHEDULES, pipeline_schedule
+    from ddlsim.simulator.planner_bounds import ENDS_TOGETHER
+
+    assert set(ENDS_TOGETHER) == set(SCHEDULES)
+    checked = 0
+    for name in SCHEDULES:
+        for stages in (1, 2, 3, 4, 8):
+            for chunks in (1, 2, 3) if name == "interleaved" else (1,):
+                for micro in range(1, 33):
+                    if name == "interleaved" and micro % stages:
+                        continue
+                    last = [tasks[-1] for tasks in pipeline_schedule(name, stages, micro, chunks)]
+                    assert all(task.phase == BACKWARD and task.chunk == 0 for task in last), (name, stages, micro)
+                    assert len({task.micro_batch for task in last}) == 1, (name, stages, micro)
+                    checked += 1
+    assert checked > 300

@@ -4,11 +4,15 @@
     ddlsim plan --model megatron_76b --gpus 1024 --device a100_sxm4_80gb --global-batch 1792 \\
         --tp 8 --top 10 --recheck 3 --out plans/76b
 
-The search is ``simulator.planner``'s (the closed form of the ``megatron`` algorithm for each layout
-that fits). It prints the best ``--top`` layouts with tokens/s, TFLOP/s per GPU, MFU and the days
-and cost to train ``--train-tokens``, then the winner's time and memory breakdown. ``--out DIR``
-writes ``layouts.csv`` (the top layouts) and ``layouts.parquet`` (every layout evaluated, and the
-ones that did not fit with their reason: a table pandas reads with ``pd.read_parquet``).
+The search is ``simulator.planner``'s: every valid layout gets a lower bound on its iteration time
+(microseconds each); layouts are timed by the closed form of the ``megatron`` algorithm best bound
+first, and the search stops when no remaining bound can beat the ``--top`` best found, so the top
+layouts are exactly the exhaustive search's (``--exhaustive`` times every layout that fits). It
+prints the best ``--top`` layouts with tokens/s, TFLOP/s per GPU, MFU and the days and cost to
+train ``--train-tokens``, then the winner's time and memory breakdown. ``--out DIR`` writes
+``layouts.csv`` (the top layouts) and ``layouts.parquet`` (every layout: the ones timed, the ones
+that did not fit and the ones pruned by their bound, with the reason: a table pandas reads with
+``pd.read_parquet``).
 """
 
 from __future__ import annotations
@@ -46,7 +50,11 @@ def register(subparsers) -> None:
     parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
     parser.add_argument("--recheck", type=int, default=0, help="event-simulate the best K layouts (default 0)")
-    parser.add_argument("--workers", type=int, default=1, help="processes evaluating layouts (default 1)")
+    parser.add_argument("--workers", type=int, default=1, help="processes evaluating layouts (--exhaustive; default 1)")
+    parser.add_argument(
+        "--exhaustive", action="store_true",
+        help="time every layout that fits (default: only those whose lower bound can beat the --top best)",
+    )  # fmt: skip
     parser.add_argument("--out", type=Path, default=None, help="directory for layouts.csv and layouts.parquet")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress on stderr")
     parser.set_defaults(func=run)
@@ -101,13 +109,23 @@ def run(args: argparse.Namespace) -> int:
             + " (the batch must split into micro-batches x DP; layers, heads and GPUs must divide)"
         )
     progress = Progress("planning", args.progress, unit="layouts")
-    progress.stage("memory screen", len(layouts), "layouts")
-    candidates = []
-    for index in range(0, len(layouts), 256):  # in blocks: the progress line moves on long screens
-        candidates += planner.screen(config, cluster, layouts[index : index + 256])
-        progress(min(index + 256, len(layouts)), len(layouts))
-    fitting = sum(1 for candidate in candidates if not candidate.reason)
     capacity = load_device(args.device).memory_capacity_bytes
+    if args.exhaustive:
+        progress.stage("memory screen", len(layouts), "layouts")
+        candidates = []
+        for index in range(0, len(layouts), 256):  # in blocks: the progress line moves on long screens
+            candidates += planner.screen(config, cluster, layouts[index : index + 256])
+            progress(min(index + 256, len(layouts)), len(layouts))
+        fitting = sum(1 for candidate in candidates if not candidate.reason)
+        if fitting:
+            progress.stage("closed form", fitting, "layouts")
+            ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress)
+    else:
+        progress.stage("bounds, then the closed form best first", len(layouts), "layouts")
+        keep = max(args.top, args.recheck, 1)
+        ranked, candidates = planner.branch_and_bound(args.model, config, cluster, layouts, keep, progress)
+        fitting = len(ranked)
+    progress.close()
     if not fitting:
         smallest = min(candidates, key=lambda candidate: candidate.memory_bytes)
         raise InputError(
@@ -115,9 +133,8 @@ def run(args: argparse.Namespace) -> int:
             f"smallest needs {smallest.memory_bytes / 1e9:.1f} GB of {capacity / 1e9:.1f} GB "
             f"({planner.layout_text(smallest.layout)})"
         )
-    progress.stage("closed form", fitting, "layouts")
-    ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress)
-    progress.close()
+    pruned = sum(1 for candidate in candidates if candidate.reason.startswith("pruned"))
+    too_big = sum(1 for candidate in candidates if candidate.reason and not candidate.reason.startswith("pruned"))
     top = ranked[: args.top]
     rows = []
     for rank, candidate in enumerate(top, start=1):
@@ -127,9 +144,14 @@ def run(args: argparse.Namespace) -> int:
                      "iteration_s": figures["iteration_s"], "tokens_per_s": figures["tokens_per_s"],
                      "tflops_per_gpu": figures["tflops_per_gpu"], "mfu_pct": 100 * figures["mfu"],
                      "memory_GB": candidate.memory_bytes / 1e9, **cost})  # fmt: skip
+    searched = (
+        f"{fitting} fit"
+        if args.exhaustive
+        else f"{fitting} timed by the closed form, {pruned} pruned by their bound, {too_big} did not fit"
+    )
     print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
           f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
-          f"{len(layouts)} valid layouts, {fitting} fit, best {len(top)} by tokens/s")  # fmt: skip
+          f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)
     if args.recheck:
