@@ -162,6 +162,25 @@ def test_torus_routes_take_the_shorter_way():
     assert hops.tolist() == [1, 1, 2]  # 0->3 wraps around: one hop, not three
 
 
+def test_a_node_count_without_a_squarish_factorisation_gets_a_partly_filled_torus():
+    """97 nodes (prime) would be a 97 x 1 ring; the torus is the 10 x 10 box, nodes in its first 97
+    positions, routes through the empty ones; the round path equals the message path on it."""
+    ib = load_link("ib_edr")
+    fabric = Fabric(FabricSpec(nodes=97, devices_per_node=1, network=ib, topology="torus_2d"))
+    assert fabric.shape == (10, 10)
+    assert fabric.capacity_Bps.size == 2 * 97 + 100 * 2 * 2  # NIC up and down, 4 links per position
+    routes = fabric.routes(np.array([0, 90]), np.array([96, 6]))
+    hops = (routes >= 0).sum(axis=1) - 2
+    assert hops.tolist() == [1 + 4, 1 + 4]  # row 0 -> 9 wraps (1 hop), column 0 -> 6 the short way (4)
+    assert Fabric(FabricSpec(nodes=96, devices_per_node=1, network=ib, topology="torus_2d")).shape == (12, 8)
+    options = {"ring": {}, "halving_doubling": {}, "parameter_server": {"servers": 2, "placement": "colocated"}}
+    for name, chosen in options.items():
+        schedule = COLLECTIVE_ALGORITHMS.get(name).schedule("allreduce", 97, **chosen)
+        fast, _ = run_collective(schedule, fabric, 4e6)
+        exact = MessageExecutor(fabric).run(schedule, 4e6, 0.0)
+        np.testing.assert_allclose(fast, exact, rtol=1e-9)
+
+
 def test_loggp_serialises_a_senders_overheads():
     """Rank 0 sends 1 byte to ranks 1 and 2 in one round on a switch (o = per-message overhead).
 

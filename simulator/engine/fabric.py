@@ -110,7 +110,13 @@ class FabricSpec:
 
 
 def torus_shape(nodes: int, dimensions: int, dims: tuple[int, ...] | None) -> tuple[int, ...]:
-    """The torus extents: ``dims`` if given (their product must equal ``nodes``), else near-cubic."""
+    """The torus extents: ``dims`` if given (their product must equal ``nodes``), else near-cubic.
+
+    Without ``dims``: the factorisation of ``nodes`` closest to a cube; when ``nodes`` has none that
+    is not elongated (a longest extent over twice the cube's side, e.g. 131,073 = 43,691 x 3), the
+    smallest near-cubic box that holds them, partly filled: nodes take the first positions in
+    row-major order and the empty positions' links still route, as on a machine with empty slots.
+    """
     if dims is not None:
         if len(dims) != dimensions or math.prod(dims) != nodes:
             raise FabricError(f"torus dimensions {'x'.join(map(str, dims))} do not hold {nodes} nodes in {dimensions}D")
@@ -122,7 +128,22 @@ def torus_shape(nodes: int, dimensions: int, dims: tuple[int, ...] | None) -> tu
         best = max(d for d in range(1, remaining + 1) if remaining % d == 0 and d <= max(target, 1)) or 1
         shape.append(best)
         remaining //= best
-    return tuple(sorted(shape, reverse=True))
+    shape.sort(reverse=True)
+    side = math.ceil(nodes ** (1.0 / dimensions))
+    if shape[0] <= 2 * side:
+        return tuple(shape)
+    box: list[int] = []
+    remaining = nodes
+    for left in range(dimensions, 0, -1):
+        extent = math.ceil(remaining ** (1.0 / left) - 1e-9)
+        box.append(extent)
+        remaining = -(-remaining // extent)
+    return tuple(sorted(box, reverse=True))
+
+
+def torus_positions(shape: tuple[int, ...]) -> int:
+    """Positions (switches) of a torus of ``shape``, filled or not."""
+    return math.prod(shape)
 
 
 class Fabric:
@@ -174,8 +195,9 @@ class Fabric:
             elif spec.topology in ("torus_2d", "torus_3d"):
                 dimensions = 2 if spec.topology == "torus_2d" else 3
                 self.shape = torus_shape(spec.nodes, dimensions, spec.torus_dims)
-                # link id of (node, dim, direction): direction 0 = +1, 1 = -1
-                count = spec.nodes * dimensions * 2
+                # link id of (position, dim, direction): direction 0 = +1, 1 = -1; a partly filled torus
+                # has links at its empty positions too
+                count = torus_positions(self.shape) * dimensions * 2
                 self.torus_base = block(
                     count, spec.nics_per_node * net.port_bandwidth_Bps, SWITCH_HOP_LATENCY_S, "torus"
                 )[0]

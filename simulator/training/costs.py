@@ -16,6 +16,7 @@ between two ranks. Both the closed-form executor and the simulated trainers of l
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -39,16 +40,23 @@ def _core(spec: FabricSpec, net: Link) -> tuple[float, float]:
         return 2 * SWITCH_HOP_LATENCY_S, uplink
     if spec.topology in ("torus_2d", "torus_3d"):
         shape = torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)
-        # node 0 to the last node: one hop per dimension of extent >= 2 (the wrap-around way)
+        # node 0 to the last node: one hop per dimension of extent >= 2 (the wrap-around way; a partly
+        # filled torus, whose last node sits elsewhere, takes the fabric's own route: fabric_costs)
         hops = sum(1 for extent in shape if extent >= 2)
         return hops * SWITCH_HOP_LATENCY_S, spec.nics_per_node * net.port_bandwidth_Bps if hops else float("inf")
     return 0.0, float("inf")
 
 
+def _partial_torus(spec: FabricSpec) -> bool:
+    if spec.topology not in ("torus_2d", "torus_3d") or spec.nodes < 2:
+        return False
+    return math.prod(torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)) != spec.nodes
+
+
 def fabric_costs(spec: FabricSpec) -> FabricCosts:
     """``Fabric(spec).fabric_costs()``, without the fabric's per-device arrays (block placement)."""
-    if spec.placement != "block":
-        return Fabric(spec).fabric_costs()
+    if spec.placement != "block" or _partial_torus(spec):
+        return Fabric(spec).fabric_costs()  # (a partial torus: its route's latencies summed as the fabric does)
     intra = inter = None
     if spec.devices_per_node > 1:
         peer = spec.peer_link
