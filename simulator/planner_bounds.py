@@ -16,13 +16,12 @@ through them. So the bound on rank s is
 with fill_s and drain_s the chunk-0 forward and backward seconds of the ranks before s, and
 reduce_0 and gather_0 rank 0's gradient reductions and (ZeRO 1-2) weight gathers over its
 data-parallel group, which the closed form runs after the rank's last task (reductions not
-overlapped with backward, the ``megatron`` default; with overlap only chunk 0's would count). The task
-seconds used are the parts that depend only on the per-layer shape, not on the data-parallel
-placement: compute, the tensor-parallel collectives and ring attention's exchange (the expert
-all-to-all and ZeRO-3's gathers are left out, which only lowers the bound), the optimizer step of
-the rank's dense parameters, and rank 0's data-parallel collectives of its dense gradients and
-weights at their closed forms. What the bound does not see: the messages between stages and the
-waits inside the steady state.
+overlapped with backward, the ``megatron`` default; with overlap only chunk 0's would count). T_s
+holds compute, the tensor-parallel collectives and ring attention's exchange, and, where every
+pipeline rank's data-parallel groups are placed alike (rank 0's seconds are then every rank's),
+ZeRO-3's gathers beyond compute and the expert all-to-alls; elsewhere those two are left out, which
+only lowers the bound. What the bound does not see: the messages between stages and the waits
+inside the steady state.
 
 Costs per transformer block are computed once per *shape* (tp, cp, ep, micro-batch, recompute,
 sequence parallelism, flash attention) by the simulation's own cost model
@@ -75,7 +74,8 @@ class LowerBounds:
         self._block_costs: dict[ShapeKey, tuple[np.ndarray, ...]] = {}
         self._zero3: dict[tuple[ShapeKey, int], tuple[np.ndarray, np.ndarray]] = {}
         self._stage_of_block: dict[MapKey, tuple[np.ndarray, np.ndarray]] = {}
-        self._stage_sums: dict[tuple[ShapeKey, MapKey, int], tuple[np.ndarray, ...]] = {}
+        self._stage_sums: dict[tuple[ShapeKey, MapKey, tuple[int, bool, bool]], tuple[np.ndarray, ...]] = {}
+        self._ep: dict[tuple[ShapeKey, int], np.ndarray] = {}
         self._groups: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self._data_parallel: dict[tuple[ShapeKey, MapKey, int, int], float] = {}
         self._costs: Any = None
@@ -161,6 +161,39 @@ class LowerBounds:
         per_stage, per_node = layout.tp * layout.cp * layout.dp, self.cluster.devices_per_node
         return per_stage % per_node == 0 or per_node % per_stage == 0
 
+    def ep_applies(self, layout: ParallelLayout) -> bool:
+        """Expert parallelism over an EP group placed alike on every pipeline rank (as ``zero3_applies``)."""
+        if layout.ep == 1 or self.config.moe is None:
+            return False
+        per_stage, per_node = layout.tp * layout.cp * layout.dp, self.cluster.devices_per_node
+        return per_stage % per_node == 0 or per_node % per_stage == 0
+
+    def ep_s(self, layout: ParallelLayout) -> np.ndarray:
+        """Per block, an MoE layer's dispatch and combine all-to-alls over rank 0's EP group (the first
+        ep ranks of its data-parallel group), as ``TransformerCosts._ep_s``: the same in the forward
+        and in the backward."""
+        key = (shape_key(layout), layout.dp)
+        seconds = self._ep.get(key)
+        if seconds is None:
+            from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_elements
+
+            self.block_costs(layout)  # the fabric's costs
+            costs, model = self._costs, self._costs._transformer
+            peers = [peer for peer in self.group(layout)[: layout.ep] if peer != 0]
+            scale = layout.micro_batch * model.activation_bytes / (layout.cp * layout.tp * layout.ep)
+            seconds = np.zeros(len(self.blocks))
+            for index, block in enumerate(self.blocks):
+                elements = expert_all_to_all_elements(block)
+                if elements:
+                    seconds[index] = 2.0 * sum(costs.message_s(0, peer, elements * scale) for peer in peers)
+            self._ep[key] = seconds
+        return seconds
+
+    def placement_key(self, layout: ParallelLayout) -> tuple[int, bool, bool]:
+        """What of the data-parallel placement a layout's per-micro-batch costs depend on."""
+        zero3, ep = self.zero3_applies(layout), self.ep_applies(layout)
+        return (layout.dp if zero3 or ep else 0, zero3, ep)
+
     def group(self, layout: ParallelLayout) -> tuple[int, ...]:
         """Rank 0's data-parallel group (``data_parallel_group``), once per (tp, cp, dp)."""
         from ddlsim.algorithms.megatron_training import data_parallel_group
@@ -192,14 +225,18 @@ class LowerBounds:
 
     def _sums(self, layout: ParallelLayout) -> tuple[np.ndarray, ...]:
         """Per pipeline rank: one micro-batch's forward + backward, dense parameters, fill and drain."""
-        zero3 = self.zero3_applies(layout)
-        key = (shape_key(layout), map_key(layout), layout.dp if zero3 else 0)
+        placement = self.placement_key(layout)
+        key = (shape_key(layout), map_key(layout), placement)
         sums = self._stage_sums.get(key)
         if sums is None:
             forwards, backwards, dense, _, _ = self.block_costs(layout)
+            _, zero3, ep = placement
             if zero3:  # ZeRO-3's exposed gathers and reduce-scatters, in each block's forward and backward
                 extra_forward, extra_backward = self.zero3_s(layout)
                 forwards, backwards = forwards + extra_forward, backwards + extra_backward
+            if ep:  # the expert all-to-alls, in each MoE block's forward and backward
+                exchange = self.ep_s(layout)
+                forwards, backwards = forwards + exchange, backwards + exchange
             stages, virtual = self.stage_of_block(layout)
             pp = layout.pp
             first = virtual < pp  # chunk 0 of each rank
@@ -217,10 +254,9 @@ class LowerBounds:
         """``bound`` of each layout, computed for all layouts of one shape and stage map at once."""
         from ddlsim.algorithms.megatron_training import micro_batches
 
-        groups: dict[tuple[ShapeKey, MapKey, int], list[int]] = {}
+        groups: dict[tuple[ShapeKey, MapKey, tuple[int, bool, bool]], list[int]] = {}
         for index, layout in enumerate(layouts):
-            zero3 = self.zero3_applies(layout)
-            groups.setdefault((shape_key(layout), map_key(layout), layout.dp if zero3 else 0), []).append(index)
+            groups.setdefault((shape_key(layout), map_key(layout), self.placement_key(layout)), []).append(index)
         out = np.empty(len(layouts))
         for indices in groups.values():
             members = [layouts[index] for index in indices]
