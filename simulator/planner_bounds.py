@@ -93,7 +93,6 @@ class LowerBounds:
         from ddlsim.simulator.closed_form.costs import ClosedFormCosts
         from ddlsim.simulator.planner import scenario_of
         from ddlsim.simulator.training.setup import setup_of
-        from ddlsim.simulator.training.transformer_trainer import TP_SPLIT
 
         cluster = self.cluster
         # the rank-0 tensor and context groups of any pp and dp: one pipeline stage over the rest
@@ -104,7 +103,7 @@ class LowerBounds:
         )  # fmt: skip
         costs = ClosedFormCosts(setup_of(scenario_of(self.model, cluster, probe), cluster.nodes))
         self._costs = self._costs or costs  # one fabric for every layout's data-parallel collectives
-        model = costs._transformer
+        model = costs.transformer
         if self._update_s_per_parameter is None:
             from ddlsim.simulator.training.transformer_trainer import ADAM_BYTES_PER_PARAMETER
 
@@ -114,27 +113,16 @@ class LowerBounds:
             )
         forwards, backwards, dense, compute_forward, compute_backward = (np.zeros(len(self.blocks)) for _ in range(5))
         for index, block in enumerate(model.blocks):
-            forward = backward = core = 0.0
-            for part in block.parts:
-                part_forward = model._part_s(part, block, backward=False)
-                recomputed = block.kind == "layer" and (
-                    probe.recompute == "full" or (probe.recompute == "selective" and part.name.endswith("_core"))
-                )
-                part_backward = model._part_s(part, block, backward=True) + (part_forward if recomputed else 0.0)
-                compute_forward[index] += part_forward
-                compute_backward[index] += part_backward
-                forward += part_forward + model._tp_s(part, 0, backward=False)
-                backward += part_backward + model._tp_s(part, 0, backward=True)
-                core += part_forward if part.name.endswith("_core") else 0.0
-                if not part.expert:
-                    dense[index] += part.parameters / (probe.tp if part.tensor_parallel in TP_SPLIT else 1)
-            forwards[index] = forward + model._cp_s(block, 0, False, core)
-            backwards[index] = backward + model._cp_s(block, 0, True, 2 * core)
+            cost = model.block_cost(block, 0)
+            compute_forward[index], compute_backward[index] = cost.forward_compute, cost.backward_compute
+            forwards[index] = cost.forward_compute + cost.forward_tp + cost.forward_cp
+            backwards[index] = cost.backward_compute + cost.backward_tp + cost.backward_cp
+            dense[index] = cost.dense_parameters
         return forwards, backwards, dense, compute_forward, compute_backward
 
     def zero3_s(self, layout: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per block, ZeRO-3's gathers (and backward reduce-scatters) over rank 0's data-parallel group
-        beyond what the block's compute hides (``TransformerCosts._zero3_s``): (forward, backward)."""
+        beyond what the block's compute hides (``TransformerCosts``' ZeRO-3 part): (forward, backward)."""
         key = (shape_key(layout), layout.dp)
         seconds = self._zero3.get(key)
         if seconds is None:
@@ -142,11 +130,11 @@ class LowerBounds:
 
             _, _, dense, compute_forward, compute_backward = self.block_costs(layout)
             group = self.group(layout)
-            model = self._costs._transformer
+            model = self._costs.transformer
             forward, backward = np.zeros(len(self.blocks)), np.zeros(len(self.blocks))
             for index, parameters in enumerate(dense):
-                gather = model._group_s("allgather", parameters * model.weight_bytes, group)
-                scatter = model._group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
+                gather = model.group_s("allgather", parameters * model.weight_bytes, group)
+                scatter = model.group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
                 forward[index] = max(0.0, gather - compute_forward[index])
                 backward[index] = max(0.0, gather + scatter - compute_backward[index])
             seconds = self._zero3[key] = (forward, backward)
@@ -170,7 +158,7 @@ class LowerBounds:
 
     def ep_s(self, layout: ParallelLayout) -> np.ndarray:
         """Per block, an MoE layer's dispatch and combine all-to-alls over rank 0's EP group (the first
-        ep ranks of its data-parallel group), as ``TransformerCosts._ep_s``: the same in the forward
+        ep ranks of its data-parallel group), as ``TransformerCosts``' expert part: the same in the forward
         and in the backward."""
         key = (shape_key(layout), layout.dp)
         seconds = self._ep.get(key)
@@ -178,7 +166,7 @@ class LowerBounds:
             from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_elements
 
             self.block_costs(layout)  # the fabric's costs
-            costs, model = self._costs, self._costs._transformer
+            costs, model = self._costs, self._costs.transformer
             peers = [peer for peer in self.group(layout)[: layout.ep] if peer != 0]
             scale = layout.micro_batch * model.activation_bytes / (layout.cp * layout.tp * layout.ep)
             seconds = np.zeros(len(self.blocks))
@@ -293,7 +281,7 @@ class LowerBounds:
                 assert costs is not None
                 options = costs.setup.plan.options
                 reduce = "allreduce" if layout.zero_stage == 0 else "reduce_scatter"
-                weight_bytes = costs._transformer.weight_bytes
+                weight_bytes = costs.transformer.weight_bytes
                 for parameters in chunks:
                     for collective, nbytes in (
                         (reduce, parameters * GRADIENT_BYTES),

@@ -39,6 +39,11 @@ class ClosedFormCosts(GroupCosts):
                     backward_segments_s=tuple(seconds * factor for seconds in self.step.backward_segments_s),
                 )
 
+    @property
+    def transformer(self) -> Any:
+        """The per-chunk costs of a transformer layout (``TransformerCosts``; None for other workloads)."""
+        return getattr(self, "_transformer", None)
+
     def trainer(self, rank: int) -> Any:
         """Rank ``rank``'s trainer, without noise (layouts' ranks differ; the others' workers are alike)."""
         if self.setup.scenario.is_transformer:

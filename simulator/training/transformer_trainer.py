@@ -76,6 +76,21 @@ class ChunkCost:
     expert_parameters: float
 
 
+@dataclass(frozen=True)
+class BlockCost:
+    """One block's per-micro-batch seconds on a rank, by cause, before the expert all-to-alls and
+    ZeRO-3 (which depend on the data-parallel groups): what ``TransformerCosts.block_cost`` returns."""
+
+    forward_compute: float
+    backward_compute: float  # with the recomputed forward
+    forward_tp: float
+    backward_tp: float
+    forward_cp: float
+    backward_cp: float
+    dense_parameters: float  # on this rank (after tensor parallelism)
+    expert_parameters: float
+
+
 def virtual_stage_of_blocks(blocks: tuple[Block, ...], layout: ParallelLayout) -> list[int]:
     """Virtual stage (chunk x pp + pipeline rank) of each block: layers in order over the P x V
     virtual stages (uneven end stages as the layout says), the embedding with the first layer after
@@ -140,7 +155,8 @@ class TransformerCosts:
         first = rank - rank % self.layout.tp
         return tuple(range(first, first + self.layout.tp))
 
-    def _group_s(self, collective: str, nbytes: float, group: tuple[int, ...]) -> float:
+    def group_s(self, collective: str, nbytes: float, group: tuple[int, ...]) -> float:
+        """Closed-form seconds of ``collective`` of ``nbytes`` over ``group`` (0 for one rank or no bytes)."""
         if len(group) < 2 or nbytes <= 0:
             return 0.0
         return self.comm.collective_s(collective, self.algorithm, len(group), nbytes, {}, group=group)
@@ -184,7 +200,7 @@ class TransformerCosts:
         forward, backward_ones = tensor_parallel_collectives(part, layout.sequence_parallel)
         size = part.boundary_elements * layout.micro_batch * self.activation_bytes / layout.cp
         group = self._tp_group(rank)
-        return sum(self._group_s(COLLECTIVE_NAMES[c], size, group) for c in (backward_ones if backward else forward))
+        return sum(self.group_s(COLLECTIVE_NAMES[c], size, group) for c in (backward_ones if backward else forward))
 
     def _cp_s(self, block: Block, rank: int, backward: bool, core_s: float) -> float:
         layout = self.layout
@@ -215,10 +231,33 @@ class TransformerCosts:
         parameters = sum(
             p.parameters / (layout.tp if p.tensor_parallel in TP_SPLIT else 1) for p in block.parts if not p.expert
         )
-        seconds = self._group_s("allgather", parameters * self.weight_bytes, group)
+        seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
         if backward:
-            seconds += self._group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
+            seconds += self.group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
         return max(0.0, seconds - compute_s)
+
+    def block_cost(self, block: Block, rank: int) -> BlockCost:
+        """``block``'s compute, tensor-parallel and ring-attention seconds and its parameters on ``rank``."""
+        layout = self.layout
+        forward = backward = core = forward_tp = backward_tp = dense = expert = 0.0
+        for part in block.parts:
+            part_forward = self._part_s(part, block, backward=False)
+            recomputed = block.kind == "layer" and (
+                layout.recompute == "full" or (layout.recompute == "selective" and part.name.endswith("_core"))
+            )
+            forward += part_forward
+            backward += self._part_s(part, block, backward=True) + (part_forward if recomputed else 0.0)
+            core += part_forward if part.name.endswith("_core") else 0.0
+            forward_tp += self._tp_s(part, rank, backward=False)
+            backward_tp += self._tp_s(part, rank, backward=True)
+            if part.expert:
+                expert += part.parameters / (layout.tp * layout.ep)
+            else:
+                dense += part.parameters / (layout.tp if part.tensor_parallel in TP_SPLIT else 1)
+        return BlockCost(
+            forward, backward, forward_tp, backward_tp, self._cp_s(block, rank, False, core),
+            self._cp_s(block, rank, True, 2 * core), dense, expert,
+        )  # fmt: skip
 
     def _chunk_cost(self, rank: int, virtual: int) -> ChunkCost:
         layout = self.layout
@@ -227,29 +266,19 @@ class TransformerCosts:
         dense = expert = 0.0
         blocks = [block for block, stage in zip(self.blocks, self.virtual, strict=True) if stage == virtual]
         for block in blocks:
-            block_forward = block_backward = core_forward = 0.0
-            for part in block.parts:
-                part_forward = self._part_s(part, block, backward=False)
-                recomputed = block.kind == "layer" and (
-                    layout.recompute == "full" or (layout.recompute == "selective" and part.name.endswith("_core"))
-                )
-                block_forward += part_forward
-                block_backward += self._part_s(part, block, backward=True) + (part_forward if recomputed else 0.0)
-                core_forward += part_forward if part.name.endswith("_core") else 0.0
-                forward["tp"] += self._tp_s(part, rank, backward=False)
-                backward["tp"] += self._tp_s(part, rank, backward=True)
-                if part.expert:
-                    expert += part.parameters / (layout.tp * layout.ep)
-                else:
-                    dense += part.parameters / (layout.tp if part.tensor_parallel in TP_SPLIT else 1)
-            forward["compute"] += block_forward
-            backward["compute"] += block_backward
-            forward["cp"] += self._cp_s(block, rank, False, core_forward)
-            backward["cp"] += self._cp_s(block, rank, True, 2 * core_forward)
+            cost = self.block_cost(block, rank)
+            forward["compute"] += cost.forward_compute
+            backward["compute"] += cost.backward_compute
+            forward["tp"] += cost.forward_tp
+            backward["tp"] += cost.backward_tp
+            forward["cp"] += cost.forward_cp
+            backward["cp"] += cost.backward_cp
+            dense += cost.dense_parameters
+            expert += cost.expert_parameters
             forward["ep"] += self._ep_s(block, rank)
             backward["ep"] += self._ep_s(block, rank)
-            forward["zero3"] += self._zero3_s(block, rank, block_forward, backward=False)
-            backward["zero3"] += self._zero3_s(block, rank, block_backward, backward=True)
+            forward["zero3"] += self._zero3_s(block, rank, cost.forward_compute, backward=False)
+            backward["zero3"] += self._zero3_s(block, rank, cost.backward_compute, backward=True)
         last = layout.pp * layout.virtual_stages - 1
         message = 0.0
         if blocks:
