@@ -314,6 +314,7 @@ def test_knl_hybrid_entry_uses_the_split_best_split_finds(capsys):
     assert f"# best split {KNL_HYBRID_SPLIT}:" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_gallery_rank_jitter_is_what_calibrate_fits_on_the_development_data():
     """The synchronous entries' --stragglers sigma is a calibrated number, not a knob: it must be the
     one ddlsim calibrate fits on the packaged published_dev.csv, or the gallery is stale."""
@@ -325,6 +326,7 @@ def test_gallery_rank_jitter_is_what_calibrate_fits_on_the_development_data():
     assert fitted.rank_jitter_sigma == pytest.approx(RANK_JITTER_SIGMA, abs=1e-9)
 
 
+@pytest.mark.slow
 def test_gallery_runs_a_calibration_its_other_runs_read_and_states_reasons(tmp_path):
     """A run may write one file (a calibrated profile) that later runs name as {entry}/FILE; the summary
     table gives the reason of a comparison more than 10% off, and leaves it out for one that is not."""
