@@ -158,3 +158,19 @@ def test_every_schedule_ends_each_rank_with_the_same_backward_on_chunk_0():
                     assert len({task.micro_batch for task in last}) == 1, (name, stages, micro)
                     checked += 1
     assert checked > 300
+
+
+def test_a_tolerance_times_fewer_layouts_and_keeps_the_best_within_it(capsys):
+    """--tolerance 0.05: the search may skip layouts at most 5% faster than its 5th best, so its best is
+    within 5% of the exact search's best and it times no more layouts."""
+    from ddlsim.simulator import planner
+
+    config = planner.load_model("llama3_8b")
+    cluster = planner.Cluster.of("h100_sxm5", 64)
+    layouts = list(planner.candidate_layouts(config, cluster, 256))
+    exact, _ = planner.branch_and_bound("llama3_8b", config, cluster, layouts, keep=5)
+    loose, _ = planner.branch_and_bound("llama3_8b", config, cluster, layouts, keep=5, tolerance=0.05)
+    assert len(loose) <= len(exact)
+    assert loose[0].figures["tokens_per_s"] * 1.05 >= exact[0].figures["tokens_per_s"]
+    assert main(["plan", "--model", "llama3_8b", "--gpus", "64", "--tolerance", "1.5"]) == 2
+    assert "--tolerance must be a fraction in [0, 1)" in capsys.readouterr().err

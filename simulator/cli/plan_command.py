@@ -52,6 +52,10 @@ def register(subparsers) -> None:
     parser.add_argument("--recheck", type=int, default=0, help="event-simulate the best K layouts (default 0)")
     parser.add_argument("--workers", type=int, default=1, help="processes evaluating layouts (--exhaustive; default 1)")
     parser.add_argument(
+        "--tolerance", type=float, default=0.0,
+        help="also skip layouts that could beat the --top best by at most this fraction (default 0: exact)",
+    )  # fmt: skip
+    parser.add_argument(
         "--exhaustive", action="store_true",
         help="time every layout that fits (default: only those whose lower bound can beat the --top best)",
     )  # fmt: skip
@@ -67,6 +71,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
             raise InputError(f"--{name.replace('_', '-')} must be a positive integer, got {value}")
     if args.recheck < 0:
         raise InputError(f"--recheck must be 0 or more, got {args.recheck}")
+    if not 0 <= args.tolerance < 1:
+        raise InputError(f"--tolerance must be a fraction in [0, 1), got {args.tolerance}")
     for name in ("train_tokens", "price_per_gpu_hour"):
         value = getattr(args, name)
         if not value >= 0 or value == float("inf"):
@@ -123,7 +129,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         progress.stage("bounds, then the closed form best first", len(layouts), "layouts")
         keep = max(args.top, args.recheck, 1)
-        ranked, candidates = planner.branch_and_bound(args.model, config, cluster, layouts, keep, progress)
+        ranked, candidates = planner.branch_and_bound(
+            args.model, config, cluster, layouts, keep, progress, tolerance=args.tolerance
+        )
         fitting = len(ranked)
     progress.close()
     if not fitting:
