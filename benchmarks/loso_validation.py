@@ -1,10 +1,10 @@
 """Leave-one-source-out validation of published_dev.csv, by source and by scale (issue 13, "done when").
 
 Every source (the ``source`` column: one table, spreadsheet or log set) is predicted from a profile
-calibrated on all the other sources' rows. The script prints, overall, per source and per scale
-(devices in the run): rows, the share predicted, median |error|, p90 |error|, signed median error
-(+ = the model is faster than measured, for times and rates alike),
-median interval width (high / low) and the share of measurements inside their interval.
+calibrated on all the other sources' rows. The script prints, overall, per source, per scale
+(devices in the run) and per kind (training, collective): rows, the share predicted, median
+|error|, p90 |error|, signed median error (+ = the model is faster than measured, for times and
+rates alike), median interval width (high / low) and the share of measurements inside their interval.
 
     python benchmarks/loso_validation.py [--by source|family] [--bootstrap 20] [--ci 0.9] [--out table.csv]
 
@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"# leave-one-{args.by}-out on {len(rows)} rows of published_dev.csv, {100 * args.ci:.0f} % intervals")
     print_breakdown(f"by {args.by}", table, lambda row: row["group"])
     print_breakdown("by scale (devices)", table, lambda row: row["scale"])
+    print_breakdown("by kind (training runs, collective benchmarks)", table, lambda row: row["kind"])
     if args.by == "source":
         print("\n## sources")
         labels = group_labels(rows, args.by)
