@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ddlsim.algorithms.parallel_layout import ParallelLayout
+from ddlsim.simulator.training.transformer_trainer import adam_update_s
 from ddlsim.simulator.workloads.transformer import TransformerConfig
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ class LowerBounds:
         self._ep: dict[tuple[ShapeKey, int], np.ndarray] = {}
         self._groups: dict[tuple[int, int, int], tuple[int, ...]] = {}
         self._data_parallel: dict[tuple[ShapeKey, MapKey, int, int], float] = {}
-        self._costs: Any = None
-        self._update_s_per_parameter: float | None = None
+        self._costs: Any = None  # the first probe's: one fabric for every layout's data-parallel collectives
+        self._models: dict[ShapeKey, Any] = {}  # each shape's probe TransformerCosts (its layout's shape)
 
     def block_costs(self, layout: ParallelLayout) -> tuple[np.ndarray, ...]:
         """Per block, for one micro-batch: (forward seconds, backward seconds, dense parameters on the
@@ -102,15 +103,8 @@ class LowerBounds:
             global_batch=layout.micro_batch * (cluster.gpus // (layout.tp * layout.cp)),
         )  # fmt: skip
         costs = ClosedFormCosts(setup_of(scenario_of(self.model, cluster, probe), cluster.nodes))
-        self._costs = self._costs or costs  # one fabric for every layout's data-parallel collectives
-        model = costs.transformer
-        if self._update_s_per_parameter is None:
-            from ddlsim.simulator.training.transformer_trainer import ADAM_BYTES_PER_PARAMETER
-
-            device = model.device
-            self._update_s_per_parameter = ADAM_BYTES_PER_PARAMETER / (
-                device.memory_bandwidth_Bps * device.memory_efficiency
-            )
+        self._costs = self._costs or costs
+        model = self._models[shape_key(layout)] = costs.transformer
         forwards, backwards, dense, compute_forward, compute_backward = (np.zeros(len(self.blocks)) for _ in range(5))
         for index, block in enumerate(model.blocks):
             cost = model.block_cost(block, 0)
@@ -122,21 +116,16 @@ class LowerBounds:
 
     def zero3_s(self, layout: ParallelLayout) -> tuple[np.ndarray, np.ndarray]:
         """Per block, ZeRO-3's gathers (and backward reduce-scatters) over rank 0's data-parallel group
-        beyond what the block's compute hides (``TransformerCosts``' ZeRO-3 part): (forward, backward)."""
+        beyond what the block's compute hides (``TransformerCosts.zero3_exposed_s``): (forward, backward)."""
         key = (shape_key(layout), layout.dp)
         seconds = self._zero3.get(key)
         if seconds is None:
-            from ddlsim.simulator.training.transformer_trainer import GRADIENT_BYTES
-
             _, _, dense, compute_forward, compute_backward = self.block_costs(layout)
-            group = self.group(layout)
-            model = self._costs.transformer
+            group, model = self.group(layout), self._models[shape_key(layout)]
             forward, backward = np.zeros(len(self.blocks)), np.zeros(len(self.blocks))
             for index, parameters in enumerate(dense):
-                gather = model.group_s("allgather", parameters * model.weight_bytes, group)
-                scatter = model.group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
-                forward[index] = max(0.0, gather - compute_forward[index])
-                backward[index] = max(0.0, gather + scatter - compute_backward[index])
+                forward[index] = model.zero3_exposed_s(parameters, group, compute_forward[index], backward=False)
+                backward[index] = model.zero3_exposed_s(parameters, group, compute_backward[index], backward=True)
             seconds = self._zero3[key] = (forward, backward)
         return seconds
 
@@ -158,22 +147,14 @@ class LowerBounds:
 
     def ep_s(self, layout: ParallelLayout) -> np.ndarray:
         """Per block, an MoE layer's dispatch and combine all-to-alls over rank 0's EP group (the first
-        ep ranks of its data-parallel group), as ``TransformerCosts``' expert part: the same in the forward
-        and in the backward."""
+        ep ranks of its data-parallel group, ``TransformerCosts.expert_exchange_s``): the same in the
+        forward and in the backward."""
         key = (shape_key(layout), layout.dp)
         seconds = self._ep.get(key)
         if seconds is None:
-            from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_elements
-
-            self.block_costs(layout)  # the fabric's costs
-            costs, model = self._costs, self._costs.transformer
-            peers = [peer for peer in self.group(layout)[: layout.ep] if peer != 0]
-            scale = layout.micro_batch * model.activation_bytes / (layout.cp * layout.tp * layout.ep)
-            seconds = np.zeros(len(self.blocks))
-            for index, block in enumerate(self.blocks):
-                elements = expert_all_to_all_elements(block)
-                if elements:
-                    seconds[index] = 2.0 * sum(costs.message_s(0, peer, elements * scale) for peer in peers)
+            self.block_costs(layout)  # measures the shape: its probe model
+            model, group = self._models[shape_key(layout)], self.group(layout)[: layout.ep]
+            seconds = np.array([model.expert_exchange_s(block, 0, group) for block in model.blocks])
             self._ep[key] = seconds
         return seconds
 
@@ -253,9 +234,8 @@ class LowerBounds:
             shards = np.array([layout.dp * layout.cp if layout.zero_stage >= 1 else 1 for layout in members], float)
             reductions = np.array([self.data_parallel_s(layout) for layout in members])
             together = np.array([self.ends_together(layout) for layout in members])
-            assert self._update_s_per_parameter is not None
             busy = fill[None, :] + counts[:, None] * per_micro_batch[None, :]
-            ends = busy + dense[None, :] * self._update_s_per_parameter / shards[:, None]
+            ends = busy + adam_update_s(dense[None, :] / shards[:, None], self._costs.transformer.device)
             ends[:, 0] += reductions
             after_drain = busy + drain[None, :] + (ends[:, 0] - busy[:, 0])[:, None]
             ends = np.where(together[:, None], np.maximum(ends, after_drain), ends)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddlsim.algorithms.comm import Sized
-from ddlsim.algorithms.megatron_training import coordinates
+from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group
 from ddlsim.algorithms.parallel_layout import ParallelLayout
 from ddlsim.hardware_models.catalog import Device
 from ddlsim.simulator.workloads.transformer import TransformerConfig
@@ -122,6 +122,12 @@ class Collectives:
         self.message_s = message_s
 
 
+def adam_update_s(parameters: Any, device: Device) -> Any:
+    """Seconds of the Adam step over ``parameters`` (a count, or an array of counts): memory-bound,
+    ``ADAM_BYTES_PER_PARAMETER`` moved per parameter."""
+    return parameters * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_Bps * device.memory_efficiency)
+
+
 def _roofline(flops: float, nbytes: float, device: Device, precision: str) -> float:
     compute = flops / (device.peak_flops_for(precision) * device.efficiency_for("transformer")) if flops else 0.0
     memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
@@ -168,8 +174,6 @@ class TransformerCosts:
 
     def _ep_group(self, rank: int) -> tuple[int, ...]:
         """The expert-parallel ranks of ``rank``: ep consecutive members of its data-parallel group."""
-        from ddlsim.algorithms.megatron_training import data_parallel_group
-
         members = data_parallel_group(rank, self.layout)
         index = members.index(rank)
         first = index - index % self.layout.ep
@@ -212,25 +216,24 @@ class TransformerCosts:
         return max(0.0, (2.0 if backward else 1.0) * ring - core_s)  # the exchange hides under the core
 
     def _ep_s(self, block: Block, rank: int) -> float:
+        if self.layout.ep == 1 or not expert_all_to_all_elements(block):
+            return 0.0
+        return self.expert_exchange_s(block, rank, self._ep_group(rank))
+
+    def expert_exchange_s(self, block: Block, rank: int, group: tuple[int, ...]) -> float:
+        """``block``'s dispatch and combine all-to-alls from ``rank`` over the expert-parallel ``group``
+        (the same in the forward and, as their gradients, in the backward)."""
         layout = self.layout
         elements = expert_all_to_all_elements(block)
         if layout.ep == 1 or not elements:
             return 0.0
-        group = self._ep_group(rank)
         per_peer = elements * layout.micro_batch * self.activation_bytes / (layout.cp * layout.tp * layout.ep)
         exchange = sum(self.comm.message_s(rank, peer, per_peer) for peer in group if peer != rank)
         return 2.0 * exchange  # dispatch and combine (forward), or their gradients (backward)
 
-    def _zero3_s(self, block: Block, rank: int, compute_s: float, backward: bool) -> float:
-        from ddlsim.algorithms.megatron_training import data_parallel_group
-
-        layout = self.layout
-        if layout.zero_stage < 3:
-            return 0.0
-        group = data_parallel_group(rank, layout)
-        parameters = sum(
-            p.parameters / (layout.tp if p.tensor_parallel in TP_SPLIT else 1) for p in block.parts if not p.expert
-        )
+    def zero3_exposed_s(self, parameters: float, group: tuple[int, ...], compute_s: float, backward: bool) -> float:
+        """ZeRO-3's gather of a block's ``parameters`` over ``group`` before its forward or backward (and
+        the reduce-scatter of its gradients after the backward), beyond the ``compute_s`` it overlaps."""
         seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
         if backward:
             seconds += self.group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
@@ -265,6 +268,7 @@ class TransformerCosts:
         backward = dict(forward)
         dense = expert = 0.0
         blocks = [block for block, stage in zip(self.blocks, self.virtual, strict=True) if stage == virtual]
+        zero3_group = data_parallel_group(rank, layout) if layout.zero_stage >= 3 else None
         for block in blocks:
             cost = self.block_cost(block, rank)
             forward["compute"] += cost.forward_compute
@@ -277,8 +281,11 @@ class TransformerCosts:
             expert += cost.expert_parameters
             forward["ep"] += self._ep_s(block, rank)
             backward["ep"] += self._ep_s(block, rank)
-            forward["zero3"] += self._zero3_s(block, rank, cost.forward_compute, backward=False)
-            backward["zero3"] += self._zero3_s(block, rank, cost.backward_compute, backward=True)
+            if zero3_group is not None:  # gathers before the block's forward and backward, overlapped with it
+                forward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, cost.forward_compute,
+                                                         backward=False)  # fmt: skip
+                backward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, cost.backward_compute,
+                                                          backward=True)  # fmt: skip
         last = layout.pp * layout.virtual_stages - 1
         message = 0.0
         if blocks:
@@ -339,5 +346,5 @@ class TransformerTrainer:
             dense /= layout.dp * layout.cp
             expert /= max(1, layout.dp * layout.cp // layout.ep)
         device = self.costs.device
-        seconds = (dense + expert) * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_Bps * device.memory_efficiency)
+        seconds = adam_update_s(dense + expert, device)
         return TimedWork("update", seconds, None, max(self.iteration - 1, 0), {"compute": seconds})
