@@ -34,14 +34,16 @@ def search(model: str, config, cluster, layouts: list, keep: int = 10) -> tuple[
 def report(label: str, count: int, enumerate_s: float, search_s: float, ranked: list, candidates: list) -> None:
     from ddlsim.simulator import planner
 
-    pruned = sum(1 for candidate in candidates if candidate.reason.startswith("pruned"))
+    pruned = sum(1 for candidate in candidates if candidate.pruned)
     total = enumerate_s + search_s
     print(f"{label}: {count:,} layouts; enumerate {enumerate_s:.1f} s, bound and search {search_s:.1f} s "
           f"({len(ranked)} timed by the closed form, {pruned:,} pruned); {total:.1f} s in all = "
           f"{count / total:,.0f} layouts/s")  # fmt: skip
     best = ranked[0]
-    print(f"  best: {planner.layout_text(best.layout)}, global batch {best.layout.global_batch}: "
-          f"{best.figures['tokens_per_s']:,.0f} tokens/s, {best.figures['tflops_per_gpu']:.1f} TFLOP/s per GPU")
+    print(
+        f"  best: {planner.layout_text(best.layout)}, global batch {best.layout.global_batch}: "
+        f"{best.figures['tokens_per_s']:,.0f} tokens/s, {best.figures['tflops_per_gpu']:.1f} TFLOP/s per GPU"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,9 @@ class Cluster:
                    system.nics_per_node, precision)  # fmt: skip
 
 
+PRUNED = "pruned"  # the reason's first word for a layout the bound showed cannot make the top
+
+
 @dataclass
 class Candidate:
     """One layout and what the search learnt of it (``reason`` says why it was dropped)."""
@@ -84,6 +87,10 @@ class Candidate:
     memory_bytes: float = 0.0
     reason: str = ""
     figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def pruned(self) -> bool:
+        return self.reason.startswith(PRUNED)
 
     def row(self) -> dict[str, Any]:
         layout = self.layout
@@ -146,15 +153,17 @@ def candidate_layouts(
 
 def screen(config: TransformerConfig, cluster: Cluster, layouts: Iterable[ParallelLayout]) -> list[Candidate]:
     """Each layout with its fullest rank's bytes; ``reason`` set where it does not fit."""
+    capacity = load_device(cluster.device).memory_capacity_bytes
+    return [_screened(config, layout, capacity) for layout in layouts]
+
+
+def _screened(config: TransformerConfig, layout: ParallelLayout, capacity: float) -> Candidate:
+    """``layout`` with its fullest rank's bytes, and the reason if they exceed ``capacity``."""
     from ddlsim.simulator.workloads.transformer_memory import peak_memory
 
-    capacity = load_device(cluster.device).memory_capacity_bytes
-    out = []
-    for layout in layouts:
-        peak = peak_memory(config, layout)
-        reason = "" if peak.fits(capacity) else f"needs {peak.total / 1e9:.1f} GB of {capacity / 1e9:.1f} GB"
-        out.append(Candidate(layout, peak.total, reason))
-    return out
+    peak = peak_memory(config, layout)
+    reason = "" if peak.fits(capacity) else f"needs {peak.total / 1e9:.1f} GB of {capacity / 1e9:.1f} GB"
+    return Candidate(layout, peak.total, reason)
 
 
 def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenario:
@@ -235,7 +244,6 @@ def branch_and_bound(
 
     from ddlsim.algorithms.megatron_training import micro_batches
     from ddlsim.simulator.planner_bounds import LowerBounds
-    from ddlsim.simulator.workloads.transformer_memory import peak_memory
 
     bounds = LowerBounds(model, config, cluster)
     bound = bounds.bounds(layouts)
@@ -253,17 +261,13 @@ def branch_and_bound(
             for rest in order[walked - 1 :]:
                 candidates[rest] = Candidate(
                     layouts[rest], float("nan"),
-                    f"pruned: at most {ceiling[rest]:.4g} tokens/s (at least {bound[rest]:.4g} s per iteration), "
+                    f"{PRUNED}: at most {ceiling[rest]:.4g} tokens/s (at least {bound[rest]:.4g} s per iteration), "
                     f"not faster than the best {keep}" + (f" by more than {tolerance:.1%}" if tolerance else ""),
                     {"iteration_lower_bound_s": bound[rest]},
                 )  # fmt: skip
             break
-        peak = peak_memory(config, layout)
-        candidate = Candidate(layout, peak.total)
-        candidates[index] = candidate
-        if not peak.fits(capacity):
-            candidate.reason = f"needs {peak.total / 1e9:.1f} GB of {capacity / 1e9:.1f} GB"
-        else:
+        candidate = candidates[index] = _screened(config, layout, capacity)
+        if not candidate.reason:
             candidate.figures = closed_form_figures((model, cluster, layout))
             candidate.figures["iteration_lower_bound_s"] = bound[index]
             timed.append(candidate)

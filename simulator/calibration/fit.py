@@ -103,6 +103,11 @@ def usable_rows(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[tu
 # --- steps 3-5: compute and overlap ----------------------------------------------------------------
 
 
+def run_shape(row: Measurement) -> tuple[str, str]:
+    """(device, workload/precision/batch): what a pinned compute scale is kept per."""
+    return row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0)
+
+
 def pin_shapes(
     profile: Profile, model: ComputeModelFit | None, rng: np.random.Generator, bootstrap: int
 ) -> tuple[Profile, list[dict[str, float]]]:
@@ -124,7 +129,7 @@ def pin_shapes(
         busy = model.measured[index] - model.exposed[index]
         if busy < 0.3 * model.measured[index]:  # mostly communication: the row says little about compute
             continue
-        key = (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
+        key = run_shape(row)
         # the pin scales the layers' time (simulator.training.trainers.layer_times), not the update's
         layers_s = compute[index] - update[index]
         slowest = jitter.expected_slowest(row.devices)
@@ -155,16 +160,14 @@ def pin_shapes(
 def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[Measurement]) -> list[Measurement]:
     """Multi-device training rows whose compute (a single-device row of the same shape) and links are
     pinned independently: what the step-level terms (interference, rank jitter) are fitted to."""
-    pinned_by_single = {
-        (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0)) for row in single
-    }
+    pinned_by_single = {run_shape(row) for row in single}
     rows = [
         row
         for row in usable
         if row.kind == "training"
         and row.devices > 1
         and row.metric in ("throughput_samples_per_s", "time_s")
-        and (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0)) in pinned_by_single
+        and run_shape(row) in pinned_by_single
         and all(
             profile.link_fit(token, row.device) is not None
             for token in (
@@ -221,20 +224,12 @@ def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
     # single-device row of the same shape is needed (interference needs one; jitter grows with N); but a
     # shape that only multi-device rows pin is pinned to those rows whatever the jitter (the pin
     # absorbs it, step 4), so they say nothing about it and are left out
-    single = {(row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
-              for row in usable if row.kind == "training" and row.devices == 1}  # fmt: skip
-    self_pinned = {
-        (row.device, key)
-        for row in usable
-        if row.kind == "training" and row.devices > 1
-        and (row.device, key := workload_key(row.workload, row.precision, row.per_device_batch or 0)) not in single
-        and (row.device, key) in {(device, shape) for device, fit in profile.devices.items()
-                                  for shape in fit.workload_scale}
-    }  # fmt: skip
-    rows = [row for row in usable if row.kind == "training" and row.devices > 1
-            and row.metric in ("throughput_samples_per_s", "time_s")
-            and (row.device, workload_key(row.workload, row.precision, row.per_device_batch or 0))
-            not in self_pinned]  # fmt: skip
+    training = [row for row in usable if row.kind == "training"]
+    single = {run_shape(row) for row in training if row.devices == 1}
+    pinned = {(device, shape) for device, fit in profile.devices.items() for shape in fit.workload_scale}
+    self_pinned = ({run_shape(row) for row in training if row.devices > 1} & pinned) - single
+    rows = [row for row in training if row.devices > 1 and row.metric in ("throughput_samples_per_s", "time_s")
+            and run_shape(row) not in self_pinned]  # fmt: skip
     sources = dict(profile.sources)
     if not rows:
         sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row; 0"

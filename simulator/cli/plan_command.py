@@ -141,8 +141,8 @@ def run(args: argparse.Namespace) -> int:
             f"smallest needs {smallest.memory_bytes / 1e9:.1f} GB of {capacity / 1e9:.1f} GB "
             f"({planner.layout_text(smallest.layout)})"
         )
-    pruned = sum(1 for candidate in candidates if candidate.reason.startswith("pruned"))
-    too_big = sum(1 for candidate in candidates if candidate.reason and not candidate.reason.startswith("pruned"))
+    pruned = sum(1 for candidate in candidates if candidate.pruned)
+    too_big = sum(1 for candidate in candidates if candidate.reason and not candidate.pruned)
     top = ranked[: args.top]
     rows = []
     for rank, candidate in enumerate(top, start=1):

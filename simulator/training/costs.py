@@ -39,7 +39,7 @@ def _core(spec: FabricSpec, net: Link) -> tuple[float, float]:
         uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
         return 2 * SWITCH_HOP_LATENCY_S, uplink
     if spec.topology in ("torus_2d", "torus_3d"):
-        shape = torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)
+        shape = _torus_shape(spec)
         # node 0 to the last node: one hop per dimension of extent >= 2 (the wrap-around way; a partly
         # filled torus, whose last node sits elsewhere, takes the fabric's own route: fabric_costs)
         hops = sum(1 for extent in shape if extent >= 2)
@@ -47,10 +47,14 @@ def _core(spec: FabricSpec, net: Link) -> tuple[float, float]:
     return 0.0, float("inf")
 
 
+def _torus_shape(spec: FabricSpec) -> tuple[int, ...]:
+    return torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)
+
+
 def _partial_torus(spec: FabricSpec) -> bool:
     if spec.topology not in ("torus_2d", "torus_3d") or spec.nodes < 2:
         return False
-    return math.prod(torus_shape(spec.nodes, 2 if spec.topology == "torus_2d" else 3, spec.torus_dims)) != spec.nodes
+    return math.prod(_torus_shape(spec)) != spec.nodes
 
 
 def fabric_costs(spec: FabricSpec) -> FabricCosts:
