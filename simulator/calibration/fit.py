@@ -312,23 +312,22 @@ def fit_rows(
     )
     compute, model, compute_samples = fit_compute_model(usable, profile, bootstrap, rng, exposed)
     profile = dataclasses.replace(profile, compute=compute)
-    profile, pin_samples = pin_shapes(profile, model, rng, bootstrap)
-    compute_samples = compute_samples or [{} for _ in range(bootstrap)]
-    samples = [{**a, **b, **c} for a, b, c in zip(links.samples, compute_samples, pin_samples, strict=True)]
-    single = [row for row in usable if row.kind == "training" and row.devices == 1]
+    interference_rows: list[tuple[Measurement, float]] = []
     if reuse is not None:  # the noise estimate's inner folds keep the step-level terms of the whole fit
         profile = dataclasses.replace(
             profile,
             overlap_interference=reuse.profile.overlap_interference,
             rank_jitter_sigma=reuse.profile.rank_jitter_sigma,
         )
-        interference_rows: list[tuple[Measurement, float]] = []
-    else:
+    profile, pin_samples = pin_shapes(profile, model, rng, bootstrap)  # with the jitter known: one rank's pace
+    if reuse is None:
+        single = [row for row in usable if row.kind == "training" and row.devices == 1]
         profile, interference_rows = fit_interference(profile, usable, single)
         profile = fit_rank_jitter(profile, usable)
         if profile.rank_jitter_sigma > 0:  # multi-device pins are one rank's pace: divide the jitter out
             profile, pin_samples = pin_shapes(profile, model, rng, bootstrap)
-            samples = [{**a, **b, **c} for a, b, c in zip(links.samples, compute_samples, pin_samples, strict=True)]
+    compute_samples = compute_samples or [{} for _ in range(bootstrap)]
+    samples = [{**a, **b, **c} for a, b, c in zip(links.samples, compute_samples, pin_samples, strict=True)]
     return Fitted(profile, samples, links.groups, links.parameters, model, interference_rows, links.unused)
 
 
