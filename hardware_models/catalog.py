@@ -57,6 +57,7 @@ class DeviceSystem:
     intra_node_link: str  # link token, kind intra_node
     network: str  # link token, kind network
     nics_per_node: int
+    host_link: str | None = None  # device-to-NIC link token (kind intra_node); None: the generation's default
 
 
 @dataclass(frozen=True)
@@ -252,17 +253,19 @@ def _parse_system(table: Any, path: Path, sources: dict[str, str]) -> DeviceSyst
     if not isinstance(table, dict):
         raise CatalogError(f"{path}: key 'system' must be a table")
     keys = {"devices_per_node", "intra_node_link", "network", "nics_per_node"}
-    _check_keys(table, where, keys, set())
+    _check_keys(table, where, keys, {"host_link"})
     found: dict[str, str] = {}
     checks = {"devices_per_node": _count, "nics_per_node": _count,
-              "intra_node_link": _token("intra_node"), "network": _token("network")}  # fmt: skip
-    values = {key: _quantity(table, key, where, check, found) for key, check in checks.items()}
+              "intra_node_link": _token("intra_node"), "network": _token("network"),
+              "host_link": _token("intra_node")}  # fmt: skip
+    values = {key: _quantity(table, key, where, check, found) for key, check in checks.items() if key in table}
     sources.update({f"system.{key}": source for key, source in found.items()})
     return DeviceSystem(
         devices_per_node=int(values["devices_per_node"]),
         intra_node_link=values["intra_node_link"],
         network=values["network"],
         nics_per_node=int(values["nics_per_node"]),
+        host_link=values.get("host_link"),
     )
 
 

@@ -93,10 +93,16 @@ class Stragglers:
 
 
 def default_host_link(device: Device) -> str | None:
-    """GPUs reach the NIC over PCIe (gen 4 from Ampere on); CPUs and KNL are the host themselves."""
+    """The link between a device and its NIC: the one its datasheet's system names (Hopper and later:
+    PCIe 5.0), else PCIe 4.0 for Ampere and PCIe 3.0 for older GPUs; CPUs and KNL are the host
+    themselves."""
     if device.kind != "gpu":
         return None
-    return "pcie4_x16" if device.token.startswith(("a100", "h100")) else "pcie3_x16"
+    if device.system is not None and device.system.host_link is not None:
+        return device.system.host_link
+    if device.token.startswith(("h100", "h200", "b200", "gb200", "gb300")):
+        return "pcie5_x16"
+    return "pcie4_x16" if device.token.startswith("a100") else "pcie3_x16"
 
 
 @dataclass(frozen=True)

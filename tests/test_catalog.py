@@ -77,6 +77,8 @@ def test_device_loads_with_a_source_for_every_number(token: str) -> None:
     assert device.description.strip()
     assert device.kind in DEVICE_KINDS
     system = {f"system.{key}" for key in SYSTEM_KEYS} if device.system else set()
+    if device.system is not None and device.system.host_link is not None:
+        system.add("system.host_link")
     assert set(device.sources) == DEVICE_QUANTITIES | set(device.peak_flops) | set(device.layer_efficiency) | system
     for key, source in device.sources.items():
         assert len(source.strip()) > 20, f"{token}: source of {key!r} does not name a document"
