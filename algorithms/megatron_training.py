@@ -22,9 +22,14 @@ links; the real trainer calls them on sub-communicators). The bubble comes out o
 After the pipeline flush each chunk's gradient is reduced over the data-parallel group (the ranks of
 the same tensor and pipeline rank: dp x cp of them): an all-reduce (ZeRO 0), or a reduce-scatter
 into the shard this rank updates (ZeRO >= 1, Megatron's distributed optimizer); then the optimizer
-step, then (ZeRO 1 and 2) an all-gather of the updated weights. With option ``overlap`` a chunk's
-reduction starts as soon as its last backward is done, overlapping the rest of the pipeline's
-cool-down (Megatron's ``--overlap-grad-reduce``).
+step, then (ZeRO 1 and 2) an all-gather of the updated weights. Option ``overlap_grad_reduce``
+(Megatron's ``--overlap-grad-reduce``) runs each chunk's last backward in gradient buckets of about
+``bucket_bytes`` and starts a bucket's reduction as soon as it is complete, overlapping the rest of
+that backward and of the pipeline's cool-down. Option ``overlap_param_gather`` (ZeRO 1-2,
+``--overlap-param-gather``) moves the gathers to the start of the next iteration: they run bucket by
+bucket while each chunk's first forward runs, each bucket's layers waiting for their weights. An
+iteration then starts with the gathers of the previous step's update, so every iteration, the first
+included, costs what an iteration costs in the steady state.
 
 Closed form: the pipeline's dependency recurrence over the tasks with the trainer's times and the
 hop cost of each activation message, then the reductions, the step and the gathers; exact where
@@ -142,7 +147,8 @@ def tag(target: int, phase: str) -> int:
 class MegatronTraining(TrainingAlgorithm):
     name = "megatron"
     family = "synchronous"
-    options = ("layout", "collective", "collective_options", "overlap_grad_reduce")
+    options = ("layout", "collective", "collective_options", "overlap_grad_reduce", "overlap_param_gather",
+               "bucket_bytes")
     momentum = True  # Adam's moments (the optimizer step's memory traffic)
     summary = "tensor, pipeline, data, context and expert parallelism with ZeRO, as Megatron-LM"
     default_updates = 1
@@ -173,8 +179,17 @@ class MegatronTraining(TrainingAlgorithm):
         near = {v: neighbour(rank, layout, v) for c in range(chunks) for v in (c * layout.pp + here.pp - 1,
                 c * layout.pp + here.pp + 1) if 0 <= v <= last}  # fmt: skip
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
+        gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1  # the distributed optimizer's updated shards
+        early_gathers = gathered and options.overlap_param_gather
+        buckets = {chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in range(chunks)}
         for _ in range(plan.steps):
-            sends, reductions = [], []
+            sends, reductions, gathers = [], [], {}
+            if early_gathers:  # the previous step's update, gathered while the first forwards run
+                for chunk in range(chunks):
+                    for bucket in range(buckets[chunk]):
+                        shard = trainer.parameter_bucket(chunk, bucket, buckets[chunk])
+                        message = comm.collective("allgather", shard, options.collective, group)
+                        gathers[(chunk, bucket)] = yield comm.start(message)
             left = Counter(backwards)
             for task in tasks:
                 virtual = task.chunk * layout.pp + here.pp
@@ -183,7 +198,15 @@ class MegatronTraining(TrainingAlgorithm):
                     if virtual > 0:
                         source = near[virtual - 1]
                         activation = yield comm.recv(source, tag(virtual, FORWARD))
-                    output = yield comm.compute(trainer.stage_forward(task.micro_batch, task.chunk, activation))
+                    if early_gathers and task.micro_batch == 0:
+                        count = buckets[task.chunk]
+                        for bucket in range(count):
+                            yield comm.wait(gathers[(task.chunk, bucket)])
+                            output = yield comm.compute(
+                                trainer.stage_forward_bucket(task.micro_batch, task.chunk, activation, bucket, count)
+                            )
+                    else:
+                        output = yield comm.compute(trainer.stage_forward(task.micro_batch, task.chunk, activation))
                     if virtual < last:
                         target = near[virtual + 1]
                         message = comm.send(target, output, tag(virtual + 1, FORWARD))
@@ -193,51 +216,84 @@ class MegatronTraining(TrainingAlgorithm):
                 if virtual < last:
                     source = near[virtual + 1]
                     gradient = yield comm.recv(source, tag(virtual, BACKWARD))
-                input_gradient = yield comm.compute(trainer.stage_backward(task.micro_batch, task.chunk, gradient))
+                left[task.chunk] -= 1
+                if options.overlap_grad_reduce and left[task.chunk] == 0:  # the last backward: bucket by bucket
+                    count = buckets[task.chunk]
+                    for bucket in range(count):
+                        work = trainer.stage_backward_bucket(task.micro_batch, task.chunk, gradient, bucket, count)
+                        input_gradient = yield comm.compute(work)
+                        gradients = trainer.bucket_gradients(task.chunk, bucket, count)
+                        reductions += yield from _reduce(comm, options, gradients)
+                else:
+                    input_gradient = yield comm.compute(trainer.stage_backward(task.micro_batch, task.chunk, gradient))
                 if virtual > 0:
                     target = near[virtual - 1]
                     message = comm.send(target, input_gradient, tag(virtual - 1, BACKWARD))
                     sends.append((yield comm.start(message)))
-                left[task.chunk] -= 1
-                if options.overlap_grad_reduce and left[task.chunk] == 0:
-                    reductions += yield from _reduce(comm, trainer, options, task.chunk)
             yield comm.wait(*sends)
             if not options.overlap_grad_reduce:
                 for chunk in range(chunks):
-                    reductions += yield from _reduce(comm, trainer, options, chunk)
+                    reductions += yield from _reduce(comm, options, trainer.chunk_gradients(chunk))
             reduced = yield comm.wait(*reductions)
             yield comm.compute(trainer.step(reduced))
-            if 1 <= layout.zero_stage <= 2 and len(group) > 1:  # the distributed optimizer's updated shards
-                gathers = []
+            if gathered and not early_gathers:
+                handles = []
                 for chunk in range(chunks):
                     shard = trainer.parameter_shard(chunk)
-                    gathers.append((yield comm.start(comm.collective("allgather", shard, options.collective, group))))
-                yield comm.wait(*gathers)
+                    handles.append((yield comm.start(comm.collective("allgather", shard, options.collective, group))))
+                yield comm.wait(*handles)
         return {"role": "worker", "stage": here.pp}
 
     def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
-        """Every pipeline (every tp, cp and dp rank) runs the same timeline: the recurrence over one
-        pipeline's tasks, then the reductions on the communication stream, the step and the gathers;
-        the iteration ends with the slowest stage. Collective seconds are stage 0's."""
+        """Every pipeline (every tp, cp and dp rank) runs the same timeline: the early gathers on the
+        communication stream, the recurrence over one pipeline's tasks, then the reductions on the
+        stream in the order they start, the step and the gathers; the iteration ends with the slowest
+        stage. Collective seconds are stage 0's."""
         layout, options = plan.options.layout, plan.options
         pipeline = [rank_of(Coordinates(0, 0, 0, stage), layout) for stage in range(layout.pp)]
         trainers = [costs.trainer(rank) for rank in pipeline]
-        done, chunk_done = _pipeline_recurrence(layout, trainers, pipeline, costs)
+        chunks = range(layout.virtual_stages)
+        buckets = [{chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in chunks}
+                   for trainer in trainers]  # fmt: skip
+        gathered = [1 <= layout.zero_stage <= 2 and len(data_parallel_group(rank, layout)) > 1 for rank in pipeline]
+        gather_ready: dict[tuple[int, int], list[float]] = {}  # (stage, chunk) -> each bucket's gather end
+        stream_start, spent_on = [-float("inf")] * layout.pp, [0.0] * layout.pp
+        for stage, rank in enumerate(pipeline):
+            if gathered[stage] and options.overlap_param_gather:
+                group, clock = data_parallel_group(rank, layout), 0.0
+                for chunk in chunks:
+                    count = buckets[stage][chunk]
+                    shard = trainers[stage].parameter_bucket(chunk, 0, count).nbytes
+                    seconds = _collective_s(costs, "allgather", shard, group, options)
+                    gather_ready[(stage, chunk)] = [clock + seconds * (bucket + 1) for bucket in range(count)]
+                    clock += seconds * count
+                stream_start[stage], spent_on[stage] = clock, clock
+        done, last_backward = _pipeline_recurrence(layout, trainers, pipeline, costs, gather_ready)
         finish, comm_total = 0.0, 0.0
         for stage, rank in enumerate(pipeline):
-            trainer, stream, spent = trainers[stage], -float("inf"), 0.0
-            for chunk in range(layout.virtual_stages):
-                ready = chunk_done[(stage, chunk)] if options.overlap_grad_reduce else done[stage]
-                for payload, collective, kind in trainer.chunk_gradients(chunk):
-                    group = data_parallel_group(rank, layout, kind)
-                    seconds = _collective_s(costs, collective, payload.nbytes, group, options)
-                    if seconds:
-                        stream = max(stream, ready) + seconds
-                        spent += seconds
+            trainer, spent = trainers[stage], spent_on[stage]
+            reductions: list[tuple[float, float]] = []  # (ready, seconds), in the order the program starts them
+            for chunk in chunks:
+                if options.overlap_grad_reduce:
+                    count = buckets[stage][chunk]
+                    start, duration = last_backward[(stage, chunk)]
+                    pieces = [(start + duration * (bucket + 1) / count, trainer.bucket_gradients(chunk, bucket, count))
+                              for bucket in range(count)]  # fmt: skip
+                else:
+                    pieces = [(done[stage], trainer.chunk_gradients(chunk))]
+                for ready, gradients in pieces:
+                    for payload, collective, kind in gradients:
+                        group = data_parallel_group(rank, layout, kind)
+                        reductions.append((ready, _collective_s(costs, collective, payload.nbytes, group, options)))
+            stream = stream_start[stage]
+            for ready, seconds in sorted(reductions, key=lambda item: item[0]):
+                if seconds:
+                    stream = max(stream, ready) + seconds
+                    spent += seconds
             clock = max(done[stage], stream) + trainer.step([]).duration_s
-            group = data_parallel_group(rank, layout)
-            if 1 <= layout.zero_stage <= 2 and len(group) > 1:
-                for chunk in range(layout.virtual_stages):
+            if gathered[stage] and not options.overlap_param_gather:
+                group = data_parallel_group(rank, layout)
+                for chunk in chunks:
                     seconds = _collective_s(costs, "allgather", trainer.parameter_shard(chunk).nbytes, group, options)
                     clock += seconds
                     spent += seconds
@@ -254,11 +310,12 @@ def _collective_s(costs: TrainingCosts, collective: str, nbytes: float, group: t
                               group=group)  # fmt: skip
 
 
-def _reduce(comm: Any, trainer: Trainer, options: AlgorithmOptions, chunk: int):
-    """Start the reductions of ``chunk``'s gradients over their data-parallel groups; the handles."""
+def _reduce(comm: Any, options: AlgorithmOptions, gradients: list[tuple[Any, str, str]]):
+    """Start the reductions of ``gradients`` ((payload, collective, kind) of a chunk or of one of its
+    buckets) over their data-parallel groups; the handles."""
     handles = []
     layout = options.layout
-    for payload, collective, kind in trainer.chunk_gradients(chunk):
+    for payload, collective, kind in gradients:
         group = data_parallel_group(comm.rank, layout, kind)
         if payload.nbytes and len(group) > 1:
             handles.append((yield comm.start(comm.collective(collective, payload, options.collective, group))))
@@ -266,12 +323,18 @@ def _reduce(comm: Any, trainer: Trainer, options: AlgorithmOptions, chunk: int):
 
 
 def _pipeline_recurrence(
-    layout: ParallelLayout, trainers: list[Trainer], pipeline: list[int], costs: TrainingCosts
-) -> tuple[list[float], dict[tuple[int, int], float]]:
+    layout: ParallelLayout,
+    trainers: list[Trainer],
+    pipeline: list[int],
+    costs: TrainingCosts,
+    gather_ready: dict[tuple[int, int], list[float]] | None = None,
+) -> tuple[list[float], dict[tuple[int, int], tuple[float, float]]]:
     """(each stage's time when its last task and its sends are done, each (stage, chunk)'s last
-    backward end), running the schedule's tasks with their dependencies: a forward waits for its
-    input to arrive (the previous virtual stage's compute end plus the message's hop), a backward for
-    its output gradient; a stage runs its tasks in order, its sends leaving without blocking it."""
+    backward (start, seconds)), running the schedule's tasks with their dependencies: a forward waits
+    for its input to arrive (the previous virtual stage's compute end plus the message's hop), a
+    backward for its output gradient; a stage runs its tasks in order, its sends leaving without
+    blocking it. With ``gather_ready`` a chunk's first forward runs bucket by bucket, each bucket after
+    its weights' gather ends."""
     stages, chunks = layout.pp, layout.virtual_stages
     last = stages * chunks - 1
     schedule = [stage_tasks(layout, stage) for stage in range(stages)]
@@ -279,7 +342,7 @@ def _pipeline_recurrence(
     position = [0] * stages
     clock = [0.0] * stages
     sends_done = [0.0] * stages
-    chunk_done: dict[tuple[int, int], float] = {}
+    last_backward: dict[tuple[int, int], tuple[float, float]] = {}
     works: dict[tuple[int, str, int], tuple[float, float | None]] = {}  # every micro-batch's task costs the same
     hops: dict[tuple[int, int, float], float] = {}
     remaining = sum(len(tasks) for tasks in schedule)
@@ -307,6 +370,11 @@ def _pipeline_recurrence(
                     works[(stage, task.phase, task.chunk)] = cost
                 duration_s, nbytes = cost
                 end = start + duration_s
+                if forward and task.micro_batch == 0 and gather_ready and (stage, task.chunk) in gather_ready:
+                    ready = gather_ready[(stage, task.chunk)]
+                    end = start
+                    for gather_end in ready:
+                        end = max(end, gather_end) + duration_s / len(ready)
                 clock[stage] = end
                 target = virtual + 1 if forward else virtual - 1
                 if 0 <= target <= last and nbytes is not None:
@@ -317,13 +385,13 @@ def _pipeline_recurrence(
                     arrival[(task.phase, task.micro_batch, target)] = end + hop
                     sends_done[stage] = max(sends_done[stage], end + hop)
                 if not forward:
-                    chunk_done[(stage, task.chunk)] = end
+                    last_backward[(stage, task.chunk)] = (start, duration_s)
                 position[stage] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
             raise TrainingAlgorithmError("megatron: the pipeline schedule deadlocks")
-    return [max(clock[stage], sends_done[stage]) for stage in range(stages)], chunk_done
+    return [max(clock[stage], sends_done[stage]) for stage in range(stages)], last_backward
 
 
 TRAINING_ALGORITHMS.register("megatron")(MegatronTraining())

@@ -13,6 +13,9 @@ distributed optimizer, ZeRO-1); 2 gradients too (ZeRO-2, FSDP SHARD_GRAD_OP); 3 
 (ZeRO-3, FSDP FULL_SHARD). ``recompute``: ``none``, ``selective`` (attention core, Korthikanti
 et al. 2022), ``full`` (every layer keeps only its input). ``precision``: the matrix products'
 (``fp8`` keeps bf16 weights and activations with fp8 products, Transformer Engine style).
+``grad_reduce_in_fp32`` (Megatron's name): the data-parallel gradient reductions carry fp32 main
+gradients (Megatron-LM's default); off, they carry the weights' 16-bit type (NeMo's performance
+recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``).
 
 ``check_layout`` names the first violated rule in one line; the planner and the commands show it
 and exit 2.
@@ -71,6 +74,12 @@ class ParallelLayout:
     schedule: str = "1f1b"
     first_stage_layers: int | None = None  # Megatron --decoder-first-pipeline-num-layers (uneven stages)
     last_stage_layers: int | None = None  # Megatron --decoder-last-pipeline-num-layers
+    grad_reduce_in_fp32: bool = True
+
+    @property
+    def gradient_bytes(self) -> float:
+        """Bytes per gradient element in the data-parallel reductions (and ZeRO-3's reduce-scatters)."""
+        return 4.0 if self.grad_reduce_in_fp32 or self.precision == "fp32" else 2.0
 
     @property
     def gpus(self) -> int:
@@ -121,6 +130,9 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
     for name, allowed in choices.items():
         if getattr(layout, name) not in allowed:
             raise LayoutError(f"{name} must be one of {', '.join(allowed)}, got {getattr(layout, name)!r}")
+    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32"):
+        if not isinstance(getattr(layout, name), bool):
+            raise LayoutError(f"{name} must be true or false, got {getattr(layout, name)!r}")
     if layout.zero_stage not in (0, 1, 2, 3):
         raise LayoutError(f"zero_stage must be 0, 1, 2 or 3, got {layout.zero_stage!r}")
     tp, pp, dp, cp, ep = layout.tp, layout.pp, layout.dp, layout.cp, layout.ep

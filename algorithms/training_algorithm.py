@@ -139,6 +139,23 @@ class Trainer(Protocol):
     def parameter_shard(self, chunk: int) -> Any:
         """The updated weights of ``chunk`` this rank gathers from the others (ZeRO 1-2; no work)."""
 
+    def chunk_buckets(self, chunk: int, bucket_bytes: float) -> int:
+        """How many gradient buckets of about ``bucket_bytes`` ``chunk``'s gradients fill (no work)."""
+
+    def stage_forward_bucket(self, micro_batch: int, chunk: int, activation: Any, bucket: int, buckets: int) -> Any:
+        """``stage_forward`` through the layers of bucket ``bucket`` of ``buckets`` (in forward order)
+        -> the output activation after the last bucket, else None."""
+
+    def stage_backward_bucket(self, micro_batch: int, chunk: int, gradient: Any, bucket: int, buckets: int) -> Any:
+        """``stage_backward`` until bucket ``bucket`` of ``buckets`` is complete (in backward order)
+        -> the input gradient after the last bucket, else None."""
+
+    def bucket_gradients(self, chunk: int, bucket: int, buckets: int) -> list[tuple[Any, str, str]]:
+        """``chunk_gradients`` of bucket ``bucket`` of ``buckets`` (no work)."""
+
+    def parameter_bucket(self, chunk: int, bucket: int, buckets: int) -> Any:
+        """``parameter_shard`` of bucket ``bucket`` of ``buckets`` (no work)."""
+
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
@@ -157,7 +174,10 @@ class AlgorithmOptions:
     staleness: async_sgd: artificial extra staleness, in pulls (real-run statistical check), >= 0.
     layout: megatron: the tensor/pipeline/data/context/expert split, micro-batches, ZeRO stage,
         recomputation (``algorithms.parallel_layout.ParallelLayout``; dp 0 = whatever the ranks leave).
-    overlap_grad_reduce: megatron: reduce a model chunk's gradients as soon as its last backward ends.
+    overlap_grad_reduce: megatron: reduce a model chunk's gradients bucket by bucket (``bucket_bytes``) as
+        its last backward fills them (Megatron's ``--overlap-grad-reduce``).
+    overlap_param_gather: megatron, ZeRO 1-2: gather the updated weights bucket by bucket while the next
+        iteration's first forward runs, each bucket before its layers (``--overlap-param-gather``).
     """
 
     tau: int = 1
@@ -173,6 +193,7 @@ class AlgorithmOptions:
     staleness: int = 0
     layout: ParallelLayout = field(default_factory=lambda: ParallelLayout(dp=0))
     overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
 
     def validate(self) -> None:
         def positive_int(name: str) -> None:

@@ -78,7 +78,7 @@ class LowerBounds:
         self._stage_sums: dict[tuple[ShapeKey, MapKey, tuple[int, bool, bool]], tuple[np.ndarray, ...]] = {}
         self._ep: dict[tuple[ShapeKey, int], np.ndarray] = {}
         self._groups: dict[tuple[int, int, int], tuple[int, ...]] = {}
-        self._data_parallel: dict[tuple[ShapeKey, MapKey, int, int], float] = {}
+        self._data_parallel: dict[tuple[ShapeKey, MapKey, int, int, float], float] = {}
         self._costs: Any = None  # the first probe's: one fabric for every layout's data-parallel collectives
         self._models: dict[ShapeKey, Any] = {}  # each shape's probe TransformerCosts (its layout's shape)
 
@@ -246,9 +246,7 @@ class LowerBounds:
         """Rank 0's reductions of its dense gradients and (ZeRO 1-2) gathers of its updated weights,
         chunk by chunk at their closed forms over its data-parallel group (none under ZeRO-3: those
         run inside backward, and the bound leaves them out)."""
-        from ddlsim.simulator.training.transformer_trainer import GRADIENT_BYTES
-
-        key = (shape_key(layout), map_key(layout), layout.dp, layout.zero_stage)
+        key = (shape_key(layout), map_key(layout), layout.dp, layout.zero_stage, layout.gradient_bytes)
         seconds = self._data_parallel.get(key)
         if seconds is None:
             seconds = 0.0
@@ -264,7 +262,7 @@ class LowerBounds:
                 weight_bytes = costs.transformer.weight_bytes
                 for parameters in chunks:
                     for collective, nbytes in (
-                        (reduce, parameters * GRADIENT_BYTES),
+                        (reduce, parameters * layout.gradient_bytes),
                         ("allgather", parameters * weight_bytes if layout.zero_stage else 0),
                     ):
                         if nbytes > 0:

@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 
 import pytest
 
 from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group, rank_of
 from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError, make_options
+from ddlsim.simulator.closed_form.costs import ClosedFormCosts
 from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.training.setup import setup_of
 
 BREAKDOWN = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
 
@@ -45,6 +48,65 @@ def test_the_event_simulation_equals_the_closed_form_without_contention(layout):
     closed = closed_form_result(point, 2)
     assert des.path == "vectorised"
     assert des.iteration_s == pytest.approx(closed.iteration_s, rel=1e-9)
+
+
+def overlapped(point: Scenario, **options) -> Scenario:
+    values = {"layout": point.options.layout, **options}
+    return dataclasses.replace(point, options=make_options("megatron", values))
+
+
+OVERLAPS = [
+    ({"tp": 2, "pp": 2, "global_batch": 8, "zero_stage": 1}, {"overlap_grad_reduce": True}),
+    ({"tp": 2, "pp": 2, "global_batch": 8, "zero_stage": 1}, {"overlap_param_gather": True}),
+    ({"tp": 1, "pp": 4, "global_batch": 16, "virtual_stages": 3, "zero_stage": 1},
+     {"overlap_grad_reduce": True, "overlap_param_gather": True, "bucket_bytes": 20e6}),
+    ({"tp": 2, "pp": 1, "global_batch": 8}, {"overlap_grad_reduce": True, "bucket_bytes": 5e6}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("layout", "options"), OVERLAPS, ids=[str(sorted(o.items())) for _, o in OVERLAPS])
+def test_overlapped_reductions_and_gathers_agree_in_both_executors_and_hide_time(layout, options):
+    plain = scenario(**layout)
+    point = overlapped(plain, **options)
+    des = run_des(point, 2).result
+    closed = closed_form_result(point, 2)
+    if layout.get("virtual_stages", 1) > 1:
+        # the reductions run while the pipeline's messages leave the same ports: the event simulation
+        # sees the contention (and takes the message path); the closed form, which has none, is a bound
+        assert des.path == "message"
+        assert closed.iteration_s < des.iteration_s < 1.01 * closed.iteration_s
+    else:
+        assert des.iteration_s == pytest.approx(closed.iteration_s, rel=1e-9)
+    assert closed.iteration_s < closed_form_result(plain, 2).iteration_s  # something was hidden
+    steady = run_des(dataclasses.replace(point, updates=3), 2).result  # every iteration costs the same
+    assert steady.iteration_s == pytest.approx(des.iteration_s, rel=1e-6)
+
+
+def test_overlapped_reduction_leaves_one_bucket_exposed_when_the_network_is_fast():
+    """Data parallelism only (pp 1) over one node's NVSwitch: without overlap the whole reduction
+    follows the backward; with it the buckets reduce while the last backward runs, and what shows is
+    the last bucket's."""
+    plain = scenario(nodes=1, per_node=8, tp=1, pp=1, global_batch=8)
+    point = overlapped(plain, overlap_grad_reduce=True, bucket_bytes=10e6)
+    costs = ClosedFormCosts(setup_of(point, 1))
+    trainer = costs.trainer(0)
+    ((payload, collective, _),) = trainer.chunk_gradients(0)
+    group = tuple(range(8))
+    whole = costs.collective_s(collective, "ring", 8, payload.nbytes, {}, group=group)
+    buckets = trainer.chunk_buckets(0, 10e6)
+    assert buckets == math.ceil(payload.nbytes / 10e6) > 4
+    backward = trainer.stage_backward(0, 0, None).duration_s
+    last_bucket = costs.collective_s(collective, "ring", 8, payload.nbytes / buckets, {}, group=group)
+    assert whole - last_bucket < backward * (buckets - 1) / buckets  # each bucket's reduction keeps up
+    hidden = closed_form_result(plain, 1).iteration_s - closed_form_result(point, 1).iteration_s
+    assert hidden == pytest.approx(whole - last_bucket, rel=1e-6)
+
+
+def test_gradients_reduced_in_16_bits_halve_the_reduction():
+    layout = {"tp": 2, "pp": 1, "global_batch": 8, "zero_stage": 1}
+    fp32 = ClosedFormCosts(setup_of(scenario(**layout), 2)).trainer(0).chunk_gradients(0)
+    bf16 = ClosedFormCosts(setup_of(scenario(**layout, grad_reduce_in_fp32=False), 2)).trainer(0).chunk_gradients(0)
+    assert bf16[0][0].nbytes == pytest.approx(fp32[0][0].nbytes / 2)
 
 
 def test_a_mixture_of_experts_with_expert_parallelism_runs_and_agrees():
@@ -231,3 +293,35 @@ def test_layout_flags_set_the_layout_field_by_field(tmp_path, capsys):
     capsys.readouterr()
     assert main(["simulate", "--tp", "2", "--nodes", "2"]) == 2
     assert "--tp do(es) not apply to --algorithm sync_sgd" in capsys.readouterr().err
+
+
+def test_overlap_and_gradient_type_flags_reach_the_run_and_hide_communication(tmp_path, capsys):
+    """--overlap-grad-reduce, --overlap-param-gather and --no-grad-reduce-in-fp32 are saved with the
+    scenario and make a data-parallel-heavy layout faster; sync SGD refuses them."""
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    flags = ["--algorithm", "megatron", "--workload", "gpt2", "--device", "h100_sxm5", "--tp", "2", "--global-batch",
+             "64", "--zero-stage", "1", "--nodes", "2", "--executor", "analytic", "--no-progress"]  # fmt: skip
+    assert main(["simulate", *flags, "--out", str(tmp_path / "plain")]) == 0
+    extra = ["--overlap-grad-reduce", "--overlap-param-gather", "--no-grad-reduce-in-fp32"]
+    assert main(["simulate", *flags, *extra, "--out", str(tmp_path / "overlapped")]) == 0
+    plain = read_csv(tmp_path / "plain" / "results.csv")[0]
+    fast = read_csv(tmp_path / "overlapped" / "results.csv")[0]
+    assert float(fast["iteration_s"]) < float(plain["iteration_s"])
+    assert float(fast["compute_s"]) == pytest.approx(float(plain["compute_s"]))
+    saved = json.loads((tmp_path / "overlapped" / "scenario.json").read_text())["scenario"]["options"]
+    assert saved["overlap_grad_reduce"] and saved["overlap_param_gather"]
+    assert saved["layout"]["grad_reduce_in_fp32"] is False
+    capsys.readouterr()
+    assert main(["simulate", "--overlap-grad-reduce", "--nodes", "2"]) == 2
+    assert "--overlap-grad-reduce do(es) not apply to --algorithm sync_sgd" in capsys.readouterr().err
+
+
+def test_hopper_nodes_reach_their_nics_over_pcie5_so_a_data_parallel_reduction_runs_at_the_nic_rate():
+    """DGX H100: a GPU's ConnectX-7 (400 Gb/s, 47.5 GB/s of payload) sits on PCIe 5.0; over PCIe 4.0
+    (25.2 GB/s of payload) the network could never be filled."""
+    point = dataclasses.replace(scenario(nodes=2, per_node=8, tp=1, pp=1, global_batch=16), device="h100_sxm5",
+                                intra_node="nvswitch3", network="ib_ndr")  # fmt: skip
+    costs = ClosedFormCosts(setup_of(point, 2))
+    assert costs.fabric.inter.beta_Bps == pytest.approx(50e9 * 0.95)

@@ -89,7 +89,7 @@ def scenario_of(mapped: MappedRun) -> Any:
         intra_node=mapped.intra_node_link if per_node > 1 else None, network=mapped.network or "ib_hdr",
         nics_per_node=min(mapped.nics_per_node, per_node), precision=mapped.layout.precision,
         nodes=(gpus // per_node,), enforce_memory=False, transformer_changes=changes,
-        options=make_options("megatron", {"layout": layout}),
+        options=make_options("megatron", {"layout": layout, **dict(mapped.options)}),
     )  # fmt: skip
 
 

@@ -27,6 +27,8 @@ OPTION_FLAGS: dict[str, str] = {
     "threads": "threads",
     "split": "split",
     "staleness": "staleness",
+    "overlap_grad_reduce": "overlap_grad_reduce",
+    "overlap_param_gather": "overlap_param_gather",
 }
 
 
@@ -36,7 +38,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "global_batch": "global_batch", "virtual_stages": "virtual_stages", "sequence_parallel": "sequence_parallel",
     "zero_stage": "zero_stage", "recompute": "recompute", "schedule": "schedule",
     "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
-    "last_stage_layers": "last_stage_layers",
+    "last_stage_layers": "last_stage_layers", "no_grad_reduce_in_fp32": "grad_reduce_in_fp32",
 }  # fmt: skip
 
 
@@ -57,6 +59,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-flash-attention", action="store_true", default=None, help="materialise the scores")
     group.add_argument("--first-stage-layers", type=int, default=None, help="layers on the first pipeline stage")
     group.add_argument("--last-stage-layers", type=int, default=None, help="layers on the last pipeline stage")
+    group.add_argument("--no-grad-reduce-in-fp32", action="store_true", default=None,
+                       help="reduce gradients in the weights' 16-bit type, not fp32 (NeMo's performance recipes)")
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "sync_sgd") -> None:
@@ -73,7 +77,8 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "syn
     group.add_argument(
         "--collective-option", action="append", metavar="KEY=VALUE", help="option of the collective, repeatable"
     )
-    group.add_argument("--bucket-bytes", default=None, help="sync_sgd: gradient fusion bucket (default 25MB)")
+    group.add_argument("--bucket-bytes", default=None,
+                       help="sync_sgd, megatron (overlapped): gradient fusion bucket (default 25MB)")
     group.add_argument("--no-overlap", action="store_true", default=None, help="sync_sgd: all-reduce after backward")
     group.add_argument("--tau", type=int, default=None, help="EASGD family: communication period in local steps")
     group.add_argument("--alpha", type=float, default=None, help="EASGD family: elastic coefficient in (0, 1)")
@@ -81,6 +86,10 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "syn
     group.add_argument("--threads", type=int, default=None, help="Hogwild threads per worker node")
     group.add_argument("--split", default=None, help="hybrid_parallel: layers per device of a node, e.g. 80,81")
     group.add_argument("--staleness", type=int, default=None, help="async_sgd: artificial extra staleness (pulls)")
+    group.add_argument("--overlap-grad-reduce", action="store_true", default=None,
+                       help="megatron: reduce gradient buckets while the last backward runs")
+    group.add_argument("--overlap-param-gather", action="store_true", default=None,
+                       help="megatron, ZeRO 1-2: gather updated weights while the next forward runs")
     add_layout_arguments(parser)
 
 
@@ -113,8 +122,9 @@ def options_values(
     extra = extra_flags or {}
     given = [dest for dest in OPTION_FLAGS if getattr(args, dest) is not None]
     layout = {LAYOUT_FLAGS[dest]: getattr(args, dest) for dest in LAYOUT_FLAGS if getattr(args, dest, None) is not None}
-    if "flash_attention" in layout:
-        layout["flash_attention"] = False  # --no-flash-attention
+    for negated in ("flash_attention", "grad_reduce_in_fp32"):  # --no-flash-attention, --no-grad-reduce-in-fp32
+        if negated in layout:
+            layout[negated] = False
     unused = [dest for dest in given if OPTION_FLAGS[dest] not in algorithm.options]
     if layout and "layout" not in algorithm.options:
         unused += [dest for dest in LAYOUT_FLAGS if getattr(args, dest, None) is not None]

@@ -38,6 +38,7 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
             "use --executor des"
         )
     time_s, comm_s = estimate
+    bucketed = "bucket_bytes" in algorithm.options and not scenario.is_transformer  # sync SGD's buckets
     result = TrainingResult(
         algorithm=algorithm.name,
         collective=plan.options.collective if "collective" in algorithm.options else "",
@@ -51,7 +52,7 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
         compute_s=single_device_step_s(scenario, algorithm) if not scenario.is_transformer else math.nan,
         comm_s=comm_s / plan.steps,
         comm_share=0.0 if scenario.is_transformer else max(time_s - plan.steps * costs.step.compute_s, 0.0) / time_s,
-        buckets=len(costs.step.bucket_bytes) if "bucket_bytes" in algorithm.options else 0,
+        buckets=0 if not bucketed else len(costs.step.bucket_bytes),
         executor="analytic",
         path="closed_form",
     )

@@ -65,7 +65,8 @@ def run_des(
             if attempt == len(modes) - 1:
                 raise
             continue
-        buckets = trainers[setup.plan.workers[0]].buckets() if "bucket_bytes" in setup.algorithm.options else 0
+        bucketed = "bucket_bytes" in setup.algorithm.options and not scenario.is_transformer  # sync SGD's
+        buckets = trainers[setup.plan.workers[0]].buckets() if bucketed else 0
         result = summarise(setup, executor, returns, buckets, current)
         return DesRun(setup, result, executor.records, log, executor.finish_s)
     raise AssertionError("unreachable")

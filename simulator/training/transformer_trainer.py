@@ -48,7 +48,6 @@ from ddlsim.simulator.workloads.transformer_traffic import (
 
 TP_SPLIT = ("column", "row", "heads", "vocab_embedding", "vocab_logits")
 ADAM_BYTES_PER_PARAMETER = 30.0  # read fp32 master, two moments, gradient (16); write them (12) and bf16 weights (2)
-GRADIENT_BYTES = 4.0  # Megatron reduces fp32 main gradients
 COLLECTIVE_NAMES = {"all_reduce": "allreduce", "all_gather": "allgather", "reduce_scatter": "reduce_scatter"}
 
 
@@ -236,7 +235,7 @@ class TransformerCosts:
         the reduce-scatter of its gradients after the backward), beyond the ``compute_s`` it overlaps."""
         seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
         if backward:
-            seconds += self.group_s("reduce_scatter", parameters * GRADIENT_BYTES, group)
+            seconds += self.group_s("reduce_scatter", parameters * self.layout.gradient_bytes, group)
         return max(0.0, seconds - compute_s)
 
     def block_cost(self, block: Block, rank: int) -> BlockCost:
@@ -306,6 +305,7 @@ class TransformerTrainer:
         self.sample = sample or (lambda: 1.0)
         self.iteration = 0
         self._step_factor = 1.0
+        self._whole = TimedWork("none", 0.0)  # the pass being handed out bucket by bucket
 
     def _work(self, name: str, parts: dict[str, float], result: Any) -> TimedWork:
         scaled = {key: value * (self._step_factor if key == "compute" else 1.0) for key, value in parts.items()}
@@ -330,13 +330,39 @@ class TransformerTrainer:
             return []
         cost = self.costs.chunk(self.rank, chunk)
         collective = "allreduce" if layout.zero_stage == 0 else "reduce_scatter"
-        out = [(Sized(cost.dense_parameters * GRADIENT_BYTES, "gradient"), collective, "dense")]
+        out = [(Sized(cost.dense_parameters * layout.gradient_bytes, "gradient"), collective, "dense")]
         if cost.expert_parameters:
-            out.append((Sized(cost.expert_parameters * GRADIENT_BYTES, "gradient"), collective, "expert"))
+            out.append((Sized(cost.expert_parameters * layout.gradient_bytes, "gradient"), collective, "expert"))
         return out
 
     def parameter_shard(self, chunk: int) -> Sized:
         return Sized(self.costs.chunk(self.rank, chunk).dense_parameters * self.costs.weight_bytes, "weights")
+
+    # --- overlapped reductions and gathers: a chunk's pass in equal gradient buckets -----------------
+    def chunk_buckets(self, chunk: int, bucket_bytes: float) -> int:
+        total = math.fsum(payload.nbytes for payload, _, _ in self.chunk_gradients(chunk))
+        return max(1, math.ceil(total / bucket_bytes))
+
+    def stage_forward_bucket(
+        self, micro_batch: int, chunk: int, activation: Any, bucket: int, buckets: int
+    ) -> TimedWork:
+        if bucket == 0:
+            self._whole = self.stage_forward(micro_batch, chunk, activation)
+        return _piece(self._whole, bucket, buckets)
+
+    def stage_backward_bucket(
+        self, micro_batch: int, chunk: int, gradient: Any, bucket: int, buckets: int
+    ) -> TimedWork:
+        if bucket == 0:
+            self._whole = self.stage_backward(micro_batch, chunk, gradient)
+        return _piece(self._whole, bucket, buckets)
+
+    def bucket_gradients(self, chunk: int, bucket: int, buckets: int) -> list[tuple[Sized, str, str]]:
+        return [(Sized(payload.nbytes / buckets, "gradient"), collective, kind)
+                for payload, collective, kind in self.chunk_gradients(chunk)]  # fmt: skip
+
+    def parameter_bucket(self, chunk: int, bucket: int, buckets: int) -> Sized:
+        return Sized(self.parameter_shard(chunk).nbytes / buckets, "weights")
 
     def step(self, reduced: Any, scale: float = 1.0) -> TimedWork:
         layout = self.layout
@@ -348,3 +374,10 @@ class TransformerTrainer:
         device = self.costs.device
         seconds = adam_update_s(dense + expert, device)
         return TimedWork("update", seconds, None, max(self.iteration - 1, 0), {"compute": seconds})
+
+
+def _piece(whole: TimedWork, bucket: int, buckets: int) -> TimedWork:
+    """Bucket ``bucket`` of ``buckets`` equal shares of ``whole`` (its result with the last)."""
+    parts = {key: value / buckets for key, value in whole.parts.items()}
+    result = whole.result if bucket == buckets - 1 else None
+    return TimedWork(whole.name, whole.duration_s / buckets, result, whole.iteration, parts)

@@ -181,6 +181,7 @@ class MappedRun:
     memory_settings: MemorySettings
     assumptions: tuple[str, ...]
     layout_missing: str = ""  # why ``layout`` is None
+    options: tuple[tuple[str, Any], ...] = ()  # megatron's options beyond the layout (the stack's overlaps)
 
     @property
     def memory_unchecked(self) -> str:
@@ -228,6 +229,15 @@ def _megatron_by_dimensions(run: LlmRun) -> str | None:
     return None
 
 
+# NeMo's distributed optimizer overlaps its communication with compute: the NeMo-Framework-Launcher
+# training configs set ``overlap_grad_sync: true``, ``overlap_param_sync: true`` and ``bucket_cap_mb``
+# 125-400 for distributed_fused_adam, and NeMo 2.0's performance recipes set Megatron-Core's
+# ``overlap_grad_reduce`` and ``overlap_param_gather`` (NVIDIA/NeMo, nemo/collections/llm/recipes).
+NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
+    ("overlap_grad_reduce", True), ("overlap_param_gather", True), ("bucket_bytes", 125e6),
+)  # fmt: skip
+
+
 def map_run(run: LlmRun) -> MappedRun | Unmapped:
     """Map one row, or say why it cannot be mapped."""
     if run.model in _UNMODELLED:
@@ -263,8 +273,13 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if note:
         assumptions.append(note)
     layout, missing, settings = _layout(run, model, assumptions)
+    options: tuple[tuple[str, Any], ...] = ()
+    if run.source_family == "nemo" and layout is not None and layout.zero_stage in (1, 2):
+        options = NEMO_OVERLAPS
+        assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
+                           "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
     return MappedRun(run, model, _DEVICES[run.gpu_type], intra, network, nics, layout, settings,
-                     tuple(assumptions), missing)  # fmt: skip
+                     tuple(assumptions), missing, options)  # fmt: skip
 
 
 def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
@@ -273,10 +288,11 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     precision = _PRECISIONS.get(run.precision, "bf16")
     if family == "nemo":
         # NeMo-Framework-Launcher performance configs: distributed_fused_adam with bf16 gradient sync
-        # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp.
+        # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp; the
+        # gradients are reduced in bf16 too (NeMo 2.0's performance scripts: grad_reduce_in_fp32 = False).
         settings = settings_for(precision, gradient_bytes=2.0, master_weight_bytes=2.0)
-        assumptions.append("optimizer: NeMo distributed_fused_adam, bf16 gradients and master remainders "
-                           "(NeMo-Framework-Launcher configs)")
+        assumptions.append("optimizer: NeMo distributed_fused_adam, bf16 gradients (reduced in bf16) and master "
+                           "remainders (NeMo-Framework-Launcher configs)")
     else:
         settings = settings_for(precision)
     if run.tp is None or run.pp is None or run.dp is None:
@@ -314,7 +330,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     layout = ParallelLayout(
         tp=run.tp, pp=run.pp, dp=run.dp, cp=cp, ep=run.ep or 1, micro_batch=micro, global_batch=run.global_batch,
         virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
-        flash_attention=flash, precision=precision,
+        flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo",
     )  # fmt: skip
     try:
         check_layout(layout, model, run.gpus)
