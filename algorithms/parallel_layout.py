@@ -15,7 +15,10 @@ et al. 2022), ``full`` (every layer keeps only its input). ``precision``: the ma
 (``fp8`` keeps bf16 weights and activations with fp8 products, Transformer Engine style).
 ``grad_reduce_in_fp32`` (Megatron's name): the data-parallel gradient reductions carry fp32 main
 gradients (Megatron-LM's default); off, they carry the weights' 16-bit type (NeMo's performance
-recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``).
+recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``). ``tp_comm_overlap``
+(Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers): each tensor-parallel
+collective runs in chunks under the matrix product it feeds or follows, so only what exceeds that
+product's compute shows.
 
 ``check_layout`` names the first violated rule in one line; the planner and the commands show it
 and exit 2.
@@ -75,6 +78,7 @@ class ParallelLayout:
     first_stage_layers: int | None = None  # Megatron --decoder-first-pipeline-num-layers (uneven stages)
     last_stage_layers: int | None = None  # Megatron --decoder-last-pipeline-num-layers
     grad_reduce_in_fp32: bool = True
+    tp_comm_overlap: bool = False
 
     @property
     def gradient_bytes(self) -> float:
@@ -130,7 +134,7 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
     for name, allowed in choices.items():
         if getattr(layout, name) not in allowed:
             raise LayoutError(f"{name} must be one of {', '.join(allowed)}, got {getattr(layout, name)!r}")
-    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32"):
+    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap"):
         if not isinstance(getattr(layout, name), bool):
             raise LayoutError(f"{name} must be true or false, got {getattr(layout, name)!r}")
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -171,6 +175,8 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
         )
     if layout.sequence_parallel and tp == 1:
         raise LayoutError("sequence_parallel needs tp > 1 (it splits the tensor-parallel group's replicated work)")
+    if layout.tp_comm_overlap and tp == 1:
+        raise LayoutError("tp_comm_overlap needs tp > 1 (it overlaps the tensor-parallel collectives)")
     if ep > 1:
         if config.moe is None:
             raise LayoutError(f"ep ({ep}) > 1 needs a mixture-of-experts model; {config.name} has no experts")

@@ -325,3 +325,24 @@ def test_hopper_nodes_reach_their_nics_over_pcie5_so_a_data_parallel_reduction_r
                                 intra_node="nvswitch3", network="ib_ndr")  # fmt: skip
     costs = ClosedFormCosts(setup_of(point, 2))
     assert costs.fabric.inter.beta_Bps == pytest.approx(50e9 * 0.95)
+
+
+def test_tensor_parallel_overlap_shows_only_what_exceeds_each_matrix_product():
+    """With tp_comm_overlap a part's TP collectives hide under that part's own compute: the chunk's
+    exposed TP seconds are sum(max(0, tp - compute)) over its parts; tp 1 refuses the option."""
+    from ddlsim.algorithms.parallel_layout import LayoutError, check_layout
+    from ddlsim.simulator.workloads.transformer import load_transformer
+
+    plain = scenario(nodes=1, per_node=4, tp=4, pp=1, global_batch=4, sequence_parallel=True)
+    point = dataclasses.replace(plain, options=make_options(
+        "megatron", {"layout": dataclasses.replace(plain.options.layout, tp_comm_overlap=True)}))  # fmt: skip
+    slow, fast = (ClosedFormCosts(setup_of(p, 1)).transformer for p in (plain, point))
+    layer = next(block for block in slow.blocks if block.kind == "layer")
+    expected = sum(max(0.0, slow._tp_s(part, 0, False) - slow._part_s(part, layer, False)) for part in layer.parts)
+    assert slow.block_cost(layer, 0).forward_tp > fast.block_cost(layer, 0).forward_tp
+    assert fast.block_cost(layer, 0).forward_tp == pytest.approx(expected, abs=1e-15)
+    assert fast.block_cost(layer, 0).forward_compute == slow.block_cost(layer, 0).forward_compute
+    assert closed_form_result(point, 1).iteration_s < closed_form_result(plain, 1).iteration_s
+    with pytest.raises(LayoutError, match="tp_comm_overlap needs tp > 1"):
+        single = dataclasses.replace(plain.options.layout, tp=1, dp=1, sequence_parallel=False, tp_comm_overlap=True)
+        check_layout(single, load_transformer("gpt2"))

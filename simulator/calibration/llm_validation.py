@@ -9,8 +9,9 @@ Calibration is one named parameter, ``transformer_slowdown``: the factor between
 iteration time and the closed form's on the calibration rows (the geometric median: what the
 datasheet efficiencies, kernels and software stacks the model does not have cost on these rows).
 The interval of a prediction is the spread of the calibration rows' residuals around it (their
-``ci`` quantiles in log space). ``leave_one_source_out`` fits it on the other source families and
-predicts each family in turn: the honest split.
+``ci`` quantiles in log space), each row's residual taken from a fit without its source family, so
+that the band also holds the bias of a family the fit has not seen. ``leave_one_source_out`` fits it
+on the other source families and predicts each family in turn: the honest split.
 
 Published metrics and how a prediction becomes one: ``iteration_s`` as is; ``tflops_per_gpu``
 with the source's own FLOP count (Narayanan et al. count hardware FLOPs with recomputation) over
@@ -157,14 +158,25 @@ class LlmFit:
 
     @classmethod
     def of(cls, predictions: Sequence[LlmPrediction], ci: float) -> LlmFit:
-        logs = [math.log(slowdown(p)) for p in predictions if not p.reason]
-        if not logs:
+        """The factor is the median over all rows; the band, the residuals of each source family
+        predicted from the others (what a family the fit has not seen is off by: between-family bias
+        included), or the in-sample residuals where the rows come from one family."""
+        done = [p for p in predictions if not p.reason]
+        if not done:
             return cls()
-        centre = statistics.median(logs)
-        residuals = np.array(logs) - centre
+        logs = {p.run.id: math.log(slowdown(p)) for p in done}
+        centre = statistics.median(logs.values())
+        families = {p.family for p in done}
+        if len(families) > 1:
+            residuals = []
+            for family in families:
+                others = statistics.median(logs[p.run.id] for p in done if p.family != family)
+                residuals += [logs[p.run.id] - others for p in done if p.family == family]
+        else:
+            residuals = [value - centre for value in logs.values()]
         tail = (1 - ci) / 2
-        low, high = np.quantile(residuals, [tail, 1 - tail]) if len(logs) > 1 else (0.0, 0.0)
-        return cls(math.exp(centre), math.exp(float(low)), math.exp(float(high)), len(logs))
+        low, high = np.quantile(residuals, [tail, 1 - tail]) if len(residuals) > 1 else (0.0, 0.0)
+        return cls(math.exp(centre), math.exp(float(low)), math.exp(float(high)), len(done))
 
 
 def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted", basis: str = "") -> dict[str, Any]:

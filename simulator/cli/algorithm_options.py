@@ -39,6 +39,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "zero_stage": "zero_stage", "recompute": "recompute", "schedule": "schedule",
     "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
     "last_stage_layers": "last_stage_layers", "no_grad_reduce_in_fp32": "grad_reduce_in_fp32",
+    "tp_comm_overlap": "tp_comm_overlap",
 }  # fmt: skip
 
 
@@ -59,6 +60,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-flash-attention", action="store_true", default=None, help="materialise the scores")
     group.add_argument("--first-stage-layers", type=int, default=None, help="layers on the first pipeline stage")
     group.add_argument("--last-stage-layers", type=int, default=None, help="layers on the last pipeline stage")
+    group.add_argument("--tp-comm-overlap", action="store_true", default=None,
+                       help="overlap tensor-parallel collectives with their matrix products (userbuffers)")
     group.add_argument("--no-grad-reduce-in-fp32", action="store_true", default=None,
                        help="reduce gradients in the weights' 16-bit type, not fp32 (NeMo's performance recipes)")
 

@@ -11,7 +11,8 @@ sequences its forward of a chunk costs, over the chunk's blocks and their parts
   part's activations (what it keeps for backward) and its weights;
 * ``tp``: the part's tensor-parallel collectives (Megatron's rules, ``transformer_traffic``) at the
   collectives' closed forms over the TP group's links (inside an NVLink domain when tp <= devices
-  per node), not overlapped;
+  per node), not overlapped; with the layout's ``tp_comm_overlap`` only what exceeds the part's own
+  compute (its forward, or its backward without the recomputed forward);
 * ``cp``: ring attention's key/value passes (c - 1 hops forward, twice back), hidden under the
   attention core's compute where it is shorter;
 * ``ep``: an MoE layer's dispatch and combine all-to-alls (pairwise exchange over the EP group);
@@ -247,11 +248,17 @@ class TransformerCosts:
             recomputed = block.kind == "layer" and (
                 layout.recompute == "full" or (layout.recompute == "selective" and part.name.endswith("_core"))
             )
+            part_backward = self._part_s(part, block, backward=True)
             forward += part_forward
-            backward += self._part_s(part, block, backward=True) + (part_forward if recomputed else 0.0)
+            backward += part_backward + (part_forward if recomputed else 0.0)
             core += part_forward if part.name.endswith("_core") else 0.0
-            forward_tp += self._tp_s(part, rank, backward=False)
-            backward_tp += self._tp_s(part, rank, backward=True)
+            part_forward_tp = self._tp_s(part, rank, backward=False)
+            part_backward_tp = self._tp_s(part, rank, backward=True)
+            if layout.tp_comm_overlap:  # chunked under the part's own matrix product
+                part_forward_tp = max(0.0, part_forward_tp - part_forward)
+                part_backward_tp = max(0.0, part_backward_tp - part_backward)
+            forward_tp += part_forward_tp
+            backward_tp += part_backward_tp
             if part.expert:
                 expert += part.parameters / (layout.tp * layout.ep)
             else:

@@ -305,6 +305,10 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     if family == "nemo" and run.tp > 1 and not sequence_parallel:
         sequence_parallel = True
         assumptions.append("sequence parallelism on with TP > 1 (NeMo performance configs)")
+    tp_overlap = family == "nemo" and run.tp > 1
+    if tp_overlap:
+        assumptions.append("tensor-parallel communication overlapped with its matrix products (NeMo performance "
+                           "recipes: MegatronCommOverlapCallback tp_comm_overlap with userbuffers)")
     zero = {"0": 0, "2": 2, "": 0}.get(run.zero_stage, 1 if run.zero_stage.startswith("dist-opt") else 0)
     if family == "nemo" and run.zero_stage == "":
         zero = 1
@@ -330,7 +334,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     layout = ParallelLayout(
         tp=run.tp, pp=run.pp, dp=run.dp, cp=cp, ep=run.ep or 1, micro_batch=micro, global_batch=run.global_batch,
         virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
-        flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo",
+        flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo", tp_comm_overlap=tp_overlap,
     )  # fmt: skip
     try:
         check_layout(layout, model, run.gpus)
