@@ -77,6 +77,24 @@ def test_mapping_of_nemo_rows_reads_the_notes() -> None:
     assert by_id("LLM-067").model.vocabulary == 131072 and by_id("LLM-067").model.seq_len == 4096
 
 
+def test_nemo_rows_run_as_nemo_performance_configurations_do() -> None:
+    """bf16 gradient reduction, overlapped reductions and gathers, TP communication under the GEMMs
+    where tp > 1; the Megatron-LM rows of 2021-22 keep fp32 reductions and no overlap."""
+    nemo, single, narayanan = by_id("LLM-064"), by_id("LLM-057"), by_id("LLM-006")
+    assert nemo.layout is not None and single.layout is not None and narayanan.layout is not None
+    assert not nemo.layout.grad_reduce_in_fp32 and nemo.layout.tp_comm_overlap and not single.layout.tp_comm_overlap
+    assert dict(nemo.options) == {"overlap_grad_reduce": True, "overlap_param_gather": True, "bucket_bytes": 125e6}
+    assert narayanan.layout.grad_reduce_in_fp32 and not narayanan.layout.tp_comm_overlap and narayanan.options == ()
+
+
+def test_both_recomputation_runs_of_one_korthikanti_model_share_its_pipeline_schedule() -> None:
+    """Korthikanti et al. give TP and PP only; the chunks come from Calculon's reconstruction, the
+    same for a model's full and selective recomputation rows (175B, 530B: 3; 1T: 1)."""
+    for full, selective, chunks in (("LLM-025", "LLM-026", 3), ("LLM-027", "LLM-028", 3), ("LLM-029", "LLM-030", 1)):
+        layouts = [by_id(row).layout for row in (full, selective)]
+        assert [layout.virtual_stages for layout in layouts if layout is not None] == [chunks, chunks]
+
+
 def test_flops_agree_with_every_source_that_gives_a_second_figure() -> None:
     """NeMo: our model FLOPs per token within 0.5% of TFLOP/s / tokens/s; Korthikanti et al.: MFU within
     0.2 points of the paper's (56.0%, 56.3%); Narayanan et al.: parameters round to table 1."""

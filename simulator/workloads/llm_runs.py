@@ -238,6 +238,13 @@ NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
 )  # fmt: skip
 
 
+# Korthikanti et al. 2022's pipeline schedule per model (the paper's tables give TP and PP only): the
+# interleaved chunks of Calculon's reconstruction of its Table 5 runs (calculon-ai/calculon,
+# validation/seqsel/tab5/*.json and fig7/*.json: pipeline_interleaving 3 for GPT-3 175B and
+# MT-NLG 530B, both recomputation settings; 1 for the 1T model).
+KORTHIKANTI_CHUNKS = {"gpt3_175b": 3, "megatron_530b": 3, "megatron_1t": 1}
+
+
 def map_run(run: LlmRun) -> MappedRun | Unmapped:
     """Map one row, or say why it cannot be mapped."""
     if run.model in _UNMODELLED:
@@ -324,9 +331,10 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     match = re.search(r"VP=(\d+)", run.notes)
     if match:
         virtual = int(match.group(1))
-    elif "Calculon config uses 3 chunks" in run.notes:
-        virtual = 3
-        assumptions.append("3 interleaved chunks per stage (Calculon's configuration of this run)")
+    elif family == "korthikanti" and run.pp > 1 and model.name in KORTHIKANTI_CHUNKS:
+        virtual = KORTHIKANTI_CHUNKS[model.name]
+        if virtual > 1:
+            assumptions.append(f"{virtual} interleaved chunks per stage (Calculon's configuration of this run)")
     elif run.pp > 1 and "interleaved" in run.notes:
         assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
     flash = family in ("nemo", "megatron_readme")
