@@ -181,7 +181,8 @@ class MegatronTraining(TrainingAlgorithm):
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
         gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1  # the distributed optimizer's updated shards
         early_gathers = gathered and options.overlap_param_gather
-        buckets = {chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in range(chunks)}
+        bucketed = options.overlap_grad_reduce or early_gathers
+        buckets = {chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in range(chunks) if bucketed}
         for _ in range(plan.steps):
             sends, reductions, gathers = [], [], {}
             if early_gathers:  # the previous step's update, gathered while the first forwards run
@@ -241,7 +242,8 @@ class MegatronTraining(TrainingAlgorithm):
                 for chunk in range(chunks):
                     shard = trainer.parameter_shard(chunk)
                     handles.append((yield comm.start(comm.collective("allgather", shard, options.collective, group))))
-                yield comm.wait(*handles)
+                weights = yield comm.wait(*handles)
+                yield comm.compute(trainer.assign_gathered(weights))
         return {"role": "worker", "stage": here.pp}
 
     def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:

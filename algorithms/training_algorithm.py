@@ -139,6 +139,9 @@ class Trainer(Protocol):
     def parameter_shard(self, chunk: int) -> Any:
         """The updated weights of ``chunk`` this rank gathers from the others (ZeRO 1-2; no work)."""
 
+    def assign_gathered(self, gathered: list[Any]) -> Any:
+        """Set each chunk's weights from its gathered payload (ZeRO 1-2, after the step) -> None."""
+
     def chunk_buckets(self, chunk: int, bucket_bytes: float) -> int:
         """How many gradient buckets of about ``bucket_bytes`` ``chunk``'s gradients fill (no work)."""
 

@@ -78,6 +78,8 @@ class RunSettings:
     samples: int = 0  # dataset samples (0: the dataset's default)
     image_size: int = 0  # synthetic images' side (0: the default)
     torch_threads: int = 1
+    # megatron: the GPT trained (real_runs.megatron_trainer.GptShape's fields); the command line fills it
+    transformer: dict[str, int] | None = None
     # debugging the harness itself: this rank kills itself (SIGKILL) when it reaches that step
     fail_rank: int = -1
     fail_at_step: int = -1
@@ -93,7 +95,7 @@ class RunSettings:
             options["split"] = parse_split(options["split"])
         trace_dir = values.pop("trace_dir", None)
         return RunSettings(
-            **values, options=AlgorithmOptions(**options), trace_dir=Path(trace_dir) if trace_dir else None
+            **values, options=AlgorithmOptions.from_dict(options), trace_dir=Path(trace_dir) if trace_dir else None
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -584,8 +586,22 @@ def _default_split(modules: list, stages: int) -> tuple[int, ...]:
     return tuple(edges[i + 1] - edges[i] for i in range(stages))
 
 
-def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset):
+def _megatron_trainer(settings: RunSettings, plan: Plan, rank: int, comm: Any):
+    from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError
+    from ddlsim.real_runs.megatron_trainer import GptShape, MegatronTorchTrainer, check_runnable
+
+    options = plan.options
+    check_runnable(options)
+    if settings.transformer is None:
+        raise TrainingAlgorithmError("megatron needs the transformer's shape (RunSettings.transformer)")
+    return MegatronTorchTrainer(GptShape(**settings.transformer), options.layout, comm, rank,
+                                collective=options.collective, learning_rate=settings.learning_rate,
+                                seed=settings.seed)  # fmt: skip
+
+
+def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset | None):
     algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
+    assert dataset is not None
     if algorithm.name == "hybrid_parallel":
         stages = plan.options.stages
         nodes = plan.ranks // stages
@@ -617,18 +633,21 @@ def run_algorithm(settings: RunSettings, transport: Any = None, tracer: Any = No
     transport = transport if transport is not None else make_transport("mpi")
     algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
     plan = algorithm.plan_exactly(transport.size, settings.steps, settings.options)
-    dataset = load_dataset(settings.dataset, settings.seed, settings.samples, settings.image_size)
-    trainer = _trainer(settings, plan, transport.rank, dataset)
     owned = tracer is None and settings.trace_dir is not None
     if owned:
         metadata = {"algorithm": settings.algorithm, "settings": settings.to_dict(), "ranks": transport.size}
         assert settings.trace_dir is not None
         tracer = TraceWriter(settings.trace_dir, transport.rank, metadata)
+    comm = MpiComm(transport, tracer)
+    if algorithm.name == "megatron":  # its tensor-parallel collectives run inside compute, on ``comm``
+        trainer = _megatron_trainer(settings, plan, transport.rank, comm)
+    else:
+        dataset = load_dataset(settings.dataset, settings.seed, settings.samples, settings.image_size)
+        trainer = _trainer(settings, plan, transport.rank, dataset)
     if tracer is not None:
         tracer.start(transport.barrier)
     else:
         transport.barrier()
-    comm = MpiComm(transport, tracer)
     is_worker = isinstance(trainer, TorchTrainer) and rank_role(plan, algorithm, transport.rank) == "worker"
     initial = trainer.full_loss() if is_worker else float("nan")
     step = [trainer.iteration]

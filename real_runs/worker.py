@@ -65,8 +65,9 @@ def run_train(transport: Transport, scenario: dict[str, Any], out: Path) -> None
         buckets = max(count for *_, count in everyone)
         what = f"{settings.options.collective} all-reduce, {buckets} bucket(s)" if buckets else settings.algorithm
         median = sorted(row["iteration_s"] for row in rows)[len(rows) // 2]
+        data = "synthetic token sequences" if settings.algorithm == "megatron" else settings.dataset
         print(
-            f"trained {settings.model} on {settings.dataset} with {settings.algorithm}, {transport.size} ranks, "
+            f"trained {settings.model} on {data} with {settings.algorithm}, {transport.size} ranks, "
             f"{what}: loss {rows[0]['loss']:.4f} -> {rows[-1]['loss']:.4f}; median iteration {median:.4f} s; "
             f"wrote {out}",
             flush=True,

@@ -61,7 +61,9 @@ def register(subparsers: Any) -> None:
     add_launch_arguments(parser)
     add_algorithm_arguments(parser)
     training = parser.add_argument_group("training")
-    training.add_argument("--model", default="small_cnn", help="small_cnn, resnet_small or digits_mlp")
+    training.add_argument("--model", default=None,
+                          help="small_cnn (default), resnet_small or digits_mlp; megatron: a GPT-style transformer "
+                          "of the catalog (default gpt_tiny)")
     training.add_argument("--dataset", default="digits", help="digits (scikit-learn) or synthetic")
     training.add_argument("--per-device-batch", type=int, default=32)
     training.add_argument("--updates", "--iterations", dest="updates", type=int, default=30,
@@ -89,7 +91,13 @@ def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
     from ddlsim.simulator.cli.common import InputError
 
     options = options_from_args(args)
-    MODELS.get(args.model)
+    transformer = None
+    if args.algorithm == "megatron":
+        args.model = args.model or "gpt_tiny"
+        transformer = harness_transformer(args.model, options, args.ranks)
+    else:
+        args.model = args.model or "small_cnn"
+        MODELS.get(args.model)
     DATASETS.get(args.dataset)
     for name in ("per_device_batch", "updates"):
         if getattr(args, name) < 1:
@@ -101,9 +109,33 @@ def train_scenario(args: argparse.Namespace) -> dict[str, Any]:
         algorithm=args.algorithm, options=options, steps=args.updates, model=args.model, dataset=args.dataset,
         batch=args.per_device_batch, learning_rate=args.learning_rate, seed=args.seed,
         gradient_precision=args.gradient_precision, samples=args.samples, image_size=args.image_size,
-        fail_rank=args.fail_rank, fail_at_step=args.fail_at_iteration,
+        fail_rank=args.fail_rank, fail_at_step=args.fail_at_iteration, transformer=transformer,
     )  # fmt: skip
     return settings.to_dict()
+
+
+def harness_transformer(name: str, options: Any, ranks: int) -> dict[str, int]:
+    """The shape of catalog transformer ``name`` for the harness's GPT, checked against the layout."""
+    from ddlsim.algorithms.megatron_training import resolved_layout
+    from ddlsim.algorithms.parallel_layout import LayoutError, check_layout
+    from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError
+    from ddlsim.simulator.cli.common import InputError
+    from ddlsim.simulator.workloads.transformer import load_transformer
+
+    config = load_transformer(name)
+    gpt = (config.architecture, config.norm, config.activation, config.position_embedding, config.moe)
+    if gpt != ("decoder", "layernorm", "gelu", "learned", None) or config.kv_heads != config.heads:
+        raise InputError(f"--model {name}: the harness trains GPT-style decoders (layernorm, gelu, learned positions, "
+                         f"no experts, no grouped queries), e.g. gpt_tiny or gpt2")  # fmt: skip
+    from ddlsim.real_runs.megatron_trainer import check_runnable
+
+    try:
+        check_layout(resolved_layout(options.layout, ranks), config, ranks)
+        check_runnable(options)
+    except (LayoutError, TrainingAlgorithmError) as error:
+        raise InputError(f"--algorithm megatron --model {name}: {error}") from None
+    return {"layers": config.layers, "hidden": config.hidden, "heads": config.heads,
+            "ffn_hidden": config.ffn_hidden, "vocabulary": config.vocabulary, "seq_len": config.seq_len}  # fmt: skip
 
 
 def run(args: argparse.Namespace) -> int:
