@@ -346,3 +346,29 @@ def test_tensor_parallel_overlap_shows_only_what_exceeds_each_matrix_product():
     with pytest.raises(LayoutError, match="tp_comm_overlap needs tp > 1"):
         single = dataclasses.replace(plain.options.layout, tp=1, dp=1, sequence_parallel=False, tp_comm_overlap=True)
         check_layout(single, load_transformer("gpt2"))
+
+
+def test_a_fixed_cost_per_kernel_adds_on_a_cpu_and_floors_an_accelerator():
+    """launch_s of the profile's compute model: on a CPU (dispatch and compute on one core) every
+    part's pass pays it on top, forward once and backward twice for a part with weights; on a GPU
+    it only bounds a pass from below (kernels run while the host issues the next)."""
+    from ddlsim.hardware_models.profile import ComputeFit, Profile
+
+    def costs(device: str, launch_s: float):
+        point = dataclasses.replace(scenario(nodes=1, per_node=1, workload="gpt_tiny", tp=1, pp=1, global_batch=1),
+                                    device=device, intra_node=None, network="local_shm", host_link=None,
+                                    precision="fp32", profile=Profile(compute=ComputeFit({f"launch_s.{kind}": launch_s
+                                    for kind in ("cpu", "gpu")})))  # fmt: skip
+        return ClosedFormCosts(setup_of(point, 1)).transformer
+
+    plain, paid = costs("local_cpu", 0.0), costs("local_cpu", 1e-3)
+    layer = next(block for block in plain.blocks if block.kind == "layer")
+    weighted = sum(1 for part in layer.parts if part.parameters)
+    extra_forward = paid.block_cost(layer, 0).forward_compute - plain.block_cost(layer, 0).forward_compute
+    extra_backward = paid.block_cost(layer, 0).backward_compute - plain.block_cost(layer, 0).backward_compute
+    assert extra_forward == pytest.approx(len(layer.parts) * 1e-3)
+    assert extra_backward == pytest.approx((len(layer.parts) + weighted) * 1e-3)
+    gpu_plain, gpu_floor = costs("a100_sxm4", 0.0), costs("a100_sxm4", 1e-9)
+    assert gpu_floor.block_cost(layer, 0).forward_compute == gpu_plain.block_cost(layer, 0).forward_compute
+    gpu_bound = costs("a100_sxm4", 1.0)  # one second per kernel: every pass is launch bound
+    assert gpu_bound.block_cost(layer, 0).forward_compute == pytest.approx(len(layer.parts))

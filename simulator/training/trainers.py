@@ -339,9 +339,10 @@ def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts) -> Transfor
     scenario = setup.scenario
     options = setup.plan.options
     comm = Collectives(group_costs.collective_s, group_costs.message_s)
-    return TransformerCosts(
-        scenario.transformer_spec, options.layout, scenario.device_spec, scenario.precision, comm, options.collective
-    )
+    device = scenario.device_spec
+    model = scenario.profile.compute_model(device, scenario.precision, scenario.workload) if scenario.profile else None
+    return TransformerCosts(scenario.transformer_spec, options.layout, device, scenario.precision, comm,
+                            options.collective, launch_s=model.launch_s if model else 0.0)  # fmt: skip
 
 
 def layout_figures(scenario: Scenario, plan: Any, breakdown: dict[str, float]) -> dict[str, float]:

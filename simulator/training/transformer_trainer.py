@@ -20,6 +20,10 @@ sequences its forward of a chunk costs, over the chunk's blocks and their parts
   reduce-scatter of its gradients after, overlapped with the block's compute (prefetch): only what
   exceeds the compute shows.
 
+A calibration profile's fixed cost per kernel (``launch_s`` of its compute model: the framework's
+dispatch) adds to each part's pass on a CPU, once forward and twice backward for a part with
+weights, and is a floor on an accelerator, whose kernels run while the host issues the next.
+
 The backward costs twice the forward's FLOPs plus the recomputed forward (``full``: every layer's;
 ``selective``: the attention cores'). Each work item carries its ``parts`` (seconds by cause), which
 the event simulation sums into where the time goes. The gradient reductions, the optimizer step
@@ -139,9 +143,10 @@ class TransformerCosts:
     data-parallel peers: they run the same chunks)."""
 
     def __init__(self, config: TransformerConfig, layout: ParallelLayout, device: Device, precision: str,
-                 comm: Collectives, algorithm: str = "ring") -> None:  # fmt: skip
+                 comm: Collectives, algorithm: str = "ring", launch_s: float = 0.0) -> None:  # fmt: skip
         self.config, self.layout, self.device, self.precision = config, layout, device, precision
         self.comm, self.algorithm = comm, algorithm
+        self.launch_s = launch_s
         self.activation_bytes = 4.0 if precision == "fp32" else 2.0
         self.weight_bytes = 4.0 if precision == "fp32" else 2.0
         self.blocks = transformer_blocks(config)
@@ -195,7 +200,13 @@ class TransformerCosts:
         else:
             parameters = part.parameters / (tp if part.tensor_parallel in TP_SPLIT else 1)
         nbytes = (2.0 if backward else 1.0) * saved + parameters * self.weight_bytes
-        return _roofline(flops, nbytes, self.device, self.precision)
+        seconds = _roofline(flops, nbytes, self.device, self.precision)
+        if not self.launch_s:
+            return seconds
+        dispatch = (2.0 if backward and part.parameters else 1.0) * self.launch_s  # dgrad and wgrad
+        # a CPU dispatches and computes on the same core: the costs add; an accelerator runs its
+        # kernels while the host issues the next, so the dispatch is a floor
+        return seconds + dispatch if self.device.kind == "cpu" else max(seconds, dispatch)
 
     def _tp_s(self, part: Part, rank: int, backward: bool) -> float:
         layout = self.layout
