@@ -6,14 +6,16 @@
 2. ``ddlsim run --algorithm megatron --model gpt_tiny`` trains one rank and every layout below for
    real; a point's time is the median iteration after ``WARMUP`` iterations, the median over
    ``--repeats`` launches, and its spread (max - min) / median over the launches;
-3. compute is calibrated on one-rank runs only, at micro-batches 1 and 4 (the layouts run 2): two
-   numbers, a factor on the transformer's efficiencies and the framework's fixed cost per kernel
-   (``launch_s``: Python and autograd dispatch, which does not shrink when tensor parallelism
-   narrows the products), by least squares on T = R x + K launch_s (R: the modeled roofline
-   seconds, K: the kernels of an iteration); compute is stretched by max(1, ranks / cores) on a host
-   running more ranks than it has cores, as the data-parallel harness prediction does;
+3. compute is calibrated per rank count on data-parallel runs only (dp = ranks, ZeRO 0, at
+   micro-batches 1 and 4; the layouts run 2): two numbers, a factor on the transformer's
+   efficiencies and the framework's fixed cost per kernel (``launch_s``: Python and autograd
+   dispatch, which does not shrink when tensor parallelism narrows the products), by least squares
+   on T = R x + K launch_s + C (R: the modeled roofline seconds, K: the kernels of an iteration, C:
+   the modeled gradient all-reduce). Runs with every rank computing carry the host's sharing (two
+   processes on one memory system, four on two cores), as the data-parallel harness prediction
+   times its layers with every rank computing;
 4. each layout, the one-rank run at micro-batch 2 included, is predicted by the megatron closed
-   form with that profile, and compared.
+   form with its rank count's profile, and compared.
 
 Prints each layout's measured and predicted iteration, the error, the median and largest absolute
 errors, the noise floor (median spread) and the machine's load average before and after.
@@ -34,7 +36,14 @@ from pathlib import Path
 
 MODEL = "gpt_tiny"
 WARMUP = 3
-CALIBRATION = {"1 rank, micro-batch 1": {"micro_batch": 1}, "1 rank, micro-batch 4": {"micro_batch": 4}}
+# ranks -> calibration points (name -> layout): data parallelism only, at two micro-batch sizes
+CALIBRATION: dict[int, dict[str, dict[str, int]]] = {
+    ranks: {
+        f"dp{ranks}, micro-batch 1": {"dp": ranks, "micro_batch": 1, "global_batch": 8},
+        f"dp{ranks}, micro-batch 4": {"dp": ranks, "micro_batch": 4, "global_batch": 16},
+    }
+    for ranks in (1, 2, 4)
+}
 LAYOUTS: dict[str, tuple[int, dict[str, int]]] = {
     "1 rank": (1, {}),
     "tp2": (2, {"tp": 2}),
@@ -99,18 +108,22 @@ def with_compute(profile, factor: float, launch_s: float):
     return dataclasses.replace(profile, devices={**profile.devices, "local_cpu": fit}, compute=compute)
 
 
-def fit_compute(links, measured: dict[str, float]) -> tuple[float, float]:
-    """(efficiency factor, launch_s) from the one-rank calibration runs, by least squares."""
+def fit_compute(links, ranks: int, measured: dict[str, float]) -> tuple[float, float]:
+    """(efficiency factor, launch_s) from the data-parallel calibration runs on ``ranks``, by least squares."""
     import numpy as np
 
     from ddlsim.simulator.closed_form.training import closed_form_result
 
+    def modeled(layout: dict[str, int], factor: float, launch_s: float) -> float:
+        return closed_form_result(scenario(ranks, layout, with_compute(links, factor, launch_s)), ranks).iteration_s
+
     rows, times = [], []
-    for name, layout in CALIBRATION.items():
-        roofline = closed_form_result(scenario(1, layout, with_compute(links, 1.0, 0.0)), 1).iteration_s
-        kernels = closed_form_result(scenario(1, layout, with_compute(links, 1.0, 1e-3)), 1).iteration_s
-        rows.append([roofline, (kernels - roofline) / 1e-3])
-        times.append(measured[name])
+    for name, layout in CALIBRATION[ranks].items():
+        communication = modeled(layout, 1e9, 0.0)  # compute free: what the all-reduce costs
+        roofline = modeled(layout, 1.0, 0.0) - communication
+        kernels = (modeled(layout, 1.0, 1e-3) - communication - roofline) / 1e-3
+        rows.append([roofline, kernels])
+        times.append(measured[name] - communication)
     (inverse, launch_s), *_ = np.linalg.lstsq(np.array(rows), np.array(times), rcond=None)
     return 1.0 / float(inverse), max(float(launch_s), 0.0)
 
@@ -135,20 +148,21 @@ def main() -> int:
     ddlsim("calibrate", "--measurements", str(work / "bench" / "measurements.csv"), "--out", str(work / "links.toml"))
     links = load_profile(work / "links.toml")
     measured = {}
-    points = {**{name: (1, layout) for name, layout in CALIBRATION.items()}, **LAYOUTS}
-    for name, (ranks, layout) in points.items():
+    points = {name: (ranks, layout) for ranks, table in CALIBRATION.items() for name, layout in table.items()}
+    for name, (ranks, layout) in {**points, **LAYOUTS}.items():
         measured[name] = measure(work, name, ranks, layout, args.iterations, args.repeats)
         print(f"measured {name}: {measured[name][0] * 1e3:.2f} ms", file=sys.stderr, flush=True)
-    factor, launch_s = fit_compute(links, {name: measured[name][0] for name in CALIBRATION})
-    print(f"# {MODEL}, micro-batch 2, global batch 8; compute fitted on one rank at micro-batches 1 and 4 "
-          f"({', '.join(f'{measured[name][0] * 1e3:.1f} ms' for name in CALIBRATION)}): efficiencies x {factor:.3f}, "
-          f"launch_s {launch_s * 1e6:.1f} us per kernel; links from ddlsim bench; {cores} cores, load average "
-          f"{load_before:.2f} before")  # fmt: skip
+    compute = {ranks: fit_compute(links, ranks, {name: measured[name][0] for name in table})
+               for ranks, table in CALIBRATION.items()}  # fmt: skip
+    print(f"# {MODEL}, micro-batch 2, global batch 8; links from ddlsim bench; {cores} cores, load average "
+          f"{load_before:.2f} before; compute fitted per rank count on data-parallel runs at micro-batches 1 and 4:")
+    for ranks, (factor, launch_s) in compute.items():
+        times = ", ".join(f"{name} {measured[name][0] * 1e3:.1f} ms" for name in CALIBRATION[ranks])
+        print(f"#   {ranks} rank(s): efficiencies x {factor:.3f}, launch_s {launch_s * 1e6:.1f} us/kernel ({times})")
     print(f"{'layout':22s} {'ranks':>5s} {'measured':>10s} {'predicted':>10s} {'error':>7s} {'spread':>7s}")
     errors, spreads = [], []
     for name, (ranks, layout) in LAYOUTS.items():
-        stretch = max(1.0, ranks / cores)
-        profile = with_compute(links, factor / stretch, launch_s * stretch)
+        profile = with_compute(links, *compute[ranks])
         predicted = closed_form_result(scenario(ranks, layout, profile), ranks)
         seconds, spread = measured[name]
         error = 100 * (predicted.iteration_s - seconds) / seconds
