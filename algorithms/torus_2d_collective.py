@@ -9,7 +9,7 @@ The buffer is cut into cols parts of rows chunks each (P chunks, part p = chunks
 step 1 the rank in column i owns part (i+1) mod cols; step 2 reduces that part across the rows in
 chunks of S/P. Option ``rows`` (must divide P); by default a row is one node (cols =
 devices_per_node, when that is > 1 and divides P) so rows stay inside nodes and columns cross them,
-otherwise the factorisation nearest to a square (rows <= cols).
+otherwise the factorisation nearest to a square (rows >= cols).
 """
 
 from __future__ import annotations
@@ -26,10 +26,13 @@ from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedul
 
 
 def default_rows(ranks: int, devices_per_node: int) -> int:
-    """Rows of the default grid: one node per row if that tiles P, else the most square factorisation."""
+    """Rows of the default grid: one node per row if that tiles P, else the most square factorisation
+    with rows >= cols: a row then runs along the torus's last (fastest-varying, shortest) extent, as
+    ``simulator.engine.fabric.torus_shape`` lays a non-square torus out, so both rings stay neighbours
+    on a 2D torus of the same shape (131,072 = 512 x 256)."""
     if 1 < devices_per_node < ranks and ranks % devices_per_node == 0:
         return ranks // devices_per_node
-    return max(d for d in range(1, math.isqrt(ranks) + 1) if ranks % d == 0)
+    return ranks // max(d for d in range(1, math.isqrt(ranks) + 1) if ranks % d == 0)
 
 
 def grid(ranks: int, devices_per_node: int, options: dict[str, Any]) -> tuple[int, int]:

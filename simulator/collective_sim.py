@@ -17,7 +17,7 @@ from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import run_collective
-from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of, torus_shape
 from ddlsim.simulator.scenario import ScenarioError
 
 
@@ -105,6 +105,17 @@ class CollectiveSetup:
 
 resolve_algorithm = resolve  # the name predict.py and older callers use
 
+
+def grid_on_torus(setup: CollectiveSetup, token: str, ranks: int) -> dict[str, Any]:
+    """torus_2d's grid on a torus of one rank per node, when the user gives none: rows = the torus's
+    first extent, so a row holds the nodes of the other extents in order and both rings stay within
+    a hop or two of neighbours (on a 3D torus 131,072 = 64 x 64 x 32: rows of 2048, not the most
+    square 512 x 256, whose column ring would cross 8 nodes per step)."""
+    if token != "torus_2d" or setup.devices_per_node != 1 or not setup.topology.startswith("torus_"):
+        return {}
+    shape = torus_shape(ranks, 2 if setup.topology == "torus_2d" else 3, setup.torus_dims)
+    return {"rows": shape[0]} if math.prod(shape) == ranks and 1 < shape[0] < ranks else {}
+
 def simulate_collective(
     setup: CollectiveSetup,
     algorithm: str,
@@ -122,7 +133,7 @@ def simulate_collective(
     if not message_bytes > 0:
         raise ScenarioError(f"message size must be > 0 bytes, got {message_bytes!r}")
     token, chosen = resolve_algorithm(algorithm, collective, message_bytes, ranks, setup.devices_per_node)
-    merged = {**chosen, **(options or {})}
+    merged = {**chosen, **grid_on_torus(setup, token, ranks), **(options or {})}
     impl = COLLECTIVE_ALGORITHMS.get(token)
     schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)
     fabric = setup.fabric(schedule.ranks, message_bytes)

@@ -384,7 +384,7 @@ def test_rounds_overlapping_the_round_before_are_simulated_with_it(size):
     round is simulated together with the round before (not handed to the message path), and every
     time equals message-by-message execution."""
     fabric = _fabric(96, topology="fat_tree", nodes_per_leaf=16)
-    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 96)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 96, rows=8)
     executor = VectorisedExecutor(fabric)
     fast = executor.run(schedule, size, 0.0)
     assert executor.overlapping_rounds > 0
@@ -436,3 +436,24 @@ def test_a_transfer_log_keeps_the_traced_senders_and_counts_the_rest():
     assert logged.max() < 4 and logged.size <= 4 * (log.total // 64)
     assert executor.extrapolated_rounds > 0 and log.extrapolated == 64 * executor.extrapolated_rounds
     assert log.total + log.extrapolated == 2 * 63 * 64
+
+
+@pytest.mark.parametrize(
+    ("topology", "nodes", "longest"), [("torus_2d", 2048, 1), ("torus_3d", 512, 2)]
+)
+def test_torus_2d_on_a_torus_of_single_device_nodes_steps_between_neighbours(topology, nodes, longest):
+    """torus_2d's grid follows the torus (``grid_on_torus``; on a 2D torus it is the default grid,
+    rows >= cols): every transfer of both rings crosses at most one node (2D: 64 x 32) or two (3D:
+    8 x 8 x 8, where a row runs through two extents); the most square grids (32 x 64, 16 x 32) step
+    two and four nodes."""
+    from ddlsim.simulator.collective_sim import CollectiveSetup, grid_on_torus
+
+    setup = CollectiveSetup(devices_per_node=1, network="ib_edr", topology=topology)
+    options = grid_on_torus(setup, "torus_2d", nodes)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", nodes, **options)
+    fabric = setup.fabric(nodes)
+    hops = 0
+    for rnd in schedule.rounds():
+        routes = fabric._core(np.asarray(rnd.src), np.asarray(rnd.dst))
+        hops = max(hops, int((routes >= 0).sum(axis=1).max()))
+    assert hops == longest
