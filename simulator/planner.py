@@ -55,13 +55,20 @@ class Cluster:
     network: str
     nics_per_node: int
     precision: str = "bf16"
+    # the software stack every layout runs with: megatron options and layout switches that are not
+    # searched (overlap_grad_reduce, overlap_param_gather, bucket_bytes, tp_comm_overlap,
+    # grad_reduce_in_fp32), as (name, value) pairs
+    stack: tuple[tuple[str, Any], ...] = ()
 
     @property
     def nodes(self) -> int:
         return self.gpus // self.devices_per_node
 
+    def stack_value(self, name: str, default: Any) -> Any:
+        return dict(self.stack).get(name, default)
+
     @classmethod
-    def of(cls, device: str, gpus: int, precision: str = "bf16") -> Cluster:
+    def of(cls, device: str, gpus: int, precision: str = "bf16", stack: tuple[tuple[str, Any], ...] = ()) -> Cluster:
         """``gpus`` of ``device`` in its catalog node (DGX-like: devices per node, NVLink, NICs)."""
         spec = load_device(device)
         if spec.system is None:
@@ -73,7 +80,7 @@ class Cluster:
                 f"got {gpus}"
             )
         return cls(device, gpus, system.devices_per_node, system.intra_node_link, system.network,
-                   system.nics_per_node, precision)  # fmt: skip
+                   system.nics_per_node, precision, stack)  # fmt: skip
 
 
 PRUNED = "pruned"  # the reason's first word for a layout the bound showed cannot make the top
@@ -143,6 +150,8 @@ def candidate_layouts(
             tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro, global_batch=global_batch,
             virtual_stages=virtual, sequence_parallel=tp > 1, zero_stage=chosen["zero_stage"],
             recompute=chosen["recompute"], precision=cluster.precision,
+            grad_reduce_in_fp32=cluster.stack_value("grad_reduce_in_fp32", True),
+            tp_comm_overlap=tp > 1 and cluster.stack_value("tp_comm_overlap", False),
         )  # fmt: skip
         try:
             check_layout(layout, config, cluster.gpus)
@@ -172,13 +181,18 @@ def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenari
 
     values = {name: getattr(layout, name) for name in (
         "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
-        "zero_stage", "recompute")}  # fmt: skip
+        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap")}  # fmt: skip
+    options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
         intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,
         precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False,
-        options=make_options("megatron", {"layout": values}),
+        options=make_options("megatron", {"layout": values, **options}),
     )  # fmt: skip
+
+
+STACK_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather", "bucket_bytes")  # megatron's options
+STACK_LAYOUT = ("tp_comm_overlap", "grad_reduce_in_fp32")  # layout switches the search does not vary
 
 
 FIGURES = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s", "tp_s", "cp_s", "ep_s", "zero3_s",

@@ -16,7 +16,8 @@ through them. So the bound on rank s is
 with fill_s and drain_s the chunk-0 forward and backward seconds of the ranks before s, and
 reduce_0 and gather_0 rank 0's gradient reductions and (ZeRO 1-2) weight gathers over its
 data-parallel group, which the closed form runs after the rank's last task (reductions not
-overlapped with backward, the ``megatron`` default; with overlap only chunk 0's would count). T_s
+overlapped with backward, the ``megatron`` default; with the cluster's stack overlapping the
+reductions or the gathers, the bound counts none of them). T_s
 holds compute, the tensor-parallel collectives and ring attention's exchange, and, where every
 pipeline rank's data-parallel groups are placed alike (rank 0's seconds are then every rank's),
 ZeRO-3's gathers beyond compute and the expert all-to-alls; elsewhere those two are left out, which
@@ -248,6 +249,9 @@ class LowerBounds:
         run inside backward, and the bound leaves them out)."""
         key = (shape_key(layout), map_key(layout), layout.dp, layout.zero_stage, layout.gradient_bytes)
         seconds = self._data_parallel.get(key)
+        # overlapped with compute (``Cluster.stack``): what shows is at least nothing
+        hidden_reductions = bool(self.cluster.stack_value("overlap_grad_reduce", False))
+        hidden_gathers = bool(self.cluster.stack_value("overlap_param_gather", False))
         if seconds is None:
             seconds = 0.0
             if layout.zero_stage < 3 and layout.dp * layout.cp > 1:
@@ -262,8 +266,8 @@ class LowerBounds:
                 weight_bytes = costs.transformer.weight_bytes
                 for parameters in chunks:
                     for collective, nbytes in (
-                        (reduce, parameters * layout.gradient_bytes),
-                        ("allgather", parameters * weight_bytes if layout.zero_stage else 0),
+                        (reduce, 0 if hidden_reductions else parameters * layout.gradient_bytes),
+                        ("allgather", parameters * weight_bytes if layout.zero_stage and not hidden_gathers else 0),
                     ):
                         if nbytes > 0:
                             seconds += costs.collective_s(collective, options.collective, len(group), nbytes,

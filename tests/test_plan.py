@@ -103,22 +103,28 @@ def test_recheck_runs_the_event_simulation_of_the_best_layouts(capsys):
     assert (cluster.nodes, cluster.intra_node, cluster.network, cluster.nics_per_node) == (2, "nvswitch3", "ib_ndr", 8)
 
 
+NEMO_STACK = (("overlap_grad_reduce", True), ("overlap_param_gather", True), ("tp_comm_overlap", True),
+              ("grad_reduce_in_fp32", False), ("bucket_bytes", 125e6))  # fmt: skip
+
+
 @pytest.mark.parametrize(
-    ("model", "gpus", "device", "batch"),
+    ("model", "gpus", "device", "batch", "stack"),
     [
-        ("llama3_8b", 64, "h100_sxm5", 256),
-        ("mixtral_8x7b", 32, "h100_sxm5", 128),
-        ("gpt3_13b", 64, "a100_sxm4_80gb", 256),
+        ("llama3_8b", 64, "h100_sxm5", 256, ()),
+        ("mixtral_8x7b", 32, "h100_sxm5", 128, ()),
+        ("gpt3_13b", 64, "a100_sxm4_80gb", 256, ()),
+        ("llama3_8b", 64, "h100_sxm5", 256, NEMO_STACK),
     ],
 )
-def test_branch_and_bound_finds_the_exhaustive_top_and_prunes_only_slower_layouts(model, gpus, device, batch):
+def test_branch_and_bound_finds_the_exhaustive_top_and_prunes_only_slower_layouts(model, gpus, device, batch, stack):
     """The bound is below every layout's closed-form time; the search's top 8 are the exhaustive
-    search's, in order and to the digit; every pruned layout's ceiling is below the 8th best."""
+    search's, in order and to the digit; every pruned layout's ceiling is below the 8th best. Also
+    with NeMo's software stack (overlapped reductions, gathers and TP communication)."""
     from ddlsim.simulator import planner
     from ddlsim.simulator.planner_bounds import LowerBounds
 
     config = planner.load_model(model)
-    cluster = planner.Cluster.of(device, gpus)
+    cluster = planner.Cluster.of(device, gpus, stack=stack)
     every = list(planner.candidate_layouts(config, cluster, batch))
     layouts = random.Random(7).sample(every, min(300, len(every)))  # the exhaustive side takes ~10 ms a layout
     ranked, candidates = planner.branch_and_bound(model, config, cluster, layouts, keep=8)
@@ -174,3 +180,20 @@ def test_a_tolerance_times_fewer_layouts_and_keeps_the_best_within_it(capsys):
     assert loose[0].figures["tokens_per_s"] * 1.05 >= exact[0].figures["tokens_per_s"]
     assert main(["plan", "--model", "llama3_8b", "--gpus", "64", "--tolerance", "1.5"]) == 2
     assert "--tolerance must be a fraction in [0, 1)" in capsys.readouterr().err
+
+
+def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
+    """--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap --no-grad-reduce-in-fp32: the
+    same search with NeMo's stack finds faster layouts; a bad bucket size is one line and exit 2."""
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    base = ["plan", "--model", "llama3_8b", "--gpus", "64", "--global-batch", "256", "--top", "3", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "plain")]) == 0
+    stack = ["--overlap-grad-reduce", "--overlap-param-gather", "--tp-comm-overlap", "--no-grad-reduce-in-fp32"]
+    assert main([*base, *stack, "--out", str(tmp_path / "nemo")]) == 0
+    plain, nemo = (read_csv(tmp_path / name / "layouts.csv") for name in ("plain", "nemo"))
+    assert float(nemo[0]["tokens_per_s"]) > float(plain[0]["tokens_per_s"])
+    capsys.readouterr()
+    assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
+    assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err

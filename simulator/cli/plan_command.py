@@ -46,6 +46,13 @@ def register(subparsers) -> None:
     for name, kind in FIXABLE.items():
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, default=None, help=f"fix {name} instead of searching it")
+    stack = parser.add_argument_group("software stack (every layout runs with it; default: Megatron-LM's defaults)")
+    stack.add_argument("--overlap-grad-reduce", action="store_true", help="reduce gradient buckets during backward")
+    stack.add_argument("--overlap-param-gather", action="store_true",
+                       help="ZeRO 1-2: gather updated weights during the next forward")  # fmt: skip
+    stack.add_argument("--tp-comm-overlap", action="store_true", help="hide TP collectives under their products")
+    stack.add_argument("--no-grad-reduce-in-fp32", action="store_true", help="reduce gradients in 16 bits")
+    stack.add_argument("--bucket-bytes", default=None, help="gradient bucket of the overlapped reductions (25MB)")
     parser.add_argument("--top", type=int, default=10, help="layouts to print and write to layouts.csv (default 10)")
     parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
@@ -88,6 +95,22 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     return fixed
 
 
+def stack_of(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
+    """The software-stack flags as ``Cluster.stack`` pairs (only those given)."""
+    from ddlsim.hardware_models.units import parse_bytes
+
+    switches = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+    stack: list[tuple[str, Any]] = [(name, True) for name in switches if getattr(args, name)]
+    if args.no_grad_reduce_in_fp32:
+        stack.append(("grad_reduce_in_fp32", False))
+    if args.bucket_bytes is not None:
+        bucket = parse_bytes(args.bucket_bytes, "--bucket-bytes")
+        if not bucket > 0:
+            raise InputError(f"--bucket-bytes must be a size > 0, got {args.bucket_bytes!r}")
+        stack.append(("bucket_bytes", bucket))
+    return tuple(stack)
+
+
 def run(args: argparse.Namespace) -> int:
     from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
     from ddlsim.hardware_models.catalog import load_device
@@ -98,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     check_output(out, "directory", files=OUTPUT_FILES)
     config = planner.load_model(args.model)
-    cluster = planner.Cluster.of(args.device, args.gpus, args.precision)
+    cluster = planner.Cluster.of(args.device, args.gpus, args.precision, stack_of(args))
     if "tp" in fixed:  # a fixed TP the model cannot take: say which rule, not just "nothing fits"
         if fixed["tp"] > cluster.devices_per_node:
             raise InputError(f"--tp {fixed['tp']} is larger than a node's {cluster.devices_per_node} GPUs "

@@ -222,7 +222,7 @@ def stage_memory(
 ) -> list[MemoryBreakdown]:
     """Memory of one GPU of each pipeline rank, bytes. Raises LayoutError for an invalid layout."""
     check_layout(layout, config)
-    settings = settings or settings_for(layout.precision)
+    settings = settings or settings_for(layout.precision, gradient_bytes=layout.gradient_bytes)
     if settings.pad_vocabulary:
         config = dataclasses.replace(config, vocabulary=padded_vocabulary(config.vocabulary, layout.tp))
     blocks = transformer_blocks(config)
