@@ -205,7 +205,7 @@ class VectorisedExecutor:
         within = links[scratch[links] != senders]
         previous = self.link_sender[links]
         across = links[(previous >= 0) & (previous != senders)]
-        shared = unique_ints(np.concatenate([across, within]))
+        shared = unique_ints(np.concatenate([across, within]), self.link_sender.size)
         shared = shared[self.link_sender[shared] != -2]
         before = self.link_sender[shared]  # the one earlier sender, or -1 for a link new to all
         had_one = before >= 0

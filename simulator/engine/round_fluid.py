@@ -62,8 +62,7 @@ class Contention:
         flows = np.flatnonzero(mask)
         local = np.cumsum(mask) - 1  # transfer -> position among the contended
         entries = mask[owner]
-        links, local_link = np.unique(flat_links[entries], return_inverse=True)  # sorts: fast for ints
-        local_link = local_link.ravel()
+        links, local_link = _relabel(flat_links[entries], capacity_Bps.size)
         local_owner = local[owner[entries]]
         component, count = _components(local_owner, local_link, flows.size, links.size)
         return Contention(flows, local_owner, local_link, capacity_Bps[links], component, count)
@@ -94,6 +93,18 @@ class Contention:
         return ends
 
 
+def _relabel(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values sorted, each value's index among them) for integers in [0, ``bound``):
+    ``np.unique(values, return_inverse=True)``, by a mark and a running count over ``bound`` slots
+    (linear) when the values outnumber a sixteenth of them, else by sorting."""
+    if values.size * 16 < bound:
+        distinct, inverse = np.unique(values, return_inverse=True)
+        return distinct, inverse.ravel()
+    present = np.zeros(bound, dtype=bool)
+    present[values] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+
+
 def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> tuple[np.ndarray, int]:
     """Connected components of flows joined by shared links: (label per flow, 0..count-1), count.
 
@@ -114,9 +125,14 @@ def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> 
     return dense.ravel(), roots.size
 
 
-def unique_ints(values: np.ndarray) -> np.ndarray:
+def unique_ints(values: np.ndarray, bound: int = 0) -> np.ndarray:
     """Sorted distinct values, by sorting (numpy 2.4's hash-based ``np.unique`` takes 0.6 s for
-    262,144 integers, a sort 3 ms)."""
+    262,144 integers, a sort 3 ms); values known to lie in [0, ``bound``) and outnumbering a
+    sixteenth of that range are marked in a table instead (linear: a round's millions of hops)."""
+    if bound and values.size * 16 >= bound:
+        present = np.zeros(bound, dtype=bool)
+        present[values] = True
+        return np.flatnonzero(present)
     ordered = np.sort(values)
     if ordered.size < 2:
         return ordered
