@@ -1,6 +1,6 @@
 """Issue 14's validation: the large-model rows of ``llm_dev.csv`` predicted by the megatron closed form.
 
-    python benchmarks/llm_validation.py [--ci 0.9]
+    python benchmarks/llm_validation.py [--ci 0.9] [--rows]
 
 Two splits, each printed by source family (the unit left out) and overall: the datasheets alone
 (no fitted parameter), and leave-one-source-out (``transformer_slowdown`` fitted on the other
@@ -41,6 +41,7 @@ def table(rows: list[dict], title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ci", type=float, default=0.9)
+    parser.add_argument("--rows", action="store_true", help="also print every row of the honest split")
     args = parser.parse_args(argv)
 
     from ddlsim.simulator.calibration import llm_validation
@@ -60,6 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     table(loso, "leave one source family out (transformer_slowdown fitted on the others)")
     print("\nfitted transformer_slowdown without each family: "
           + ", ".join(f"{name} {fit.slowdown:.3f} ({fit.rows} rows)" for name, fit in fits.items()))
+    if args.rows:
+        print(f"\n{'id':8s} {'family':12s} {'model':14s} {'metric':15s} {'published':>10s} {'predicted':>10s} "
+              f"{'error':>7s} {'interval':>21s}")  # fmt: skip
+        for row in loso:
+            if row["status"] == "predicted":
+                band = f"{row['ci_low']:.4g}-{row['ci_high']:.4g}" + ("" if row["in_ci"] else " (out)")
+                values = f"{row['measured']:10.4g} {row['predicted']:10.4g} {row['error_pct']:+6.1f}%"
+                where = f"{row['id']:8s} {row['family']:12s} {row['workload']:14s} {row['metric']:15s}"
+                print(f"{where} {values} {band:>21s}")
     for row in loso:
         if row["status"] != "predicted":
             print(f"# cannot model {row['id']}: {row['reason']}")
