@@ -18,7 +18,9 @@ gradients (Megatron-LM's default); off, they carry the weights' 16-bit type (NeM
 recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``). ``tp_comm_overlap``
 (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers): each tensor-parallel
 collective runs in chunks under the matrix product it feeds or follows, so only what exceeds that
-product's compute shows.
+product's compute shows. ``zero3_prefetch`` (ZeRO-3): each block's weights are gathered while the
+block before computes (DeepSpeed's prefetch, FSDP's forward/backward prefetch), so only what
+exceeds its compute shows; off, every gather and reduce-scatter adds to the block's time.
 
 ``check_layout`` names the first violated rule in one line; the planner and the commands show it
 and exit 2.
@@ -79,6 +81,7 @@ class ParallelLayout:
     last_stage_layers: int | None = None  # Megatron --decoder-last-pipeline-num-layers
     grad_reduce_in_fp32: bool = True
     tp_comm_overlap: bool = False
+    zero3_prefetch: bool = True
 
     @property
     def gradient_bytes(self) -> float:
@@ -134,7 +137,7 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
     for name, allowed in choices.items():
         if getattr(layout, name) not in allowed:
             raise LayoutError(f"{name} must be one of {', '.join(allowed)}, got {getattr(layout, name)!r}")
-    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap"):
+    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch"):
         if not isinstance(getattr(layout, name), bool):
             raise LayoutError(f"{name} must be true or false, got {getattr(layout, name)!r}")
     if layout.zero_stage not in (0, 1, 2, 3):

@@ -15,7 +15,8 @@
    processes on one memory system, four on two cores), as the data-parallel harness prediction
    times its layers with every rank computing;
 4. each layout, the one-rank run at micro-batch 2 included, is predicted by the megatron closed
-   form with its rank count's profile, and compared.
+   form with its rank count's profile (ZeRO-3 without prefetch, as the harness runs it), and
+   compared.
 
 Prints each layout's measured and predicted iteration, the error, the median and largest absolute
 errors, the noise floor (median spread) and the machine's load average before and after.
@@ -89,7 +90,8 @@ def scenario(ranks: int, layout: dict[str, int], profile):
     from ddlsim.algorithms.training_algorithm import make_options
     from ddlsim.simulator.scenario import Scenario
 
-    values = {"precision": "fp32", **with_batch(layout)}
+    # the harness's ZeRO-3 gathers a chunk's weights as each work item starts (no prefetch)
+    values = {"precision": "fp32", "zero3_prefetch": False, **with_batch(layout)}
     return Scenario(workload=MODEL, algorithm="megatron", device="local_cpu", devices_per_node=1, network="local_shm",
                     host_link=None, nodes=(ranks,), precision="fp32", profile=profile, enforce_memory=False,
                     options=make_options("megatron", {"layout": values}))  # fmt: skip

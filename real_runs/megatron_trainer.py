@@ -13,7 +13,9 @@ belongs to the layer, as in Megatron-LM, and runs here on sub-communicators of t
   below, each an ``allreduce`` over the rank's tensor-parallel group;
 * ZeRO-3: a chunk's weights live as this rank's shard; they are gathered over the data-parallel
   group before each forward and backward, and the chunk's gradients are reduce-scattered after each
-  backward, inside the work item (as the simulated trainer's ``zero3`` part).
+  backward, inside the work item (the simulated trainer's ``zero3`` part with the layout's
+  ``zero3_prefetch`` off: a prefetch on the communication stream's thread made ZeRO-3 slower on a
+  2-core machine, whose cores the ranks already use).
 
 Weights are drawn for the whole model from one seed and sliced per tensor-parallel rank, so any
 layout trains the same network as one rank would: with the same global batch, a layout's losses

@@ -181,7 +181,7 @@ def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenari
 
     values = {name: getattr(layout, name) for name in (
         "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
-        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap")}  # fmt: skip
+        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch")}  # fmt: skip
     options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,

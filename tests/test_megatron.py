@@ -372,3 +372,22 @@ def test_a_fixed_cost_per_kernel_adds_on_a_cpu_and_floors_an_accelerator():
     assert gpu_floor.block_cost(layer, 0).forward_compute == gpu_plain.block_cost(layer, 0).forward_compute
     gpu_bound = costs("a100_sxm4", 1.0)  # one second per kernel: every pass is launch bound
     assert gpu_bound.block_cost(layer, 0).forward_compute == pytest.approx(len(layer.parts))
+
+
+def test_zero3_without_prefetch_pays_every_gather_and_reduce_scatter():
+    """--no-zero3-prefetch (FSDP without forward/backward prefetch): a block's gathers and its
+    gradient reduce-scatter add to its time instead of hiding under its compute."""
+    layout = {"tp": 1, "pp": 1, "global_batch": 16, "zero_stage": 3}
+    prefetched = scenario(nodes=2, per_node=4, **layout)
+    plain = scenario(nodes=2, per_node=4, **layout, zero3_prefetch=False)
+    setup = setup_of(plain, 2)
+    costs = ClosedFormCosts(setup).transformer
+    layer = next(block for block in costs.blocks if block.kind == "layer")
+    cost = costs.block_cost(layer, 0)
+    group = data_parallel_group(0, setup.plan.options.layout)  # dp 8: the whole run
+    gathered = costs.group_s("allgather", cost.dense_parameters * costs.weight_bytes, group)
+    scattered = costs.group_s("reduce_scatter", cost.dense_parameters * 4.0, group)
+    assert costs.zero3_exposed_s(cost.dense_parameters, group, cost.forward_compute, False) == gathered
+    assert costs.zero3_exposed_s(cost.dense_parameters, group, cost.backward_compute, True) == gathered + scattered
+    assert closed_form_result(plain, 2).iteration_s > closed_form_result(prefetched, 2).iteration_s
+    assert run_des(plain, 2).result.iteration_s == pytest.approx(closed_form_result(plain, 2).iteration_s, rel=1e-9)

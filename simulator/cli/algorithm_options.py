@@ -39,7 +39,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "zero_stage": "zero_stage", "recompute": "recompute", "schedule": "schedule",
     "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
     "last_stage_layers": "last_stage_layers", "no_grad_reduce_in_fp32": "grad_reduce_in_fp32",
-    "tp_comm_overlap": "tp_comm_overlap",
+    "tp_comm_overlap": "tp_comm_overlap", "no_zero3_prefetch": "zero3_prefetch",
 }  # fmt: skip
 
 
@@ -62,6 +62,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--last-stage-layers", type=int, default=None, help="layers on the last pipeline stage")
     group.add_argument("--tp-comm-overlap", action="store_true", default=None,
                        help="overlap tensor-parallel collectives with their matrix products (userbuffers)")
+    group.add_argument("--no-zero3-prefetch", action="store_true", default=None,
+                       help="ZeRO-3: gather each block's weights when it starts, not during the block before")
     group.add_argument("--no-grad-reduce-in-fp32", action="store_true", default=None,
                        help="reduce gradients in the weights' 16-bit type, not fp32 (NeMo's performance recipes)")
 
@@ -125,7 +127,7 @@ def options_values(
     extra = extra_flags or {}
     given = [dest for dest in OPTION_FLAGS if getattr(args, dest) is not None]
     layout = {LAYOUT_FLAGS[dest]: getattr(args, dest) for dest in LAYOUT_FLAGS if getattr(args, dest, None) is not None}
-    for negated in ("flash_attention", "grad_reduce_in_fp32"):  # --no-flash-attention, --no-grad-reduce-in-fp32
+    for negated in ("flash_attention", "grad_reduce_in_fp32", "zero3_prefetch"):  # the --no-... layout flags
         if negated in layout:
             layout[negated] = False
     unused = [dest for dest in given if OPTION_FLAGS[dest] not in algorithm.options]

@@ -18,7 +18,7 @@ sequences its forward of a chunk costs, over the chunk's blocks and their parts
 * ``ep``: an MoE layer's dispatch and combine all-to-alls (pairwise exchange over the EP group);
 * ``zero3``: ZeRO-3's gather of each block's weights before its forward and backward and the
   reduce-scatter of its gradients after, overlapped with the block's compute (prefetch): only what
-  exceeds the compute shows.
+  exceeds the compute shows (all of it with the layout's ``zero3_prefetch`` off).
 
 A calibration profile's fixed cost per kernel (``launch_s`` of its compute model: the framework's
 dispatch) adds to each part's pass on a CPU, once forward and twice backward for a part with
@@ -248,7 +248,7 @@ class TransformerCosts:
         seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
         if backward:
             seconds += self.group_s("reduce_scatter", parameters * self.layout.gradient_bytes, group)
-        return max(0.0, seconds - compute_s)
+        return max(0.0, seconds - compute_s) if self.layout.zero3_prefetch else seconds
 
     def block_cost(self, block: Block, rank: int) -> BlockCost:
         """``block``'s compute, tensor-parallel and ring-attention seconds and its parameters on ``rank``."""
