@@ -255,7 +255,8 @@ class MegatronTraining(TrainingAlgorithm):
         pipeline = [rank_of(Coordinates(0, 0, 0, stage), layout) for stage in range(layout.pp)]
         trainers = [costs.trainer(rank) for rank in pipeline]
         chunks = range(layout.virtual_stages)
-        buckets = [{chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in chunks}
+        bucketed = options.overlap_grad_reduce or options.overlap_param_gather
+        buckets = [{chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in chunks if bucketed}
                    for trainer in trainers]  # fmt: skip
         gathered = [1 <= layout.zero_stage <= 2 and len(data_parallel_group(rank, layout)) > 1 for rank in pipeline]
         gather_ready: dict[tuple[int, int], list[float]] = {}  # (stage, chunk) -> each bucket's gather end

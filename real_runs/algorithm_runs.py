@@ -599,9 +599,8 @@ def _megatron_trainer(settings: RunSettings, plan: Plan, rank: int, comm: Any):
                                 seed=settings.seed)  # fmt: skip
 
 
-def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset | None):
+def _trainer(settings: RunSettings, plan: Plan, rank: int, dataset: Dataset):
     algorithm = TRAINING_ALGORITHMS.get(settings.algorithm)
-    assert dataset is not None
     if algorithm.name == "hybrid_parallel":
         stages = plan.options.stages
         nodes = plan.ranks // stages

@@ -192,7 +192,6 @@ def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenari
 
 
 STACK_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather", "bucket_bytes")  # megatron's options
-STACK_LAYOUT = ("tp_comm_overlap", "grad_reduce_in_fp32")  # layout switches the search does not vary
 
 
 FIGURES = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s", "tp_s", "cp_s", "ep_s", "zero3_s",

@@ -119,6 +119,7 @@ def harness_transformer(name: str, options: Any, ranks: int) -> dict[str, int]:
     from ddlsim.algorithms.megatron_training import resolved_layout
     from ddlsim.algorithms.parallel_layout import LayoutError, check_layout
     from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError
+    from ddlsim.real_runs.megatron_trainer import check_runnable
     from ddlsim.simulator.cli.common import InputError
     from ddlsim.simulator.workloads.transformer import load_transformer
 
@@ -127,8 +128,6 @@ def harness_transformer(name: str, options: Any, ranks: int) -> dict[str, int]:
     if gpt != ("decoder", "layernorm", "gelu", "learned", None) or config.kv_heads != config.heads:
         raise InputError(f"--model {name}: the harness trains GPT-style decoders (layernorm, gelu, learned positions, "
                          f"no experts, no grouped queries), e.g. gpt_tiny or gpt2")  # fmt: skip
-    from ddlsim.real_runs.megatron_trainer import check_runnable
-
     try:
         check_layout(resolved_layout(options.layout, ranks), config, ranks)
         check_runnable(options)

@@ -100,9 +100,15 @@ def _relabel(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     if values.size * 16 < bound:
         distinct, inverse = np.unique(values, return_inverse=True)
         return distinct, inverse.ravel()
+    present = _marks(values, bound)
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+
+
+def _marks(values: np.ndarray, bound: int) -> np.ndarray:
+    """A table of ``bound`` flags, set where ``values`` (integers in [0, ``bound``)) occur."""
     present = np.zeros(bound, dtype=bool)
     present[values] = True
-    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
+    return present
 
 
 def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> tuple[np.ndarray, int]:
@@ -130,9 +136,7 @@ def unique_ints(values: np.ndarray, bound: int = 0) -> np.ndarray:
     262,144 integers, a sort 3 ms); values known to lie in [0, ``bound``) and outnumbering a
     sixteenth of that range are marked in a table instead (linear: a round's millions of hops)."""
     if bound and values.size * 16 >= bound:
-        present = np.zeros(bound, dtype=bool)
-        present[values] = True
-        return np.flatnonzero(present)
+        return np.flatnonzero(_marks(values, bound))
     ordered = np.sort(values)
     if ordered.size < 2:
         return ordered
