@@ -13,7 +13,7 @@ from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group
 from ddlsim.algorithms.training_algorithm import TrainingAlgorithmError, make_options
 from ddlsim.simulator.closed_form.costs import ClosedFormCosts
 from ddlsim.simulator.closed_form.training import closed_form_result
-from ddlsim.simulator.executor.des import run_des
+from ddlsim.simulator.executor.des import NOTE_RANKS, fallback_note, note_on_stderr, run_des
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.setup import setup_of
 
@@ -80,6 +80,24 @@ def test_overlapped_reductions_and_gathers_agree_in_both_executors_and_hide_time
     assert closed.iteration_s < closed_form_result(plain, 2).iteration_s  # something was hidden
     steady = run_des(dataclasses.replace(point, updates=3), 2).result  # every iteration costs the same
     assert steady.iteration_s == pytest.approx(des.iteration_s, rel=1e-6)
+
+
+def test_a_point_re_run_message_by_message_says_so_and_why(capsys):
+    """The interleaved layout above takes the message path: the user is told before the re-run, with
+    the fast path's reason; the default notice stays quiet for a point this small."""
+    point = overlapped(scenario(tp=1, pp=4, global_batch=16, virtual_stages=3, zero_stage=1),
+                       overlap_grad_reduce=True, bucket_bytes=20e6)  # fmt: skip
+    told: list[tuple[int, str]] = []
+    des = run_des(point, 2, note=lambda ranks, reason: told.append((ranks, reason))).result
+    assert des.path == "message"
+    assert len(told) == 1 and told[0][0] == des.devices and "collective" in told[0][1]
+    assert "8 ranks" in fallback_note(*told[0]) and told[0][1] in fallback_note(*told[0])
+    note_on_stderr(*told[0])
+    note_on_stderr(NOTE_RANKS, told[0][1])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [fallback_note(NOTE_RANKS, told[0][1])]
+    quiet = run_des(scenario(tp=2, pp=2, global_batch=8), 2, note=lambda *_: told.append((0, ""))).result
+    assert quiet.path == "vectorised" and len(told) == 1
 
 
 def test_overlapped_reduction_leaves_one_bucket_exposed_when_the_network_is_fast():

@@ -375,7 +375,9 @@ class VectorisedExecutor:
             if not meets.any():
                 break
             if previous is None or log is not None or np.any(serial[links[meets]] != previous.serial):
-                raise ContentionDetected("flows of different rounds may overlap on a link")
+                raise ContentionDetected(
+                    "flows of non-consecutive rounds, or of another collective, may overlap on a link"
+                )
             group = group or OverlapGroup()
             components = None
             if st.contention.flows.size:
