@@ -37,14 +37,19 @@ class ChainCollective:
         chunks = positive_int_option(self.name, options, "chunks")
 
         def rounds() -> Iterator[Round]:
-            near = np.arange(ranks - 1, dtype=np.int64)  # link near -> near + 1
+            # round t streams piece t - d over the link d hops from the root (d = near, or ranks - 2 -
+            # near for reduce), for the at most ``chunks`` links with 0 <= t - d < chunks: only those
+            # are built (a round costs its live links, not the chain's length)
+            last = ranks - 2
             for t in range(ranks - 1 + chunks - 1):
-                piece = t - near if collective == "broadcast" else t - (ranks - 2 - near)
-                live = (piece >= 0) & (piece < chunks)
-                if collective == "broadcast":
-                    yield Round.of(near[live], near[live] + 1, piece[live], piece[live] + 1, COPY)
-                else:
-                    yield Round.of(near[live] + 1, near[live], piece[live], piece[live] + 1, REDUCE)
+                if collective == "broadcast":  # link near -> near + 1, near hops from the root
+                    near = np.arange(max(t - chunks + 1, 0), min(t, last) + 1, dtype=np.int64)
+                    piece = t - near
+                    yield Round(near, near + 1, piece, piece + 1, np.full(near.size, COPY, dtype=np.int64))
+                else:  # link near + 1 -> near, last - near hops from the chain's far end
+                    near = np.arange(max(last - t, 0), min(last - t + chunks - 1, last) + 1, dtype=np.int64)
+                    piece = t - (last - near)
+                    yield Round(near + 1, near, piece, piece + 1, np.full(near.size, REDUCE, dtype=np.int64))
 
         return Schedule(self.name, collective, ranks, chunks, rounds)
 
