@@ -457,3 +457,57 @@ def test_torus_2d_on_a_torus_of_single_device_nodes_steps_between_neighbours(top
         routes = fabric._core(np.asarray(rnd.src), np.asarray(rnd.dst))
         hops = max(hops, int((routes >= 0).sum(axis=1).max()))
     assert hops == longest
+
+
+@pytest.mark.parametrize(
+    ("collective", "nodes", "devices_per_node", "topology", "extra"),
+    [
+        ("broadcast", 64, 1, "switch", {}),
+        ("reduce", 64, 1, "switch", {"reduce_Bps": 20e9}),
+        ("broadcast", 16, 8, "fat_tree", {"nodes_per_leaf": 2}),
+        ("reduce", 36, 1, "torus_2d", {"loggp": True, "reduce_Bps": 5e9}),
+    ],
+)
+def test_an_unpipelined_chain_runs_as_one_relay_with_the_round_by_round_times(
+    collective, nodes, devices_per_node, topology, extra
+):
+    """An unpipelined chain (one transfer per round, each sent on by the rank it reached) is executed
+    as one relay: the same times to the bit as executing every round, and the message path's."""
+    fabric = _fabric(nodes, devices_per_node, topology=topology, **extra)
+    ranks = nodes * devices_per_node
+    schedule = COLLECTIVE_ALGORITHMS.get("chain").schedule(collective, ranks)
+    rng = np.random.default_rng(5)
+    for start in (0.0, np.where(rng.random(ranks) < 0.3, rng.random(ranks) * 1e-3, 0.0)):
+        relay = VectorisedExecutor(fabric)
+        fast = relay.run(schedule, 8e6, start)
+        assert relay.relayed_rounds == ranks - 1 == relay.transfers
+        every = VectorisedExecutor(fabric, extrapolate=False)
+        assert np.array_equal(fast, every.run(schedule, 8e6, start))
+        assert every.relayed_rounds == 0
+        np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)
+
+
+def test_a_relay_after_another_collective_keeps_the_link_state_and_its_proof():
+    """A chain after a ring all-reduce on one executor: entered after the ring's flows ended, it
+    relays and gives the round-by-round times (and leaves the same state for a third collective; the
+    rings' steady-state shortcut rounds differently in the last bits);
+    entered while they are still in flight, neither path can prove it and both say so."""
+    fabric = _fabric(8, 4, topology="fat_tree", nodes_per_leaf=2)
+    ring = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 32, devices_per_node=4)
+    chain = COLLECTIVE_ALGORITHMS.get("chain").schedule("broadcast", 32)
+    order = np.random.default_rng(2).permutation(32)  # the chain visits the ranks out of order
+
+    def three(executor):
+        after_ring = executor.run(ring, 4e6, 0.0)
+        after_chain = executor.run(chain, 4e6, after_ring, members=order)
+        return after_ring, after_chain, executor.run(ring, 4e6, float(after_chain.max()))
+
+    relayed, every = VectorisedExecutor(fabric), VectorisedExecutor(fabric, extrapolate=False)
+    for fast, slow in zip(three(relayed), three(every), strict=True):
+        np.testing.assert_allclose(fast, slow, rtol=1e-12)
+    assert relayed.relayed_rounds == 31 and every.relayed_rounds == 0
+    for executor in (VectorisedExecutor(fabric), VectorisedExecutor(fabric, extrapolate=False)):
+        executor.run(ring, 4e6, 0.0)
+        with pytest.raises(ContentionDetected):
+            executor.run(chain, 4e6, 0.0, members=order)
+        assert executor.relayed_rounds == 0

@@ -28,6 +28,7 @@ Times are absolute seconds; ``start`` gives each rank's time of entering the col
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,7 @@ __all__ = ["ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedEx
 
 _COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
 _COMPILED_SCHEDULES = 64
+_RELAY_MIN = 8  # shorter relays run round by round (the batch's set-up costs about as much)
 _OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated with the previous round
 
 
@@ -86,6 +88,28 @@ class _Structure:
     bytes: _RoundBytes | None = None
 
 
+def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
+    """How many runs from ``index`` form a relay: single rounds of one transfer each, each sent by the
+    rank the round before delivered to, no rank delivered to twice (0 or 1 where none starts)."""
+    length = 0
+    visited: set[int] = set()
+    previous = -1
+    for rnd, count in itertools.islice(runs, index, None):
+        if count != 1 or len(rnd) != 1:
+            break
+        src, dst = int(rnd.src[0]), int(rnd.dst[0])
+        if length == 0:
+            visited.add(src)
+        elif src != previous:
+            break
+        if dst in visited:
+            break
+        visited.add(dst)
+        previous = dst
+        length += 1
+    return length
+
+
 class VectorisedExecutor:
     """Round-at-a-time execution with a proof check; keeps link state across calls.
 
@@ -106,7 +130,7 @@ class VectorisedExecutor:
 
     def __init__(self, fabric: Fabric, ranks: int | None = None, extrapolate: bool = True) -> None:
         self.fabric = fabric
-        self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcut to this)
+        self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcuts to this)
         links = fabric.capacity_Bps.size
         self.busy_until = np.full(links, -np.inf)
         self.link_sender = np.full(links, -1, dtype=np.int64)  # -1 unused, -2 several senders
@@ -126,6 +150,7 @@ class VectorisedExecutor:
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
+        self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -266,7 +291,19 @@ class VectorisedExecutor:
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self._advance_clocks(t, members)
         self._placed = None
-        for rnd, count in self._runs(schedule):
+        runs = self._runs(schedule)
+        index = relay_from = 0
+        while index < len(runs):
+            relay = _relay_length(runs, index) if self.extrapolate and index >= relay_from else 0
+            if relay >= _RELAY_MIN:
+                relayed = self._relay(schedule, runs[index : index + relay], message_bytes, t, log, members)
+                if relayed is not None:
+                    t = relayed
+                    index += relay
+                    continue
+                relay_from = index + relay  # not provable: these rounds go one by one
+            rnd, count = runs[index]
+            index += 1
             previous_input: np.ndarray | None = None  # entry times of the previous identical round
             done = 0
             while done < count:
@@ -296,6 +333,76 @@ class VectorisedExecutor:
                     previous_input = None  # the rounds before were skipped: detect afresh
         self._advance_clocks(t, members)
         return t
+
+    def _relay(
+        self,
+        schedule: Schedule,
+        rounds: list[tuple[Round, int]],
+        message_bytes: float,
+        t: np.ndarray,
+        log: TransferLog | None,
+        members: np.ndarray | None,
+    ) -> np.ndarray | None:
+        """Exit times after a relay: rounds of one transfer each, every one sent by the rank the one
+        before delivered to (an unpipelined chain), executed together; None where the proof fails.
+
+        Each transfer starts only after the one before arrived (its sender's entry is no earlier
+        than that arrival, and send overheads are part of alpha), so relay flows never meet each
+        other; where they also start no earlier than every link they cross was last busy (and than
+        the clock of any other rank that sent there), each runs alone at its route's bottleneck,
+        which is what the round-at-a-time path would find round by round, to the bit (the same
+        floating-point operations in the same order).
+        """
+        count = len(rounds)
+        src = np.fromiter((int(rnd.src[0]) for rnd, _ in rounds), np.int64, count)
+        dst = np.fromiter((int(rnd.dst[0]) for rnd, _ in rounds), np.int64, count)
+        chunks = np.fromiter((rnd.chunk_count[0] if np.ndim(rnd.chunk_count) else rnd.chunk_count
+                              for rnd, _ in rounds), np.float64, count)  # fmt: skip
+        ops = np.fromiter((int(rnd.op[0]) for rnd, _ in rounds), np.int64, count)
+        global_src = src if members is None else members[src]
+        global_dst = dst if members is None else members[dst]
+        routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
+        overhead = self.fabric.overheads(global_src, global_dst)
+        if np.any(overhead > alpha):
+            return None
+        nbytes = schedule.transfer_bytes(Round(src, dst, op=ops, chunk_count=chunks), message_bytes)
+        flow = nbytes / bottleneck
+        reduce_s = self.fabric.reduce_times(nbytes, ops)
+        entries, ends = [], []
+        clock = float(t[src[0]])
+        receivers = t[dst].tolist()
+        reduce_list = None if reduce_s is None else reduce_s.tolist()
+        for k, (a, f) in enumerate(zip(alpha.tolist(), flow.tolist(), strict=True)):
+            entries.append(clock)
+            end = clock + a + f  # the sender leaves when its send arrived
+            ends.append(end)
+            received = end if reduce_list is None else end + reduce_list[k]
+            clock = max(receivers[k], received)  # the receiver, who sends next
+        begin = np.asarray(entries)
+        start = begin + overhead
+        links, owner = self._binding_hops(routes)
+        self._advance_clocks(t, members)
+        starts = start[owner]
+        if np.any(starts < self.busy_until[links]):
+            return None
+        prior = self.link_sender[links]
+        other = (prior >= 0) & (prior != global_src[owner])
+        if np.any(starts[other] < self.clock[prior[other]]):
+            return None
+        self._placed = None
+        self._claim(links, global_src[owner])
+        np.maximum.at(self.busy_until, links, (start + flow)[owner])
+        self._writer_serial[links] = -1  # no round of this call wrote them last
+        self._serial += count
+        self.transfers += count
+        self.relayed_rounds += count
+        out = t.copy()
+        out[src] = ends
+        out[dst[-1]] = clock
+        self._advance_clocks(out, members)
+        if log is not None:
+            log.add(global_src, global_dst, nbytes, begin, np.asarray(ends))
+        return out
 
     def _runs(self, schedule: Schedule) -> list[tuple[Round, int]]:
         """The schedule's non-empty rounds as (round, repeats): consecutive rounds sharing their src,
