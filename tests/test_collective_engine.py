@@ -485,6 +485,12 @@ def test_an_unpipelined_chain_runs_as_one_relay_with_the_round_by_round_times(
         assert np.array_equal(fast, every.run(schedule, 8e6, start))
         assert every.relayed_rounds == 0
         np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)
+    logs = [TransferLog(max_sender=ranks // 2), TransferLog(max_sender=ranks // 2)]  # a trace's transfers
+    VectorisedExecutor(fabric).run(schedule, 8e6, 0.0, logs[0])
+    VectorisedExecutor(fabric, extrapolate=False).run(schedule, 8e6, 0.0, logs[1])
+    assert logs[0].total == logs[1].total == ranks - 1
+    for column in ("src", "dst", "nbytes", "start_s", "end_s"):
+        assert np.array_equal(np.concatenate(getattr(logs[0], column)), np.concatenate(getattr(logs[1], column)))
 
 
 def test_a_relay_after_another_collective_keeps_the_link_state_and_its_proof():
