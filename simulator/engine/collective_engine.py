@@ -28,7 +28,6 @@ Times are absolute seconds; ``start`` gives each rank's time of entering the col
 from __future__ import annotations
 
 import dataclasses
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -94,7 +93,8 @@ def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
     length = 0
     visited: set[int] = set()
     previous = -1
-    for rnd, count in itertools.islice(runs, index, None):
+    for position in range(index, len(runs)):
+        rnd, count = runs[position]
         if count != 1 or len(rnd) != 1:
             break
         src, dst = int(rnd.src[0]), int(rnd.dst[0])
