@@ -87,16 +87,19 @@ def test_a_point_re_run_message_by_message_says_so_and_why(capsys):
     the fast path's reason; the default notice stays quiet for a point this small."""
     point = overlapped(scenario(tp=1, pp=4, global_batch=16, virtual_stages=3, zero_stage=1),
                        overlap_grad_reduce=True, bucket_bytes=20e6)  # fmt: skip
-    told: list[tuple[int, str]] = []
-    des = run_des(point, 2, note=lambda ranks, reason: told.append((ranks, reason))).result
+    told: list[tuple[int, str, bool]] = []
+    des = run_des(point, 2, note=lambda *said: told.append(said)).result
     assert des.path == "message"
     assert len(told) == 1 and told[0][0] == des.devices and "collective" in told[0][1]
+    assert told[0][2]  # megatron has a closed form: the note offers it
     assert "8 ranks" in fallback_note(*told[0]) and told[0][1] in fallback_note(*told[0])
+    assert "--executor analytic" in fallback_note(*told[0])
+    assert "--executor analytic" not in fallback_note(8, told[0][1], closed_form=False)
     note_on_stderr(*told[0])
     note_on_stderr(NOTE_RANKS, told[0][1])
     lines = capsys.readouterr().err.splitlines()
     assert lines == [fallback_note(NOTE_RANKS, told[0][1])]
-    quiet = run_des(scenario(tp=2, pp=2, global_batch=8), 2, note=lambda *_: told.append((0, ""))).result
+    quiet = run_des(scenario(tp=2, pp=2, global_batch=8), 2, note=lambda *said: told.append(said)).result
     assert quiet.path == "vectorised" and len(told) == 1
 
 

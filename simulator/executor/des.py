@@ -41,19 +41,20 @@ TRACED_SENDERS = 64  # ranks whose transfers a transfer log keeps (a trace draws
 NOTE_RANKS = 64  # from this many ranks on, re-running a point message by message takes long enough to say so
 
 
-def fallback_note(ranks: int, reason: str) -> str:
-    """What a user is told when a point is re-run message by message, and why."""
+def fallback_note(ranks: int, reason: str, closed_form: bool = True) -> str:
+    """What a user is told when a point is re-run message by message, and why (``closed_form``: the
+    algorithm has one, which ``--executor analytic`` gives at once)."""
+    instead = "--executor analytic gives the closed form at once" if closed_form else "fewer nodes run faster"
     return (
         f"ddlsim: note: {ranks:,} ranks: the round-at-a-time path cannot prove this point's times exact "
-        f"({reason}); re-running it message by message, which can take many minutes at this scale "
-        "(--executor analytic gives the closed form at once)"
+        f"({reason}); re-running it message by message, which can take many minutes at this scale ({instead})"
     )
 
 
-def note_on_stderr(ranks: int, reason: str) -> None:
+def note_on_stderr(ranks: int, reason: str, closed_form: bool = True) -> None:
     """The default ``run_des`` notice: on stderr, from ``NOTE_RANKS`` ranks on (smaller points re-run fast)."""
     if ranks >= NOTE_RANKS:
-        print(fallback_note(ranks, reason), file=sys.stderr, flush=True)
+        print(fallback_note(ranks, reason, closed_form), file=sys.stderr, flush=True)
 
 
 def run_des(
@@ -64,11 +65,12 @@ def run_des(
     record: bool = False,
     log_transfers: bool = False,
     traced_senders: int = TRACED_SENDERS,
-    note: Callable[[int, str], None] = note_on_stderr,
+    note: Callable[[int, str, bool], None] = note_on_stderr,
 ) -> DesRun:
     """Simulate one point. ``record``: every operation of every rank; ``log_transfers``: the
     transfers sent by fabric ranks below ``traced_senders`` (and counts of all of them); ``note``
-    is told (ranks, reason) before the point is re-run message by message."""
+    is told (ranks, reason, whether the algorithm has a closed form) before the point is re-run
+    message by message."""
     if mode not in ("auto", *MODES):
         raise ScenarioError(f"unknown DES mode {mode!r}; valid: auto, {', '.join(MODES)}")
     setup = setup_of(scenario, nodes)
@@ -84,7 +86,7 @@ def run_des(
         except ContentionDetected as detected:
             if attempt == len(modes) - 1:
                 raise
-            note(executor.ranks, str(detected))
+            note(executor.ranks, str(detected), setup.algorithm.has_closed_form)
             continue
         bucketed = "bucket_bytes" in setup.algorithm.options and not scenario.is_transformer  # sync SGD's
         buckets = trainers[setup.plan.workers[0]].buckets() if bucketed else 0
