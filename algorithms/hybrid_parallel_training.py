@@ -28,6 +28,7 @@ from ddlsim.algorithms.training_algorithm import (
     Trainer,
     TrainingAlgorithm,
     TrainingAlgorithmError,
+    TrainingCosts,
 )
 
 
@@ -81,6 +82,44 @@ class HybridParallelTraining(TrainingAlgorithm):
                 )
             yield comm.compute(trainer.step(gradient, 1.0 / nodes))
         return {"role": "worker", "stage": stage}
+
+    def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
+        """Node 0's pipeline, step by step, as its program runs it (every node runs the same one): a
+        stage starts its forward when it is free and the activation has arrived, a send holds its
+        sender until the message arrives, the last stage turns round at once, and each stage's
+        all-reduce starts when its backward (and the gradient it sends back) is done, uncontended:
+        the two stages' all-reduces sharing a node's port are not modelled here (the event
+        simulation has them). Collective seconds are stage 0's."""
+        stages, collective = plan.options.stages, plan.options.collective
+        nodes = plan.ranks // stages
+        trainers = [costs.trainer(stage) for stage in range(stages)]
+        forward = [trainer.forward(None) for trainer in trainers]
+        backward = [trainer.backward(None) for trainer in trainers]
+        to_next = [costs.message_s(s, s + 1, forward[s].run().nbytes) for s in range(stages - 1)]
+        to_previous = [0.0] + [costs.message_s(s, s - 1, backward[s].run().nbytes) for s in range(1, stages)]
+        reduce_s = [0.0] * stages
+        update_s = [0.0] * stages
+        for stage, trainer in enumerate(trainers):
+            gradient = trainer.stage_gradient()
+            if nodes > 1:
+                group = tuple(node * stages + stage for node in range(nodes))
+                reduce_s[stage] = costs.collective_s(
+                    "allreduce", collective, nodes, gradient.nbytes, plan.options.collective_options, group=group
+                )
+            update_s[stage] = trainer.step(gradient, 1.0 / nodes).duration_s
+        free = [0.0] * stages
+        for _ in range(plan.steps):
+            released = [0.0] * stages  # when a stage's forward (and its send) let it go
+            arrival = 0.0
+            for stage in range(stages):
+                end = max(free[stage], arrival) + forward[stage].duration_s
+                arrival = end + to_next[stage] if stage < stages - 1 else end
+                released[stage] = arrival
+            for stage in reversed(range(stages)):
+                start = released[stage] if stage == stages - 1 else max(released[stage], arrival)
+                arrival = start + backward[stage].duration_s + to_previous[stage]
+                free[stage] = arrival + reduce_s[stage] + update_s[stage]
+        return max(free), plan.steps * reduce_s[0]
 
     def samples_per_step(self, plan: Plan, per_device_batch: int) -> int:
         """One minibatch per pipeline (node) and step."""

@@ -15,6 +15,7 @@ from ddlsim.algorithms.comm import ANY_SOURCE, CommOps
 from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, TrainingAlgorithmError, make_options
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.executor.des import best_hybrid_split, run_des
 from ddlsim.simulator.executor.role_executor import RoleExecutor
 from ddlsim.simulator.records import TRACE_COLUMNS
@@ -156,6 +157,29 @@ def test_hybrid_parallel_messages_per_step():
     stage0_bytes = 4.0 * sum(layer.parameters for layer in layers[:3])
     collectives = [r for r in result.records if r.rank == 0 and r.kind == "collective"]
     assert [r.nbytes for r in collectives] == [pytest.approx(stage0_bytes)] * 4
+
+
+@pytest.mark.parametrize(("nodes", "updates", "split"), [(1, 1, None), (2, 3, (3, 1, 1, 7)), (16, 2, None)])
+def test_hybrid_parallel_closed_form_is_the_event_simulation_without_contention(nodes, updates, split):
+    """Four stages on four GPUs with a NIC each (one activation each way per cut, one all-reduce per
+    stage over the nodes, a send holding its sender until arrival): the closed form's recurrence
+    gives the event simulation's time where nothing contends."""
+    node = dataclasses.replace(GPU_NODE, devices_per_node=4, nics_per_node=4)
+    point = scenario_of("hybrid_parallel", nodes, updates, node, stages=4, split=split)
+    des = run_des(point, nodes).result
+    assert des.path == "vectorised"
+    closed = closed_form_result(point, nodes)
+    assert closed.time_s == pytest.approx(des.time_s, rel=1e-12)
+    assert closed.time_s > updates * sum(layer.forward_s + layer.backward_s for layer in layer_times(point))
+
+
+def test_hybrid_parallel_closed_form_leaves_out_the_stages_sharing_a_port():
+    """KNL quadrants behind one NIC: the stages' all-reduces overlap on it, which the event simulation
+    sees (message path) and the closed form, uncontended, does not: it is a lower bound."""
+    point = scenario_of("hybrid_parallel", 16, 2, dataclasses.replace(GPU_NODE, **KNL_QUADRANTS), stages=4)
+    des = run_des(point, 16, note=lambda *_: None).result
+    assert des.path == "message"
+    assert closed_form_result(point, 16).time_s < des.time_s
 
 
 def test_hybrid_parallel_memory_is_the_largest_stage():

@@ -22,6 +22,7 @@ roofline compute model of ``hardware_models.compute`` and whose results are size
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -296,6 +297,18 @@ def _activation_bytes(scenario: Scenario, layers: tuple[LayerTime, ...]) -> floa
     return scenario.per_device_batch * last.output_bytes * scenario.bytes_per_element / 4.0
 
 
+def hybrid_stage_trainer(setup: TrainingSetup, stage: int, sample: Callable[[], float] | None = None) -> SimTrainer:
+    """The trainer of pipeline stage ``stage`` of a ``hybrid_parallel`` setup: its layers of the split
+    (the balanced one unless the options name one) and the activations it receives and sends."""
+    scenario, algorithm, options = setup.scenario, setup.algorithm, setup.plan.options
+    layers = layer_times(scenario)
+    stages = stage_layers(layers, options.split or balanced_split(layers, options.stages))
+    incoming = _activation_bytes(scenario, stages[stage - 1]) if stage > 0 else 0.0
+    outgoing = _activation_bytes(scenario, stages[stage]) if stage < len(stages) - 1 else 0.0
+    return SimTrainer(scenario, stages[stage], algorithm.momentum, sample,
+                      activation_in_bytes=incoming, activation_out_bytes=outgoing)  # fmt: skip
+
+
 def build_trainers(setup: TrainingSetup) -> list[Any]:
     """One trainer per rank of the setup's plan: workers and helpers hold the whole model (a hybrid
     stage its layers), servers their shard (the EASGD master the whole center); a transformer
@@ -311,20 +324,10 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
         ]
     layers = layer_times(scenario)
     if algorithm.name == "hybrid_parallel":
-        split = plan.options.split or balanced_split(layers, plan.options.stages)
-        stages = stage_layers(layers, split)
-        trainers = []
-        for rank in range(plan.ranks):
-            stage = rank % plan.options.stages
-            incoming = _activation_bytes(scenario, stages[stage - 1]) if stage > 0 else 0.0
-            outgoing = _activation_bytes(scenario, stages[stage]) if stage < len(stages) - 1 else 0.0
-            sample = stragglers.sampler(streams[rank], workers)
-            trainer = SimTrainer(
-                scenario, stages[stage], algorithm.momentum, sample,
-                activation_in_bytes=incoming, activation_out_bytes=outgoing,
-            )  # fmt: skip
-            trainers.append(trainer)
-        return trainers
+        return [
+            hybrid_stage_trainer(setup, rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
+            for rank in range(plan.ranks)
+        ]
     shards = max(len(plan.servers), 1)
     return [
         SimTrainer(scenario, layers, algorithm.momentum, shards=shards)
