@@ -12,7 +12,7 @@ from ddlsim.algorithms.gradient_buckets import StepProfile
 from ddlsim.simulator.scenario import Stragglers
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.setup import TrainingSetup
-from ddlsim.simulator.training.trainers import SimTrainer, hybrid_stage_trainer, layer_times, transformer_costs
+from ddlsim.simulator.training.trainers import SimTrainer, hybrid_stage_trainers, layer_times, transformer_costs
 from ddlsim.simulator.training.transformer_trainer import TransformerTrainer
 
 
@@ -49,5 +49,5 @@ class ClosedFormCosts(GroupCosts):
         if self.setup.scenario.is_transformer:
             return TransformerTrainer(self._transformer, rank)
         if self.setup.algorithm.name == "hybrid_parallel":  # a pipeline stage's layers
-            return hybrid_stage_trainer(self.setup, rank % self.setup.plan.options.stages)
+            return hybrid_stage_trainers(self.setup)(rank % self.setup.plan.options.stages, None)
         return self.worker

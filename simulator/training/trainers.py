@@ -297,16 +297,22 @@ def _activation_bytes(scenario: Scenario, layers: tuple[LayerTime, ...]) -> floa
     return scenario.per_device_batch * last.output_bytes * scenario.bytes_per_element / 4.0
 
 
-def hybrid_stage_trainer(setup: TrainingSetup, stage: int, sample: Callable[[], float] | None = None) -> SimTrainer:
-    """The trainer of pipeline stage ``stage`` of a ``hybrid_parallel`` setup: its layers of the split
-    (the balanced one unless the options name one) and the activations it receives and sends."""
+def hybrid_stage_trainers(setup: TrainingSetup) -> Callable[[int, Callable[[], float] | None], SimTrainer]:
+    """A maker of ``hybrid_parallel`` stage trainers, (stage, sample) -> trainer: the stage's layers of
+    the split (the balanced one unless the options name one) and the activations it receives and
+    sends. The split is worked out once, however many ranks ask."""
     scenario, algorithm, options = setup.scenario, setup.algorithm, setup.plan.options
     layers = layer_times(scenario)
     stages = stage_layers(layers, options.split or balanced_split(layers, options.stages))
-    incoming = _activation_bytes(scenario, stages[stage - 1]) if stage > 0 else 0.0
-    outgoing = _activation_bytes(scenario, stages[stage]) if stage < len(stages) - 1 else 0.0
-    return SimTrainer(scenario, stages[stage], algorithm.momentum, sample,
-                      activation_in_bytes=incoming, activation_out_bytes=outgoing)  # fmt: skip
+    last = len(stages) - 1
+    incoming = [_activation_bytes(scenario, stages[stage - 1]) if stage > 0 else 0.0 for stage in range(last + 1)]
+    outgoing = [_activation_bytes(scenario, stages[stage]) if stage < last else 0.0 for stage in range(last + 1)]
+
+    def make(stage: int, sample: Callable[[], float] | None = None) -> SimTrainer:
+        return SimTrainer(scenario, stages[stage], algorithm.momentum, sample,
+                          activation_in_bytes=incoming[stage], activation_out_bytes=outgoing[stage])  # fmt: skip
+
+    return make
 
 
 def build_trainers(setup: TrainingSetup) -> list[Any]:
@@ -324,8 +330,9 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
         ]
     layers = layer_times(scenario)
     if algorithm.name == "hybrid_parallel":
+        stage_trainer = hybrid_stage_trainers(setup)
         return [
-            hybrid_stage_trainer(setup, rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
+            stage_trainer(rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
             for rank in range(plan.ranks)
         ]
     shards = max(len(plan.servers), 1)
