@@ -162,6 +162,49 @@ def test_torus_routes_take_the_shorter_way():
     assert hops.tolist() == [1, 1, 2]  # 0->3 wraps around: one hop, not three
 
 
+@pytest.mark.parametrize("nodes, topology", [(32, "torus_2d"), (64, "torus_3d"), (97, "torus_2d")])
+def test_torus_shift_routes_and_path_costs_match_the_hop_by_hop_walk(nodes, topology):
+    """A round where every transfer makes the same hops per dimension (recursive doubling's XOR
+    partners) takes the column-block route builder and counts its torus hops instead of looking
+    each up; both must give what a mixed batch (the hop-by-hop walk) gives for the same pairs."""
+    fabric = Fabric(FabricSpec(nodes=nodes, devices_per_node=1, network=load_link("ib_edr"), topology=topology))
+    for bit in range(int(np.log2(nodes)) + 1):
+        src = np.arange(nodes)
+        dst = src ^ (1 << bit)
+        src, dst = src[dst < nodes], dst[dst < nodes]
+        if not src.size:
+            continue
+        routes, alpha, bottleneck = fabric.path_properties(src, dst)
+        # with a neighbour transfer added the batch no longer moves alike: the general walk
+        mixed, _, _ = fabric.path_properties(np.append(src, 0), np.append(dst, 1 if dst[0] != 1 else 2))
+        for row, walked in zip(routes, mixed[:-1], strict=True):  # the same links in the same order
+            np.testing.assert_array_equal(row[row >= 0], walked[walked >= 0])
+        valid = routes >= 0
+        latency = np.where(valid, fabric.latency_s[np.where(valid, routes, 0)], 0.0).sum(axis=1)
+        capacity = np.where(valid, fabric.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
+        np.testing.assert_allclose(alpha, fabric.overheads(src, dst) + latency, rtol=1e-13)
+        np.testing.assert_array_equal(bottleneck, capacity)
+
+
+def test_claiming_links_per_link_equals_per_hop():
+    """Large batches record their senders per link (two reductions), small ones per hop: the same
+    link owners, shared links and busy times either way, batch after batch."""
+    fabric = Fabric(FabricSpec(nodes=16, devices_per_node=1, network=load_link("ib_edr"), topology="torus_2d"))
+    rng = np.random.default_rng(7)
+    per_hop, per_link = VectorisedExecutor(fabric), VectorisedExecutor(fabric)
+    for executor in (per_hop, per_link):
+        executor.clock[:] = np.arange(fabric.devices, dtype=float)
+    for size in (40, 3, 200, 17, 90, 400):
+        links = rng.integers(0, fabric.capacity_Bps.size, size)
+        senders = rng.integers(0, fabric.devices, size)
+        per_hop._claim_per_hop(links, senders)
+        per_link._claim_per_link(links, senders)
+        np.testing.assert_array_equal(per_hop.link_sender, per_link.link_sender)
+        np.testing.assert_array_equal(per_hop.busy_until, per_link.busy_until)
+        assert per_hop._shared_version == per_link._shared_version
+    assert (per_link.link_sender == -2).any() and (per_link.link_sender >= 0).any()
+
+
 def test_a_node_count_without_a_squarish_factorisation_gets_a_partly_filled_torus():
     """97 nodes (prime) would be a 97 x 1 ring; the torus is the 10 x 10 box, nodes in its first 97
     positions, routes through the empty ones; the round path equals the message path on it."""

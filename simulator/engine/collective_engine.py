@@ -131,6 +131,7 @@ class VectorisedExecutor:
     def __init__(self, fabric: Fabric, ranks: int | None = None, extrapolate: bool = True) -> None:
         self.fabric = fabric
         self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcuts to this)
+        self._no_redundant_links = not fabric.redundant.any()
         links = fabric.capacity_Bps.size
         self.busy_until = np.full(links, -np.inf)
         self.link_sender = np.full(links, -1, dtype=np.int64)  # -1 unused, -2 several senders
@@ -212,9 +213,16 @@ class VectorisedExecutor:
         no rate and never makes two flows contend, so it needs neither the overlap check nor a place
         in the in-round max-min computation.
         """
-        valid = routes >= 0
-        valid[valid] = ~self.fabric.redundant[routes[valid]]
-        return routes[valid], np.nonzero(valid)[0]
+        flat = routes.ravel()
+        if self._no_redundant_links:
+            if routes.size and flat.min() >= 0:  # every route as long as the longest: no padding
+                return flat, np.repeat(np.arange(routes.shape[0]), routes.shape[1])
+            keep = np.flatnonzero(flat >= 0)
+        else:
+            valid = flat >= 0
+            valid[valid] = ~self.fabric.redundant[flat[valid]]
+            keep = np.flatnonzero(valid)
+        return flat[keep], keep // max(routes.shape[1], 1)
 
     def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
         """Record who sends over ``links``; links gaining a second sender become checked.
@@ -223,6 +231,12 @@ class VectorisedExecutor:
         than the end of any flow it started); two senders on one link within a round are
         handled by the round itself (the contended path) and checked against later rounds.
         """
+        if links.size * 4 >= self.link_sender.size:  # a large round: per link, not per hop
+            self._claim_per_link(links, senders)
+        else:
+            self._claim_per_hop(links, senders)
+
+    def _claim_per_hop(self, links: np.ndarray, senders: np.ndarray) -> None:
         # links with two senders in this batch: some entry's sender differs from the one recorded
         # last for its link (a scratch array over the fabric's links: linear, no sort)
         scratch = self._scratch
@@ -237,6 +251,29 @@ class VectorisedExecutor:
         self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
         fresh = previous == -1
         self.link_sender[links[fresh]] = senders[fresh]
+        self._mark_shared(shared)
+
+    def _claim_per_link(self, links: np.ndarray, senders: np.ndarray) -> None:
+        """``_claim`` for a batch with hops on a good part of the fabric's links: each link's lowest
+        and highest sender in the batch (two reductions) say whether it has two, instead of a
+        dozen passes over the hops."""
+        low = np.full(self.link_sender.size, np.iinfo(np.int64).max)
+        high = np.full(self.link_sender.size, -1, dtype=np.int64)
+        np.minimum.at(low, links, senders)
+        np.maximum.at(high, links, senders)
+        used = np.flatnonzero(high >= 0)
+        previous = self.link_sender[used]
+        first, last = low[used], high[used]
+        shared_mask = (previous != -2) & ((first != last) | ((previous >= 0) & (previous != first)))
+        shared = used[shared_mask]
+        before = previous[shared_mask]  # the one earlier sender, or -1 for a link new to all
+        had_one = before >= 0
+        self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
+        fresh = previous == -1
+        self.link_sender[used[fresh]] = first[fresh]
+        self._mark_shared(shared)
+
+    def _mark_shared(self, shared: np.ndarray) -> None:
         if shared.size:
             self.link_sender[shared] = -2
             self._shared_version += 1
@@ -462,8 +499,10 @@ class VectorisedExecutor:
         attempts = 0
         previous = self._placed
         busy, serial, writer = self.busy_until, self._writer_serial, self._writer_index
-        owners = st.flat_owner[st.checked]
-        links = st.flat_links[st.checked]
+        if st.checked.size == st.flat_links.size:  # every hop is on a checked link: no copies
+            owners, links = st.flat_owner, st.flat_links
+        else:
+            owners, links = st.flat_owner[st.checked], st.flat_links[st.checked]
         while True:
             begin = t if st.identity_src else t[st.src]
             flow_start = begin + st.overhead_s
@@ -555,16 +594,17 @@ class VectorisedExecutor:
         if not owners.size:
             return
         busy = self.busy_until
-        ends = flow_start[owners] + flow_s[owners]
+        ends = (flow_start + flow_s)[owners]
         before = busy[links]
         if st.contention.flows.size:  # flows of the round share links: a link may appear twice
             np.maximum.at(busy, links, ends)
         else:  # every checked link once: no unbuffered max needed
             busy[links] = np.maximum(before, ends)
         last = ends >= busy[links]
-        self._writer_serial[links[last]] = self._serial
-        self._writer_index[links[last]] = owners[last]
-        self._alone[links[last]] = before[last]
+        written = links[last]
+        self._writer_serial[written] = self._serial
+        self._writer_index[written] = owners[last]
+        self._alone[written] = before[last]
 
     def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
         """The previous round's exit times if ``flows`` did not exist (their terms left out)."""

@@ -279,16 +279,41 @@ class Fabric:
         ``hops`` is the longest path among these transfers (at most ``max_hops``), so a batch of
         neighbour transfers on a large torus costs a few columns, not the torus diameter.
         """
+        return self._route_table(src, dst)[0]
+
+    def _route_table(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """(``routes``, the first column of the torus links, each transfer's torus hops): the hops
+        only where every transfer leaves its node on a torus (else None)."""
         src = self.devices_of(src)
         dst = self.devices_of(dst)
         same = self.node_of(src) == self.node_of(dst)
         cross = np.flatnonzero(~same)
         core = np.empty((0, 0), dtype=np.int64)
+        hops = None
         if cross.size:
             assert self.nic_up is not None and self.nic_down is not None
-            core = self._core(self.node_of(src[cross]), self.node_of(dst[cross]))
+            a, b = self.node_of(src[cross]), self.node_of(dst[cross])
+            if self.spec.topology in ("torus_2d", "torus_3d"):
+                core, hops = self._torus(a, b)
+            else:
+                core = self._core(a, b)
         host = self.host_up is not None
         width = 2 if not cross.size else 2 + 2 * host + core.shape[1]
+        if cross.size == src.size:  # every transfer leaves its node: whole columns, no row lists
+            assert self.nic_up is not None and self.nic_down is not None
+            out = np.empty((src.size, width), dtype=np.int64)
+            column = 0
+            if host:
+                assert self.host_up is not None
+                out[:, 0] = self.host_up[src]
+                column = 1
+            out[:, column] = self.nic_up[self.nic_of(src)]
+            out[:, column + 1 : column + 1 + core.shape[1]] = core
+            out[:, column + 1 + core.shape[1]] = self.nic_down[self.nic_of(dst)]
+            if host:
+                assert self.host_down is not None
+                out[:, -1] = self.host_down[dst]
+            return out, column + 1, hops
         out = np.full((src.size, width), -1, dtype=np.int64)
         if cross.size < src.size:
             assert self.peer_up is not None and self.peer_down is not None
@@ -311,7 +336,7 @@ class Fabric:
             if host:
                 assert self.host_down is not None
                 out[cross, column + 1] = self.host_down[t]
-        return out
+        return out, 0, None
 
     def _core(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Links between the NICs of nodes a[i] and b[i] (a != b), padded with -1."""
@@ -322,10 +347,10 @@ class Fabric:
             # transfers that stay under one leaf keep -1 (padding) in these two columns
             return np.stack([np.where(far, self.leaf_up[la], -1), np.where(far, self.leaf_down[lb], -1)], axis=1)
         if spec.topology in ("torus_2d", "torus_3d"):
-            return self._torus(a, b)
+            return self._torus(a, b)[0]
         return np.empty((a.size, 0), dtype=np.int64)
 
-    def _torus(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    def _torus(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dimension-order routes, the shorter way round in each dimension (ties go +).
 
         Link id of (node, dim, direction) is torus_base + (node * dims + dim) * 2 + direction
@@ -346,6 +371,8 @@ class Fabric:
             plus.append(go_plus)
         total = np.sum(hops, axis=0)
         width = int(total.max()) if a.size else 0
+        if a.size and all(count.min() == count.max() for count in hops):
+            return self._torus_alike(a, coord_a, coord_b, hops, plus, strides, width), total
         out = np.full(a.size * width, -1, dtype=np.int64)  # flat (transfer, hop) matrix
         done = np.arange(a.size, dtype=np.int64) * width  # where each transfer's next hop goes
         current = a.copy()
@@ -366,7 +393,30 @@ class Fabric:
                 out[np.repeat(done[rows], n) + step] = self.torus_base + link
                 done += count
             current = current + (coord_b[d] - coord_a[d]) * strides[d]
-        return out.reshape(a.size, width)
+        return out.reshape(a.size, width), total
+
+    def _torus_alike(self, a, coord_a, coord_b, hops, plus, strides, width: int) -> np.ndarray:
+        """``_torus``'s routes when every transfer makes the same number of hops in each dimension (a
+        shift on the torus, as in every round of recursive doubling): column blocks of a
+        (transfers, hops) grid, no per-hop index arithmetic."""
+        dims = len(self.shape)
+        out = np.empty((a.size, width), dtype=np.int64)
+        column = 0
+        current = a
+        for d, extent in enumerate(self.shape):
+            n = int(hops[d][0])
+            if n:
+                base = current - coord_a[d] * strides[d]  # the node with coordinate 0 here
+                first = self.torus_base + 2 * d + np.where(plus[d], 0, 1) + 2 * dims * base
+                block = np.where(plus[d], 1, -1)[:, None] * np.arange(n, dtype=np.int64)
+                block += coord_a[d][:, None]
+                block %= extent
+                block *= 2 * dims * strides[d]
+                block += first[:, None]
+                out[:, column : column + n] = block
+                column += n
+            current = current + (coord_b[d] - coord_a[d]) * strides[d]
+        return out
 
     # --- costs -----------------------------------------------------------------------------------
     def overheads(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -398,11 +448,30 @@ class Fabric:
 
         alpha = send overhead + summed link latency + receive overhead (zero unless LogGP).
         """
-        routes = self.routes(src, dst)
-        valid = routes >= 0
-        bottleneck = np.where(valid, self.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
-        alpha = self.overheads(src, dst) + self.latencies(routes) + self.receive_overheads(src, dst)
+        routes, first, hops = self._route_table(src, dst)
+        uniform = self._uniform_torus() if hops is not None and hops.size else None
+        if uniform is None or hops is None:
+            valid = routes >= 0
+            bottleneck = np.where(valid, self.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
+            latency = self.latencies(routes)
+        else:  # torus links all alike: count them rather than look each up (131,072 ranks: 10^8 hops)
+            capacity, hop_latency = uniform
+            core_width = routes.shape[1] - 2 * first
+            edge = np.concatenate([routes[:, :first], routes[:, first + core_width :]], axis=1)
+            bottleneck = self.capacity_Bps[edge].min(axis=1)
+            bottleneck = np.where(hops > 0, np.minimum(bottleneck, capacity), bottleneck)
+            latency = self.latency_s[edge].sum(axis=1) + hops * hop_latency
+        alpha = self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
         return routes, alpha, bottleneck
+
+    def _uniform_torus(self) -> tuple[float, float] | None:
+        """(capacity, latency) shared by every torus link, or None where they differ."""
+        count = torus_positions(self.shape) * len(self.shape) * 2
+        capacity = self.capacity_Bps[self.torus_base : self.torus_base + count]
+        latency = self.latency_s[self.torus_base : self.torus_base + count]
+        if capacity.min() != capacity.max() or latency.min() != latency.max():
+            return None
+        return float(capacity[0]), float(latency[0])
 
     def hop_cost(self, src: int, dst: int) -> HopCost:
         _, alpha, beta = self.path_properties(np.array([src]), np.array([dst]))

@@ -52,19 +52,29 @@ class Contention:
             shared = np.zeros(flat_links.size, dtype=bool)
             shared[order[1:][repeated]] = True
             shared[order[:-1][repeated]] = True
+            widest = 0
         else:
-            shared = np.bincount(flat_links, minlength=capacity_Bps.size)[flat_links] > 1
+            counts = np.bincount(flat_links, minlength=capacity_Bps.size)
+            shared = counts[flat_links] > 1
+            widest = int(counts.max()) if counts.size else 0
         if not shared.any():  # no entry on a link another entry also uses
             empty = owner[:0]
             return Contention(empty, empty, empty, np.empty(0), empty, 0)
         mask = np.zeros(int(owner.max()) + 1, dtype=bool)
         mask[owner[shared]] = True
         flows = np.flatnonzero(mask)
-        local = np.cumsum(mask) - 1  # transfer -> position among the contended
-        entries = mask[owner]
-        links, local_link = _relabel(flat_links[entries], capacity_Bps.size)
-        local_owner = local[owner[entries]]
-        component, count = _components(local_owner, local_link, flows.size, links.size)
+        if flows.size == mask.size:  # every transfer contends: its hops as they are
+            links, local_link = _relabel(flat_links, capacity_Bps.size)
+            local_owner = owner
+        else:
+            local = np.cumsum(mask) - 1  # transfer -> position among the contended
+            entries = mask[owner]
+            links, local_link = _relabel(flat_links[entries], capacity_Bps.size)
+            local_owner = local[owner[entries]]
+        if widest == flows.size:  # one link carries every contended flow: they form one component
+            component, count = np.zeros(flows.size, dtype=np.int64), 1
+        else:
+            component, count = _components(local_owner, local_link, flows.size, links.size)
         return Contention(flows, local_owner, local_link, capacity_Bps[links], component, count)
 
     def end_times(self, nbytes: np.ndarray, starts: np.ndarray, durations_from_zero: np.ndarray) -> np.ndarray:
