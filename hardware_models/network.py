@@ -62,11 +62,17 @@ def max_min_fair_rates_flat(
     frozen = np.zeros(flows, dtype=bool)
     remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
     links = remaining.size
+    first = owner.size > 0
     while True:
-        open_entries = ~frozen[owner]
-        if not open_entries.any():
-            return rates
-        counts = np.bincount(link[open_entries], minlength=links)
+        if first:  # nothing frozen yet: every entry is open
+            open_entries = np.ones(owner.size, dtype=bool)
+            counts = np.bincount(link, minlength=links)
+            first = False
+        else:
+            open_entries = ~frozen[owner]
+            if not open_entries.any():
+                return rates
+            counts = np.bincount(link[open_entries], minlength=links)
         used = counts > 0
         share = np.full(links, np.inf)
         share[used] = remaining[used] / counts[used]
@@ -77,5 +83,7 @@ def max_min_fair_rates_flat(
         newly[owner[hit]] = True
         rates[newly] = level
         frozen |= newly
+        if frozen.all():  # every flow has its rate (a symmetric round: often the first level)
+            return rates
         entries = newly[owner]
         np.subtract.at(remaining, link[entries], level)

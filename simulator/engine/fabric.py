@@ -381,16 +381,19 @@ class Fabric:
             rows = np.flatnonzero(count)
             if rows.size:
                 n = count[rows]
-                row = np.repeat(rows, n)
-                step = np.arange(row.size, dtype=np.int64) - np.repeat(np.cumsum(n) - n, n)  # 0..n-1 per row
+                index = np.arange(int(n.sum()), dtype=np.int64)  # hop k of row i is entry starts[i] + k
+                starts = np.cumsum(n) - n
                 sign = np.where(plus[d][rows], 1, -1)
                 base = current[rows] - coord_a[d][rows] * strides[d]  # the node with coordinate 0 here
-                node = (
-                    np.repeat(base, n)
-                    + ((np.repeat(coord_a[d][rows], n) + np.repeat(sign, n) * step) % extent) * strides[d]
-                )
-                link = (node * dims + d) * 2 + np.repeat(np.where(plus[d][rows], 0, 1), n)
-                out[np.repeat(done[rows], n) + step] = self.torus_base + link
+                # per row: the link id at coordinate 0, the coordinate of hop 0 relative to the entry index
+                first = self.torus_base + 2 * d + np.where(plus[d][rows], 0, 1) + 2 * dims * base
+                coordinate = np.repeat(sign, n) * index
+                coordinate += np.repeat(coord_a[d][rows] - sign * starts, n)
+                coordinate %= extent
+                coordinate *= 2 * dims * strides[d]
+                coordinate += np.repeat(first, n)
+                index += np.repeat(done[rows] - starts, n)
+                out[index] = coordinate
                 done += count
             current = current + (coord_b[d] - coord_a[d]) * strides[d]
         return out.reshape(a.size, width), total
