@@ -473,6 +473,11 @@ class VectorisedExecutor:
     def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
         """Bytes, reduction times and uncontended flow times of a round's transfers."""
         nbytes = schedule.transfer_bytes(rnd, message_bytes)
+        previous = st.bytes
+        # the in-round fluid depends on the structure and the bytes only: a round of the same pairs
+        # and sizes with another operation (halving-doubling's all-gather mirroring its
+        # reduce-scatter) keeps it
+        same = previous is not None and previous.fluid_s is not None and np.array_equal(previous.nbytes, nbytes)
         return _RoundBytes(
             rnd.chunk_count,
             rnd.op,
@@ -480,6 +485,7 @@ class VectorisedExecutor:
             nbytes,
             self.fabric.reduce_times(nbytes, rnd.op),
             nbytes / st.bottleneck_Bps,
+            previous.fluid_s if same and previous is not None else None,
         )
 
     def _execute(
@@ -509,7 +515,8 @@ class VectorisedExecutor:
             flow_s = self._durations(st, rb, flow_start, forced)
             if not owners.size:
                 break
-            meets = flow_start[owners] < busy[links]
+            before = busy[links]  # the checked links' busy times (fresh each pass: an overlap group moves them)
+            meets = flow_start[owners] < before
             if group is not None and previous is not None:  # pairs simulated together may overlap
                 in_group = np.zeros(st.src.size, dtype=bool)
                 in_group[list(group.later)] = True
@@ -547,7 +554,8 @@ class VectorisedExecutor:
             )
             forced = (later_flows, later_end)
             t = self._replace_previous(previous, earlier_flows, earlier_s)
-        self._commit(st, flow_start, flow_s, owners, links)
+        if owners.size:
+            self._commit(st, flow_start, flow_s, owners, links, before)
         self._placed = Placed(
             self._serial,
             st,
@@ -589,19 +597,30 @@ class VectorisedExecutor:
             flow_s[forced[0]] = forced[1] - flow_start[forced[0]]
         return flow_s
 
-    def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links) -> None:
-        """Record this round's flows on its checked links: busy until their end, and which flow."""
-        if not owners.size:
-            return
+    def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links, before) -> None:
+        """Record this round's flows on its checked links (``before``: their busy times until now):
+        busy until their end, and which flow."""
         busy = self.busy_until
         ends = (flow_start + flow_s)[owners]
-        before = busy[links]
         if st.contention.flows.size:  # flows of the round share links: a link may appear twice
             np.maximum.at(busy, links, ends)
-        else:  # every checked link once: no unbuffered max needed
+            last = ends >= busy[links]
+        else:  # every checked link once: no unbuffered max needed, and a flow is last where it ends later
             busy[links] = np.maximum(before, ends)
-        last = ends >= busy[links]
-        written = links[last]
+            last = ends >= before
+        everywhere = bool(last.all())
+        written = links if everywhere else links[last]
+        if written.size * 4 >= self._scratch.size:  # many hops on few links: one writer per link first
+            entry = np.full(self._scratch.size, -1, dtype=np.int64)
+            entry[written] = np.arange(written.size)  # of repeated links the last entry stays, as below
+            written = np.flatnonzero(entry >= 0)
+            entry = entry[written]
+            if not everywhere:
+                entry = np.flatnonzero(last)[entry]
+            self._writer_serial[written] = self._serial
+            self._writer_index[written] = owners[entry]
+            self._alone[written] = before[entry]
+            return
         self._writer_serial[written] = self._serial
         self._writer_index[written] = owners[last]
         self._alone[written] = before[last]
