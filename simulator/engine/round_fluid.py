@@ -137,8 +137,8 @@ def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> 
         if np.array_equal(new, label):
             break
         label = new
-    roots, dense = np.unique(label, return_inverse=True)
-    return dense.ravel(), roots.size
+    roots = _marks(label, flows)  # the distinct labels, numbered in order (np.unique's inverse, linear)
+    return (np.cumsum(roots) - 1)[label], int(np.count_nonzero(roots))
 
 
 def unique_ints(values: np.ndarray, bound: int = 0) -> np.ndarray:
