@@ -610,7 +610,7 @@ class VectorisedExecutor:
             last = ends >= before
         everywhere = bool(last.all())
         written = links if everywhere else links[last]
-        if written.size * 4 >= self._scratch.size:  # many hops on few links: one writer per link first
+        if written.size >= 2 * self._scratch.size:  # many hops per link: one writer per link first
             entry = np.full(self._scratch.size, -1, dtype=np.int64)
             entry[written] = np.arange(written.size)  # of repeated links the last entry stays, as below
             written = np.flatnonzero(entry >= 0)
