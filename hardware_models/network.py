@@ -62,17 +62,11 @@ def max_min_fair_rates_flat(
     frozen = np.zeros(flows, dtype=bool)
     remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
     links = remaining.size
-    first = owner.size > 0
-    while True:
-        if first:  # nothing frozen yet: every entry is open
-            open_entries = np.ones(owner.size, dtype=bool)
-            counts = np.bincount(link, minlength=links)
-            first = False
-        else:
-            open_entries = ~frozen[owner]
-            if not open_entries.any():
-                return rates
-            counts = np.bincount(link[open_entries], minlength=links)
+    if not owner.size:
+        return rates
+    open_entries = np.ones(owner.size, dtype=bool)  # nothing frozen yet: every entry is open
+    counts = np.bincount(link, minlength=links)
+    while open_entries.any():
         used = counts > 0
         share = np.full(links, np.inf)
         share[used] = remaining[used] / counts[used]
@@ -87,3 +81,6 @@ def max_min_fair_rates_flat(
             return rates
         entries = newly[owner]
         np.subtract.at(remaining, link[entries], level)
+        open_entries = ~frozen[owner]
+        counts = np.bincount(link[open_entries], minlength=links)
+    return rates

@@ -27,6 +27,9 @@ class ClosedFormCosts(GroupCosts):
             self._transformer = transformer_costs(setup, self)
         else:
             self.worker = SimTrainer(scenario, layer_times(scenario), setup.algorithm.momentum)
+            self._stage_trainer = (
+                hybrid_stage_trainers(setup) if setup.algorithm.name == "hybrid_parallel" else None
+            )  # the split worked out once for every stage asked
             self.step: StepProfile = self.worker.profile
             # stragglers: a step that waits for every worker's compute takes the expected slowest of
             # them (the event simulation draws each worker's multiplier; this is its mean maximum)
@@ -48,6 +51,6 @@ class ClosedFormCosts(GroupCosts):
         """Rank ``rank``'s trainer, without noise (layouts' ranks differ; the others' workers are alike)."""
         if self.setup.scenario.is_transformer:
             return TransformerTrainer(self._transformer, rank)
-        if self.setup.algorithm.name == "hybrid_parallel":  # a pipeline stage's layers
-            return hybrid_stage_trainers(self.setup)(rank % self.setup.plan.options.stages, None)
+        if self._stage_trainer is not None:  # hybrid_parallel: a pipeline stage's layers
+            return self._stage_trainer(rank % self.setup.plan.options.stages, None)
         return self.worker

@@ -473,11 +473,12 @@ class VectorisedExecutor:
     def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
         """Bytes, reduction times and uncontended flow times of a round's transfers."""
         nbytes = schedule.transfer_bytes(rnd, message_bytes)
-        previous = st.bytes
         # the in-round fluid depends on the structure and the bytes only: a round of the same pairs
         # and sizes with another operation (halving-doubling's all-gather mirroring its
         # reduce-scatter) keeps it
-        same = previous is not None and previous.fluid_s is not None and np.array_equal(previous.nbytes, nbytes)
+        previous, fluid_s = st.bytes, None
+        if previous is not None and previous.fluid_s is not None and np.array_equal(previous.nbytes, nbytes):
+            fluid_s = previous.fluid_s
         return _RoundBytes(
             rnd.chunk_count,
             rnd.op,
@@ -485,7 +486,7 @@ class VectorisedExecutor:
             nbytes,
             self.fabric.reduce_times(nbytes, rnd.op),
             nbytes / st.bottleneck_Bps,
-            previous.fluid_s if same and previous is not None else None,
+            fluid_s,
         )
 
     def _execute(
@@ -608,22 +609,16 @@ class VectorisedExecutor:
         else:  # every checked link once: no unbuffered max needed, and a flow is last where it ends later
             busy[links] = np.maximum(before, ends)
             last = ends >= before
-        everywhere = bool(last.all())
-        written = links if everywhere else links[last]
-        if written.size >= 2 * self._scratch.size:  # many hops per link: one writer per link first
+        written, who, was = (links, owners, before) if last.all() else (links[last], owners[last], before[last])
+        if written.size >= 2 * self._scratch.size:  # many hops per link: one entry per link first
             entry = np.full(self._scratch.size, -1, dtype=np.int64)
-            entry[written] = np.arange(written.size)  # of repeated links the last entry stays, as below
+            entry[written] = np.arange(written.size)  # of a repeated link the last entry stays, as below
             written = np.flatnonzero(entry >= 0)
             entry = entry[written]
-            if not everywhere:
-                entry = np.flatnonzero(last)[entry]
-            self._writer_serial[written] = self._serial
-            self._writer_index[written] = owners[entry]
-            self._alone[written] = before[entry]
-            return
+            who, was = who[entry], was[entry]
         self._writer_serial[written] = self._serial
-        self._writer_index[written] = owners[last]
-        self._alone[written] = before[last]
+        self._writer_index[written] = who
+        self._alone[written] = was
 
     def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
         """The previous round's exit times if ``flows`` did not exist (their terms left out)."""

@@ -197,7 +197,7 @@ class Fabric:
                 self.shape = torus_shape(spec.nodes, dimensions, spec.torus_dims)
                 # link id of (position, dim, direction): direction 0 = +1, 1 = -1; a partly filled torus
                 # has links at its empty positions too
-                count = torus_positions(self.shape) * dimensions * 2
+                self.torus_links = count = torus_positions(self.shape) * dimensions * 2
                 self.torus_base = block(
                     count, spec.nics_per_node * net.port_bandwidth_Bps, SWITCH_HOP_LATENCY_S, "torus"
                 )[0]
@@ -292,11 +292,7 @@ class Fabric:
         hops = None
         if cross.size:
             assert self.nic_up is not None and self.nic_down is not None
-            a, b = self.node_of(src[cross]), self.node_of(dst[cross])
-            if self.spec.topology in ("torus_2d", "torus_3d"):
-                core, hops = self._torus(a, b)
-            else:
-                core = self._core(a, b)
+            core, hops = self._core(self.node_of(src[cross]), self.node_of(dst[cross]))
         host = self.host_up is not None
         width = 2 if not cross.size else 2 + 2 * host + core.shape[1]
         if cross.size == src.size:  # every transfer leaves its node: whole columns, no row lists
@@ -338,17 +334,19 @@ class Fabric:
                 out[cross, column + 1] = self.host_down[t]
         return out, 0, None
 
-    def _core(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """Links between the NICs of nodes a[i] and b[i] (a != b), padded with -1."""
+    def _core(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Links between the NICs of nodes a[i] and b[i] (a != b), padded with -1, and on a torus
+        each transfer's number of torus hops (None elsewhere)."""
         spec = self.spec
         if spec.topology == "fat_tree":
             la, lb = a // spec.nodes_per_leaf, b // spec.nodes_per_leaf
             far = la != lb
             # transfers that stay under one leaf keep -1 (padding) in these two columns
-            return np.stack([np.where(far, self.leaf_up[la], -1), np.where(far, self.leaf_down[lb], -1)], axis=1)
+            columns = [np.where(far, self.leaf_up[la], -1), np.where(far, self.leaf_down[lb], -1)]
+            return np.stack(columns, axis=1), None
         if spec.topology in ("torus_2d", "torus_3d"):
-            return self._torus(a, b)[0]
-        return np.empty((a.size, 0), dtype=np.int64)
+            return self._torus(a, b)
+        return np.empty((a.size, 0), dtype=np.int64), None
 
     def _torus(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dimension-order routes, the shorter way round in each dimension (ties go +).
@@ -452,7 +450,10 @@ class Fabric:
         alpha = send overhead + summed link latency + receive overhead (zero unless LogGP).
         """
         routes, first, hops = self._route_table(src, dst)
-        uniform = self._uniform_torus() if hops is not None and hops.size else None
+        uniform = None
+        # the check reads every torus link once: worth it only for a batch with at least as many hops
+        if hops is not None and routes.size >= self.torus_links:
+            uniform = self._uniform_torus()
         if uniform is None or hops is None:
             valid = routes >= 0
             bottleneck = np.where(valid, self.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
@@ -469,9 +470,8 @@ class Fabric:
 
     def _uniform_torus(self) -> tuple[float, float] | None:
         """(capacity, latency) shared by every torus link, or None where they differ."""
-        count = torus_positions(self.shape) * len(self.shape) * 2
-        capacity = self.capacity_Bps[self.torus_base : self.torus_base + count]
-        latency = self.latency_s[self.torus_base : self.torus_base + count]
+        links = slice(self.torus_base, self.torus_base + self.torus_links)
+        capacity, latency = self.capacity_Bps[links], self.latency_s[links]
         if capacity.min() != capacity.max() or latency.min() != latency.max():
             return None
         return float(capacity[0]), float(latency[0])

@@ -328,13 +328,13 @@ def build_trainers(setup: TrainingSetup) -> list[Any]:
         return [
             TransformerTrainer(costs, rank, stragglers.sampler(streams[rank], workers)) for rank in range(plan.ranks)
         ]
-    layers = layer_times(scenario)
     if algorithm.name == "hybrid_parallel":
         stage_trainer = hybrid_stage_trainers(setup)
         return [
             stage_trainer(rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
             for rank in range(plan.ranks)
         ]
+    layers = layer_times(scenario)
     shards = max(len(plan.servers), 1)
     return [
         SimTrainer(scenario, layers, algorithm.momentum, shards=shards)
