@@ -12,7 +12,11 @@ dp x cp ranks (Megatron-Core), so it does not multiply the GPU count.
 distributed optimizer, ZeRO-1); 2 gradients too (ZeRO-2, FSDP SHARD_GRAD_OP); 3 weights too
 (ZeRO-3, FSDP FULL_SHARD). ``recompute``: ``none``, ``selective`` (attention core, Korthikanti
 et al. 2022), ``full`` (every layer keeps only its input). ``precision``: the matrix products'
-(``fp8`` keeps bf16 weights and activations with fp8 products, Transformer Engine style).
+(``fp8`` keeps bf16 weights and activations with fp8 products, Transformer Engine style: the
+linear layers of the transformer layers run in fp8, the attention core's two products and the output
+layer's logits in bf16, as Megatron-Core runs them by default: its ``fp8_dot_product_attention`` is
+off and its output layer is a plain ``ColumnParallelLinear``, not a Transformer Engine module;
+``fp8_attention_and_logits`` runs those in fp8 too).
 ``grad_reduce_in_fp32`` (Megatron's name): the data-parallel gradient reductions carry fp32 main
 gradients (Megatron-LM's default); off, they carry the weights' 16-bit type (NeMo's performance
 recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``). ``tp_comm_overlap``
@@ -53,6 +57,8 @@ class ModelShape(Protocol):
 RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")  # virtual_stages > 1 turns 1f1b into interleaved 1F1B
 LAYOUT_PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
+BOOLEAN_FIELDS = ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch",
+                  "fp8_attention_and_logits")  # fmt: skip
 
 
 class LayoutError(ValueError):
@@ -82,6 +88,7 @@ class ParallelLayout:
     grad_reduce_in_fp32: bool = True
     tp_comm_overlap: bool = False
     zero3_prefetch: bool = True
+    fp8_attention_and_logits: bool = False
 
     @property
     def gradient_bytes(self) -> float:
@@ -137,7 +144,7 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
     for name, allowed in choices.items():
         if getattr(layout, name) not in allowed:
             raise LayoutError(f"{name} must be one of {', '.join(allowed)}, got {getattr(layout, name)!r}")
-    for name in ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch"):
+    for name in BOOLEAN_FIELDS:
         if not isinstance(getattr(layout, name), bool):
             raise LayoutError(f"{name} must be true or false, got {getattr(layout, name)!r}")
     if layout.zero_stage not in (0, 1, 2, 3):
@@ -180,6 +187,8 @@ def check_layout(layout: ParallelLayout, config: ModelShape, gpus: int | None = 
         raise LayoutError("sequence_parallel needs tp > 1 (it splits the tensor-parallel group's replicated work)")
     if layout.tp_comm_overlap and tp == 1:
         raise LayoutError("tp_comm_overlap needs tp > 1 (it overlaps the tensor-parallel collectives)")
+    if layout.fp8_attention_and_logits and layout.precision != "fp8":
+        raise LayoutError(f"fp8_attention_and_logits needs precision fp8, got {layout.precision!r}")
     if ep > 1:
         if config.moe is None:
             raise LayoutError(f"ep ({ep}) > 1 needs a mixture-of-experts model; {config.name} has no experts")

@@ -152,6 +152,7 @@ def candidate_layouts(
             recompute=chosen["recompute"], precision=cluster.precision,
             grad_reduce_in_fp32=cluster.stack_value("grad_reduce_in_fp32", True),
             tp_comm_overlap=tp > 1 and cluster.stack_value("tp_comm_overlap", False),
+            fp8_attention_and_logits=cluster.stack_value("fp8_attention_and_logits", False),
         )  # fmt: skip
         try:
             check_layout(layout, config, cluster.gpus)
@@ -181,7 +182,8 @@ def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenari
 
     values = {name: getattr(layout, name) for name in (
         "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
-        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch")}  # fmt: skip
+        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch",
+        "fp8_attention_and_logits")}  # fmt: skip
     options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,

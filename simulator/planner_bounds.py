@@ -50,7 +50,7 @@ from ddlsim.simulator.workloads.transformer import TransformerConfig
 if TYPE_CHECKING:
     from ddlsim.simulator.planner import Cluster
 
-ShapeKey = tuple[int, int, int, int, str, bool, bool, bool, bool]
+ShapeKey = tuple[int, int, int, int, str, bool, bool, bool, bool, bool]
 # pipeline schedules whose every rank ends with the backward of the same micro-batch on chunk 0
 ENDS_TOGETHER = ("gpipe", "1f1b", "interleaved")
 MapKey = tuple[int, int, int | None, int | None]
@@ -58,7 +58,8 @@ MapKey = tuple[int, int, int | None, int | None]
 
 def shape_key(layout: ParallelLayout) -> ShapeKey:
     return (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.recompute, layout.sequence_parallel,
-            layout.flash_attention, layout.tp_comm_overlap, layout.zero3_prefetch)  # fmt: skip
+            layout.flash_attention, layout.tp_comm_overlap, layout.zero3_prefetch,
+            layout.fp8_attention_and_logits)  # fmt: skip
 
 
 def map_key(layout: ParallelLayout) -> MapKey:

@@ -412,3 +412,36 @@ def test_zero3_without_prefetch_pays_every_gather_and_reduce_scatter():
     assert costs.zero3_exposed_s(cost.dense_parameters, group, cost.backward_compute, True) == gathered + scattered
     assert closed_form_result(plain, 2).iteration_s > closed_form_result(prefetched, 2).iteration_s
     assert run_des(plain, 2).result.iteration_s == pytest.approx(closed_form_result(plain, 2).iteration_s, rel=1e-9)
+
+
+def test_fp8_runs_the_linear_layers_in_fp8_and_the_attention_core_and_logits_in_bf16():
+    """Megatron-Core under fp8: Transformer Engine's linear layers at the fp8 peak; the attention
+    core (fp8_dot_product_attention off) and the output layer (a plain ColumnParallelLinear) at the
+    bf16 peak, which is half the H100's fp8 peak; fp8_attention_and_logits runs those in fp8 too."""
+    from ddlsim.algorithms.parallel_layout import LayoutError, check_layout
+    from ddlsim.hardware_models.catalog import load_device
+    from ddlsim.simulator.workloads.transformer import load_transformer
+
+    h100 = load_device("h100_sxm5")
+    assert h100.peak_flops_for("fp8") == pytest.approx(2 * h100.peak_flops_for("bf16"), rel=1e-3)
+
+    def costs(precision: str, **layout):
+        base = scenario(nodes=1, per_node=8, workload="llama2_7b", tp=1, pp=1, global_batch=8, **layout)
+        point = dataclasses.replace(base, device="h100_sxm5", intra_node="nvswitch3", network="ib_ndr",
+                                    precision=precision, enforce_memory=False)  # fmt: skip
+        return ClosedFormCosts(setup_of(point, 1)).transformer
+
+    bf16, fp8 = costs("bf16"), costs("fp8")
+    everything = costs("fp8", fp8_attention_and_logits=True)
+    layer = next(block for block in bf16.blocks if block.kind == "layer")
+    output = next(block for block in bf16.blocks if block.kind == "output")
+    qkv, core, logits = layer.part("attention_qkv"), layer.part("attention_core"), output.part("logits")
+    for backward in (False, True):  # all three are compute-bound at 4096 tokens a sample
+        assert fp8._part_s(qkv, layer, backward) == pytest.approx(bf16._part_s(qkv, layer, backward) / 2, rel=1e-3)
+        for part, block in ((core, layer), (logits, output)):
+            assert fp8._part_s(part, block, backward) == pytest.approx(bf16._part_s(part, block, backward))
+            assert everything._part_s(part, block, backward) == pytest.approx(
+                bf16._part_s(part, block, backward) / 2, rel=1e-3)  # fmt: skip
+    assert [fp8.part_precision(part) for part in (qkv, core, logits)] == ["fp8", "bf16", "bf16"]
+    with pytest.raises(LayoutError, match="fp8_attention_and_logits needs precision fp8, got 'bf16'"):
+        check_layout(dataclasses.replace(bf16.layout, fp8_attention_and_logits=True), load_transformer("llama2_7b"))

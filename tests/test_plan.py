@@ -73,6 +73,8 @@ def test_layouts_that_do_not_fit_are_kept_with_their_reason(tmp_path, capsys):
         (["--model", "llama3_405b", "--gpus", "8", "--global-batch", "8"], "none of the"),
         (["--model", "llama3_8b", "--gpus", "16", "--global-batch", "3", "--dp", "2"], "no valid layout of llama3_8b"),
         (["--model", "llama3_8b", "--gpus", "16", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3, got 4"),
+        (["--model", "llama3_8b", "--gpus", "16", "--fp8-attention-and-logits"],
+         "--fp8-attention-and-logits needs --precision fp8, got --precision bf16"),
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, argv, message):
@@ -184,7 +186,8 @@ def test_a_tolerance_times_fewer_layouts_and_keeps_the_best_within_it(capsys):
 
 def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     """--overlap-grad-reduce --overlap-param-gather --tp-comm-overlap --no-grad-reduce-in-fp32: the
-    same search with NeMo's stack finds faster layouts; a bad bucket size is one line and exit 2."""
+    same search with NeMo's stack finds faster layouts; so does fp8 with --fp8-attention-and-logits
+    (attention core and logits in fp8, not bf16); a bad bucket size is one line and exit 2."""
     from ddlsim.simulator.cli.main import main
     from ddlsim.simulator.records import read_csv
 
@@ -194,6 +197,11 @@ def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     assert main([*base, *stack, "--out", str(tmp_path / "nemo")]) == 0
     plain, nemo = (read_csv(tmp_path / name / "layouts.csv") for name in ("plain", "nemo"))
     assert float(nemo[0]["tokens_per_s"]) > float(plain[0]["tokens_per_s"])
+    fp8 = [*base, "--precision", "fp8"]
+    assert main([*fp8, "--out", str(tmp_path / "fp8")]) == 0
+    assert main([*fp8, "--fp8-attention-and-logits", "--out", str(tmp_path / "fp8_all")]) == 0
+    bf16_core, fp8_core = (read_csv(tmp_path / name / "layouts.csv") for name in ("fp8", "fp8_all"))
+    assert float(fp8_core[0]["tokens_per_s"]) > float(bf16_core[0]["tokens_per_s"])
     capsys.readouterr()
     assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
     assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err

@@ -40,6 +40,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
     "last_stage_layers": "last_stage_layers", "no_grad_reduce_in_fp32": "grad_reduce_in_fp32",
     "tp_comm_overlap": "tp_comm_overlap", "no_zero3_prefetch": "zero3_prefetch",
+    "fp8_attention_and_logits": "fp8_attention_and_logits",
 }  # fmt: skip
 
 
@@ -66,6 +67,8 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                        help="ZeRO-3: gather each block's weights when it starts, not during the block before")
     group.add_argument("--no-grad-reduce-in-fp32", action="store_true", default=None,
                        help="reduce gradients in the weights' 16-bit type, not fp32 (NeMo's performance recipes)")
+    group.add_argument("--fp8-attention-and-logits", action="store_true", default=None,
+                       help="fp8: run the attention core and the output logits in fp8 too (default: bf16)")
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "sync_sgd") -> None:

@@ -51,6 +51,8 @@ def register(subparsers) -> None:
     stack.add_argument("--overlap-param-gather", action="store_true",
                        help="ZeRO 1-2: gather updated weights during the next forward")  # fmt: skip
     stack.add_argument("--tp-comm-overlap", action="store_true", help="hide TP collectives under their products")
+    stack.add_argument("--fp8-attention-and-logits", action="store_true",
+                       help="--precision fp8: attention core and output logits in fp8 too (default: bf16)")
     stack.add_argument("--no-grad-reduce-in-fp32", action="store_true", help="reduce gradients in 16 bits")
     stack.add_argument("--bucket-bytes", default=None, help="gradient bucket of the overlapped reductions (25MB)")
     parser.add_argument("--top", type=int, default=10, help="layouts to print and write to layouts.csv (default 10)")
@@ -80,6 +82,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"--recheck must be 0 or more, got {args.recheck}")
     if not 0 <= args.tolerance < 1:
         raise InputError(f"--tolerance must be a fraction in [0, 1), got {args.tolerance}")
+    if args.fp8_attention_and_logits and args.precision != "fp8":
+        raise InputError(f"--fp8-attention-and-logits needs --precision fp8, got --precision {args.precision}")
     for name in ("train_tokens", "price_per_gpu_hour"):
         value = getattr(args, name)
         if not value >= 0 or value == float("inf"):
@@ -99,7 +103,7 @@ def stack_of(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     """The software-stack flags as ``Cluster.stack`` pairs (only those given)."""
     from ddlsim.hardware_models.units import parse_bytes
 
-    switches = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap")
+    switches = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "fp8_attention_and_logits")
     stack: list[tuple[str, Any]] = [(name, True) for name in switches if getattr(args, name)]
     if args.no_grad_reduce_in_fp32:
         stack.append(("grad_reduce_in_fp32", False))

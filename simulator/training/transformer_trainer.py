@@ -6,9 +6,11 @@ sequences its forward of a chunk costs, over the chunk's blocks and their parts
 (``simulator.workloads.transformer_costs``):
 
 * compute: each part's roofline, max(FLOPs / (peak x efficiency), bytes / (memory bandwidth x
-  memory efficiency)); matrix FLOPs divided over the tensor-parallel ranks (replicated parts too
-  under sequence parallelism) and the context-parallel ranks (who split the sequence); bytes are the
-  part's activations (what it keeps for backward) and its weights;
+  memory efficiency)), at the peak of the precision its products run in (under ``fp8`` the attention
+  core and the output layer's logits run at the bf16 peak unless the layout's
+  ``fp8_attention_and_logits`` says otherwise); matrix FLOPs divided over the tensor-parallel ranks
+  (replicated parts too under sequence parallelism) and the context-parallel ranks (who split the
+  sequence); bytes are the part's activations (what it keeps for backward) and its weights;
 * ``tp``: the part's tensor-parallel collectives (Megatron's rules, ``transformer_traffic``) at the
   collectives' closed forms over the TP group's links (inside an NVLink domain when tp <= devices
   per node), not overlapped; with the layout's ``tp_comm_overlap`` only what exceeds the part's own
@@ -132,6 +134,9 @@ def adam_update_s(parameters: Any, device: Device) -> Any:
     return parameters * ADAM_BYTES_PER_PARAMETER / (device.memory_bandwidth_Bps * device.memory_efficiency)
 
 
+BF16_UNDER_FP8 = ("heads", "vocab_logits")  # Part.tensor_parallel of the attention core and the logits
+
+
 def _roofline(flops: float, nbytes: float, device: Device, precision: str) -> float:
     compute = flops / (device.peak_flops_for(precision) * device.efficiency_for("transformer")) if flops else 0.0
     memory = nbytes / (device.memory_bandwidth_Bps * device.memory_efficiency)
@@ -200,13 +205,21 @@ class TransformerCosts:
         else:
             parameters = part.parameters / (tp if part.tensor_parallel in TP_SPLIT else 1)
         nbytes = (2.0 if backward else 1.0) * saved + parameters * self.weight_bytes
-        seconds = _roofline(flops, nbytes, self.device, self.precision)
+        seconds = _roofline(flops, nbytes, self.device, self.part_precision(part))
         if not self.launch_s:
             return seconds
         dispatch = (2.0 if backward and part.parameters else 1.0) * self.launch_s  # dgrad and wgrad
         # a CPU dispatches and computes on the same core: the costs add; an accelerator runs its
         # kernels while the host issues the next, so the dispatch is a floor
         return seconds + dispatch if self.device.kind == "cpu" else max(seconds, dispatch)
+
+    def part_precision(self, part: Part) -> str:
+        """The precision ``part``'s products run in: the run's, except that under fp8 Megatron-Core keeps
+        the attention core (``fp8_dot_product_attention`` off) and the output layer (a plain
+        ``ColumnParallelLinear``, outside Transformer Engine) in bf16."""
+        if self.precision == "fp8" and part.tensor_parallel in BF16_UNDER_FP8:
+            return "fp8" if self.layout.fp8_attention_and_logits else "bf16"
+        return self.precision
 
     def _tp_s(self, part: Part, rank: int, backward: bool) -> float:
         layout = self.layout
