@@ -98,19 +98,22 @@ def rank_of(c: Coordinates, layout: ParallelLayout) -> int:
     return c.tp + layout.tp * (c.cp + layout.cp * (c.dp + layout.dp * c.pp))
 
 
-@lru_cache(maxsize=4096)
 def data_parallel_group(rank: int, layout: ParallelLayout, kind: str = "dense") -> tuple[int, ...]:
     """The ranks that reduce gradients with ``rank``: same tensor and pipeline rank, every (dp, cp);
     for expert parameters (``kind`` "expert") the dp x cp / ep of them that hold the same experts
-    (expert parallelism is carved out of data parallelism, Megatron-Core)."""
+    (expert parallelism is carved out of data parallelism, Megatron-Core). One group per (tp, pp)
+    and expert index, built once: a DES of 16,384 ranks asks for it from every rank."""
     here = coordinates(rank, layout)
-    members = [
-        rank_of(Coordinates(here.tp, cp, dp, here.pp), layout) for dp in range(layout.dp) for cp in range(layout.cp)
-    ]
-    if kind == "expert" and layout.ep > 1:
-        mine = members.index(rank) % layout.ep
-        members = [member for index, member in enumerate(members) if index % layout.ep == mine]
-    return tuple(members)
+    mine = (here.cp + layout.cp * here.dp) % layout.ep if kind == "expert" else -1
+    return _data_parallel_group(here.tp, here.pp, mine, layout)
+
+
+@lru_cache(maxsize=4096)
+def _data_parallel_group(tp: int, pp: int, expert: int, layout: ParallelLayout) -> tuple[int, ...]:
+    # (dp, cp) in rank order are consecutive multiples of tp from the group's first rank
+    first = rank_of(Coordinates(tp, 0, 0, pp), layout)
+    members = range(first, first + layout.tp * layout.cp * layout.dp, layout.tp)
+    return tuple(members if expert < 0 else members[expert :: layout.ep])
 
 
 def micro_batches(layout: ParallelLayout) -> int:
