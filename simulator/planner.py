@@ -12,13 +12,16 @@ A search is three steps:
    kept with their reason.
 3. ``evaluate`` runs the ``megatron`` closed form (``simulator.closed_form.training``, about 10 ms
    a layout: the pipeline recurrence over one pipeline's tasks with the collectives' closed forms)
-   for every layout that fits, over a process pool when asked, and ranks by tokens/s.
+   for every layout that fits, over the pools sweeps use when asked (``simulator.sweep.run_tasks``:
+   local processes, or ``mpi4py.futures`` under mpiexec for a search too big for one machine), and
+   ranks by tokens/s.
 
 ``branch_and_bound`` does steps 2 and 3 only where they can matter: it bounds every layout's
 iteration from below (``planner_bounds``: microseconds a layout), walks them by increasing bound,
 and stops when the bound reaches the K-th best time found. Its top K are the exhaustive search's.
 
-``recheck`` runs the event simulation of the best few (contention the closed form does not see).
+``recheck`` runs the event simulation of the best few (contention the closed form does not see),
+one layout a task over the same pools.
 All figures are the closed form's; the DES of the same layout equals it where nothing contends.
 """
 
@@ -26,7 +29,6 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -209,29 +211,40 @@ def closed_form_figures(task: tuple[str, Cluster, ParallelLayout]) -> dict[str, 
     return {name: float(row[name]) for name in FIGURES if row.get(name) not in (None, "")}
 
 
+def closed_form_block(tasks: list[tuple[str, Cluster, ParallelLayout]]) -> list[dict[str, float]]:
+    """``closed_form_figures`` of a block of layouts: a pool's task (one layout each would cost
+    more in messages than in work)."""
+    return [closed_form_figures(task) for task in tasks]
+
+
 def evaluate(
     model: str,
     cluster: Cluster,
     candidates: list[Candidate],
     workers: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    pool: str = "auto",
 ) -> list[Candidate]:
-    """The candidates that fit, with their closed-form figures, fastest (most tokens/s) first."""
+    """The candidates that fit, with their closed-form figures, fastest (most tokens/s) first; over
+    ``workers`` processes of ``pool`` (``simulator.sweep.run_tasks``: serial, a process pool, or
+    ``mpi4py.futures`` under mpiexec) in blocks of layouts."""
+    from ddlsim.simulator.sweep import run_tasks
+
     fitting = [candidate for candidate in candidates if not candidate.reason]
     tasks = [(model, cluster, candidate.layout) for candidate in fitting]
-    chunk = max(1, len(tasks) // (workers * 16)) if workers > 1 else 1
-    if workers > 1:
-        with ProcessPoolExecutor(workers) as pool:
-            results: Iterable[dict[str, float]] = pool.map(closed_form_figures, tasks, chunksize=chunk)
-            for done, (candidate, figures) in enumerate(zip(fitting, results, strict=True), start=1):
-                candidate.figures = figures
-                if progress is not None:
-                    progress(done, len(fitting))
-    else:
-        for done, (candidate, task) in enumerate(zip(fitting, tasks, strict=True), start=1):
-            candidate.figures = closed_form_figures(task)
-            if progress is not None:
-                progress(done, len(fitting))
+    size = max(1, min(256, len(tasks) // (workers * 16))) if workers > 1 else 256
+    blocks = [tasks[index : index + size] for index in range(0, len(tasks), size)]
+    done = 0
+
+    def count(_index: int, figures: list[dict[str, float]]) -> None:
+        nonlocal done
+        done += len(figures)
+        if progress is not None:
+            progress(done, len(fitting))
+
+    results = run_tasks(closed_form_block, blocks, workers, pool, on_result=count)
+    for candidate, figures in zip(fitting, (row for block in results for row in block), strict=True):
+        candidate.figures = figures
     return sorted(fitting, key=lambda candidate: -candidate.figures["tokens_per_s"])
 
 
@@ -301,16 +314,26 @@ def train_time(candidate: Candidate, tokens: float, gpus: int, price_per_gpu_hou
     return {"train_days": seconds / 86400, "train_cost": seconds / 3600 * gpus * price_per_gpu_hour}
 
 
-def recheck(model: str, cluster: Cluster, candidates: list[Candidate]) -> list[dict[str, Any]]:
-    """The event simulation of each candidate: its iteration against the closed form's."""
+def event_simulated(task: tuple[str, Cluster, ParallelLayout]) -> dict[str, Any]:
+    """One layout's event simulation: its iteration and the path it ran on (a pool's task)."""
     from ddlsim.simulator.executor.des import run_des
 
-    out = []
-    for candidate in candidates:
-        result = run_des(scenario_of(model, cluster, candidate.layout), cluster.nodes).result
-        out.append({"des_iteration_s": result.iteration_s, "closed_form_iteration_s": candidate.figures["iteration_s"],
-                    "path": result.path})  # fmt: skip
-    return out
+    model, cluster, layout = task
+    result = run_des(scenario_of(model, cluster, layout), cluster.nodes).result
+    return {"des_iteration_s": result.iteration_s, "path": result.path}
+
+
+def recheck(
+    model: str, cluster: Cluster, candidates: list[Candidate], workers: int = 1, pool: str = "auto"
+) -> list[dict[str, Any]]:
+    """The event simulation of each candidate against its closed form, over ``workers`` processes
+    of ``pool`` (as ``evaluate``), one layout a task, the results in the candidates' order."""
+    from ddlsim.simulator.sweep import run_tasks
+
+    tasks = [(model, cluster, candidate.layout) for candidate in candidates]
+    simulated = run_tasks(event_simulated, tasks, min(workers, max(1, len(tasks))), pool)
+    return [{"des_iteration_s": row["des_iteration_s"], "closed_form_iteration_s": candidate.figures["iteration_s"],
+             "path": row["path"]} for candidate, row in zip(candidates, simulated, strict=True)]  # fmt: skip
 
 
 def load_model(model: str) -> TransformerConfig:
@@ -335,6 +358,7 @@ def same_layout(a: ParallelLayout, b: ParallelLayout) -> bool:
 
 
 __all__ = [
-    "Candidate", "Cluster", "branch_and_bound", "candidate_layouts", "closed_form_figures", "evaluate",
-    "layout_text", "load_model", "recheck", "same_layout", "scenario_of", "screen", "train_time",
+    "Candidate", "Cluster", "branch_and_bound", "candidate_layouts", "closed_form_block", "closed_form_figures",
+    "evaluate", "event_simulated", "layout_text", "load_model", "recheck", "same_layout", "scenario_of", "screen",
+    "train_time",
 ]  # fmt: skip

@@ -2,7 +2,8 @@
 
 Each point is a pure function of (scenario, nodes), so results are identical whichever pool
 runs them: ``serial``, a local process pool (``process``), or ``mpi4py.futures`` under mpiexec
-(``mpi``).
+(``mpi``). ``run_tasks`` is that machinery for any pure function of picklable tasks (``ddlsim
+plan`` times its layouts and event-simulates its best ones through it).
 """
 
 from __future__ import annotations
@@ -112,21 +113,40 @@ def run_sweep(
     SIGINT (Ctrl-C) or SIGTERM stops the sweep promptly: points not started are cancelled, the
     pool's workers are ended, and ``SweepInterrupted`` (a KeyboardInterrupt) carries the finished rows.
     """
+    tasks = [(scenario, nodes) for nodes in scenario.nodes]
+    # biggest points first, so the slowest does not start last
+    order = sorted(range(len(tasks)), key=lambda i: -tasks[i][1])
+    return run_tasks(_point, tasks, workers, pool, progress, on_row, order)
+
+
+def run_tasks(
+    function: Callable[[Any], Any],
+    tasks: list[Any],
+    workers: int | None = None,
+    pool: str = "auto",
+    progress: Callable[[int, int], None] | None = None,
+    on_result: Callable[[int, Any], None] | None = None,
+    order: list[int] | None = None,
+) -> list[Any]:
+    """``function`` of every task, in the tasks' order, run by ``pool`` with ``workers`` processes
+    (default: one per task up to the cores; ``auto`` is serial for one worker or one task, else a
+    process pool). ``function`` must be a top-level function and the tasks picklable. ``order``:
+    the order to submit them in. Interrupts as ``run_sweep`` (``SweepInterrupted`` carries the
+    finished results by index)."""
     if pool not in POOLS:
         raise ScenarioError(f"unknown executor pool {pool!r}; valid: {', '.join(POOLS)}")
-    tasks = [(scenario, nodes) for nodes in scenario.nodes]
     total = len(tasks)
     if workers is not None and workers < 1:
         raise ScenarioError(f"workers must be a positive integer, got {workers!r}")
-    workers = workers or min(os.cpu_count() or 1, total)
+    workers = workers or max(1, min(os.cpu_count() or 1, total))
     if pool == "auto":
-        pool = "serial" if workers == 1 or total == 1 else "process"
-    finished: dict[int, dict[str, Any]] = {}
+        pool = "serial" if workers == 1 or total <= 1 else "process"
+    finished: dict[int, Any] = {}
 
-    def keep(index: int, row: dict[str, Any]) -> None:
-        finished[index] = row
-        if on_row:
-            on_row(index, row)
+    def keep(index: int, result: Any) -> None:
+        finished[index] = result
+        if on_result:
+            on_result(index, result)
         if progress:
             progress(len(finished), total)
 
@@ -135,12 +155,11 @@ def run_sweep(
         with _sigterm_interrupts():
             if pool == "serial":
                 for index, task in enumerate(tasks):
-                    keep(index, _point(task))
+                    keep(index, function(task))
             else:
                 executor = _executor(pool, workers)
-                # biggest points first, so the slowest does not start last
-                order = sorted(range(total), key=lambda i: -tasks[i][1])
-                futures = {executor.submit(_point, tasks[i]): i for i in order}
+                submitted = range(total) if order is None else order
+                futures = {executor.submit(function, tasks[i]): i for i in submitted}
                 for future in concurrent.futures.as_completed(futures):
                     keep(futures[future], future.result())
                 executor.shutdown()

@@ -96,11 +96,15 @@ def test_recheck_runs_the_event_simulation_of_the_best_layouts(capsys):
     from ddlsim.simulator import planner
 
     assert main([*SMALL, "--top", "3", "--recheck", "2"]) == 0
-    lines = capsys.readouterr().out.split("# event simulation of the best layouts")[1].strip().splitlines()
+    serial = capsys.readouterr().out
+    lines = serial.split("# event simulation of the best layouts")[1].strip().splitlines()
     rows = [line.split() for line in lines[2:]]  # after the heading line and the column names
     assert [row[0] for row in rows] == ["1", "2"] and all(row[3] == "vectorised" for row in rows)
     # nothing contends in these layouts: the DES gives the closed form's time
     assert all(row[1] == row[2] for row in rows)
+    # two worker processes event-simulate one layout each: the same table, in rank order
+    assert main([*SMALL, "--top", "3", "--recheck", "2", "--workers", "2", "--executor-pool", "process"]) == 0
+    assert capsys.readouterr().out == serial
     cluster = planner.Cluster.of("h100_sxm5", 16)
     assert (cluster.nodes, cluster.intra_node, cluster.network, cluster.nics_per_node) == (2, "nvswitch3", "ib_ndr", 8)
 
@@ -205,3 +209,36 @@ def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
     assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err
+
+
+@pytest.mark.mpi
+def test_an_exhaustive_search_and_its_recheck_run_on_mpi4py_futures_under_mpiexec(tmp_path):
+    """A search too big for one machine: ``mpiexec -n 3 python -m mpi4py.futures -m ddlsim plan ...
+    --executor-pool mpi --workers 2`` times the layouts and event-simulates the best on the MPI
+    workers; the output and the files are the serial search's, byte for byte."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("mpi4py")
+    mpiexec = shutil.which("mpiexec")
+    if mpiexec is None:
+        pytest.skip("no mpiexec on PATH (pip install mpich)")
+    argv = [*SMALL[1:], "--top", "3", "--recheck", "2", "--exhaustive"]
+    env = dict(os.environ, MPIR_CVAR_POLLS_BEFORE_YIELD="1")
+    mpi = subprocess.run(
+        [mpiexec, "-n", "3", sys.executable, "-m", "mpi4py.futures", "-m", "ddlsim.simulator.cli.main", "plan",
+         *argv, "--executor-pool", "mpi", "--workers", "2", "--out", str(tmp_path / "mpi")],
+        capture_output=True, text=True, timeout=300, env=env, check=False,
+    )  # fmt: skip
+    assert mpi.returncode == 0, mpi.stderr[-2000:]
+    serial = subprocess.run(
+        [sys.executable, "-m", "ddlsim", "plan", *argv, "--executor-pool", "serial", "--out", str(tmp_path / "serial")],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert serial.returncode == 0, serial.stderr
+    assert mpi.stdout.replace(str(tmp_path / "mpi"), "OUT") == serial.stdout.replace(str(tmp_path / "serial"), "OUT")
+    assert "# event simulation of the best layouts" in serial.stdout
+    for name in ("layouts.csv", "layouts.parquet"):
+        assert (tmp_path / "mpi" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()

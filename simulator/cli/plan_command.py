@@ -12,7 +12,9 @@ prints the best ``--top`` layouts with tokens/s, TFLOP/s per GPU, MFU and the da
 train ``--train-tokens``, then the winner's time and memory breakdown. ``--out DIR`` writes
 ``layouts.csv`` (the top layouts) and ``layouts.parquet`` (every layout: the ones timed, the ones
 that did not fit and the ones pruned by their bound, with the reason: a table pandas reads with
-``pd.read_parquet``).
+``pd.read_parquet``). ``--workers K`` times the layouts of ``--exhaustive`` and event-simulates the
+``--recheck`` layouts over K processes, the pools ``simulate`` sweeps use: local ones, or a cluster's
+MPI with ``mpiexec -n K+1 python -m mpi4py.futures -m ddlsim plan ... --executor-pool mpi``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from ddlsim.simulator.cli.common import check_output, print_table
 from ddlsim.simulator.parsing import InputError
+from ddlsim.simulator.sweep import POOLS
 
 OUTPUT_FILES = ("layouts.csv", "layouts.parquet")
 FIXABLE = {"tp": int, "pp": int, "dp": int, "cp": int, "ep": int, "micro_batch": int, "virtual_stages": int,
@@ -59,7 +62,11 @@ def register(subparsers) -> None:
     parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
     parser.add_argument("--recheck", type=int, default=0, help="event-simulate the best K layouts (default 0)")
-    parser.add_argument("--workers", type=int, default=1, help="processes evaluating layouts (--exhaustive; default 1)")
+    parser.add_argument("--workers", type=int, default=1,
+                        help="processes timing layouts (--exhaustive) and event-simulating --recheck (default 1)")
+    parser.add_argument("--executor-pool", choices=POOLS, default="auto",
+                        help="who runs --workers: process (local), mpi (mpi4py.futures: launch under mpiexec "
+                        "-n K python -m mpi4py.futures -m ddlsim plan ...), serial; auto: process for 2+")  # fmt: skip
     parser.add_argument(
         "--tolerance", type=float, default=0.0,
         help="also skip layouts that could beat the --top best by at most this fraction (default 0: exact)",
@@ -152,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         fitting = sum(1 for candidate in candidates if not candidate.reason)
         if fitting:
             progress.stage("closed form", fitting, "layouts")
-            ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress)
+            ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress, args.executor_pool)
     else:
         progress.stage("bounds, then the closed form best first", len(layouts), "layouts")
         keep = max(args.top, args.recheck, 1)
@@ -190,7 +197,7 @@ def run(args: argparse.Namespace) -> int:
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)
     if args.recheck:
-        checked = planner.recheck(args.model, cluster, top[: args.recheck])
+        checked = planner.recheck(args.model, cluster, top[: args.recheck], args.workers, args.executor_pool)
         print("\n# event simulation of the best layouts (contention the closed form does not see)")
         print_table([{"rank": i, **row} for i, row in enumerate(checked, start=1)],
                     ("rank", "des_iteration_s", "closed_form_iteration_s", "path"))  # fmt: skip
