@@ -249,6 +249,19 @@ class MegatronTraining(TrainingAlgorithm):
                 yield comm.compute(trainer.assign_gathered(weights))
         return {"role": "worker", "stage": here.pp}
 
+    def peers(self, plan: Plan) -> list[tuple[int, int]]:
+        """Each rank and the ranks of the virtual stages next to its own: its pipeline messages."""
+        layout = plan.options.layout
+        last = layout.pp * layout.virtual_stages - 1
+        pairs = []
+        for rank in range(layout.gpus):
+            stage = coordinates(rank, layout).pp
+            for chunk in range(layout.virtual_stages):
+                for virtual in (chunk * layout.pp + stage - 1, chunk * layout.pp + stage + 1):
+                    if 0 <= virtual <= last:
+                        pairs.append((rank, neighbour(rank, layout, virtual)))
+        return pairs
+
     def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
         """Every pipeline (every tp, cp and dp rank) runs the same timeline: the early gathers on the
         communication stream, the recurrence over one pipeline's tasks, then the reductions on the

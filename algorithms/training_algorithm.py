@@ -416,6 +416,11 @@ class TrainingAlgorithm:
         """Samples the whole run consumes per step of every worker."""
         return len(plan.workers) * per_device_batch
 
+    def peers(self, plan: Plan) -> list[tuple[int, int]]:
+        """(sender, receiver) of the point-to-point messages the program sends, where it knows them
+        ahead (an executor may route them in one batch); none by default."""
+        return []
+
 
 TRAINING_ALGORITHMS: Registry[TrainingAlgorithm] = Registry(
     "training algorithm", package="ddlsim.algorithms", suffix="_training"

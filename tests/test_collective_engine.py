@@ -315,6 +315,23 @@ def test_point_to_point_transfers_one_after_another_are_exact(switch_fabric):
     assert second - first == pytest.approx(first, rel=1e-12)
 
 
+@pytest.mark.parametrize("topology", ["switch", "fat_tree", "torus_3d"])
+def test_point_to_point_routes_batched_ahead_are_the_routes_found_one_at_a_time(topology):
+    """route_pairs (a program's pipeline pairs, routed in one batch before the run) leaves the
+    executor as routing each pair at its first message would: the same links, alpha, bottleneck
+    and overhead, and the same arrivals."""
+    fabric = _fabric(16, 4, topology=topology)
+    rng = np.random.default_rng(3)
+    src = rng.integers(0, 64, 40)
+    dst = (src + rng.integers(1, 64, 40)) % 64
+    ahead, lazy = VectorisedExecutor(fabric), VectorisedExecutor(fabric)
+    ahead.route_pairs(src, dst)
+    for index, (a, b) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+        start = 10.0 * index  # one message at a time: nothing contends
+        assert ahead.transfer(a, b, 1e6, start) == lazy.transfer(a, b, 1e6, start)
+        assert ahead._pairs[(a, b)] == lazy._pairs[(a, b)]
+
+
 def test_point_to_point_from_a_rank_inside_a_collective_is_refused(switch_fabric):
     """A rank whose collective finishes in the future may still have flows in flight."""
     executor = VectorisedExecutor(switch_fabric(4))

@@ -306,6 +306,54 @@ def test_started_sends_and_receives_cross_without_waiting(mode):
     assert got == {rank: (1e8, pytest.approx(hop.alpha_s + 1e8 / hop.beta_Bps)) for rank in range(3)}
 
 
+@pytest.mark.parametrize("receiver_starts", [0.0, 0.6, 5.0])
+def test_a_started_send_arrives_when_its_flow_ends_whether_the_receive_comes_before_or_after(receiver_starts):
+    """The round path delivers a started send's message at its start, stamped with its arrival: a
+    receive posted before the send, between send and arrival, or after it ends when the message
+    has arrived, as on the message path (each message its own process), and the sender's wait ends
+    at the arrival too."""
+    fabric = _two_nodes()
+    hop = fabric.hop_cost(0, 1)
+    arrival = 0.5 + hop.alpha_s + 1e9 / hop.beta_Bps  # about 0.58 s after the start
+    times = {}
+    for mode in ("vectorised", "message"):
+        log = {}
+
+        def program(comm, log=log):
+            if comm.rank == 0:
+                yield comm.compute(Fixed("work", 0.5))
+                sent = yield comm.start(comm.send(1, Payload(1e9)))
+                yield comm.wait(sent)
+                log["sender"] = comm.now()
+            elif comm.rank == 1:
+                if receiver_starts:
+                    yield comm.compute(Fixed("work", receiver_starts))
+                payload = yield comm.recv(0)
+                log["receiver"] = (payload.nbytes, comm.now())
+
+        RoleExecutor(fabric, [0, 1, 2], mode).run(program)
+        times[mode] = log
+    expected = {"sender": pytest.approx(arrival), "receiver": (1e9, pytest.approx(max(arrival, receiver_starts)))}
+    assert times["vectorised"] == expected and times["message"] == expected
+
+
+def test_a_receive_from_any_source_leaves_the_round_path_when_messages_are_ahead_of_their_arrival():
+    """A message sent later could arrive first, so the round path cannot hand a receive from any
+    source a message still on the wire: it says so (the DES then re-runs message by message)."""
+    from ddlsim.simulator.engine.collective_engine import ContentionDetected
+
+    def program(comm):
+        if comm.rank == 0:
+            sent = yield comm.start(comm.send(1, Payload(1e9)))
+            yield comm.wait(sent)
+        elif comm.rank == 1:
+            yield comm.recv(ANY_SOURCE)
+
+    with pytest.raises(ContentionDetected, match="any source"):
+        RoleExecutor(_two_nodes(), [0, 1, 2], "vectorised").run(program)
+    RoleExecutor(_two_nodes(), [0, 1, 2], "message").run(program)
+
+
 def test_a_deadlock_is_reported():
     def program(comm):
         yield CommOps.recv(1 - comm.rank if comm.rank < 2 else 0)

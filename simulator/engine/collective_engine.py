@@ -732,6 +732,18 @@ class VectorisedExecutor:
             self._alone[moved] = flow_start[self._writer_index[moved]]  # not tracked: assume the worst
         self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
+    def route_pairs(self, src: np.ndarray, dst: np.ndarray) -> None:
+        """Route the point-to-point pairs (fabric ranks) ``transfer`` will be asked for, in one batch:
+        one at a time, the 32,768 pipeline pairs of 16,384 ranks took a tenth of the run."""
+        routes, alpha, bottleneck = self.fabric.path_properties(src, dst)
+        overheads = self.fabric.overheads(src, dst)
+        hops, index = self._binding_hops(routes)
+        starts = np.searchsorted(index, np.arange(src.size + 1))
+        hop_list = hops.tolist()
+        for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):
+            links = tuple(hop_list[starts[i] : starts[i + 1]])
+            self._pairs[(a, b)] = (links, float(alpha[i]), float(bottleneck[i]), float(overheads[i]))
+
     def transfer(self, src: int, dst: int, nbytes: float, start_s: float) -> float:
         """Arrival time of one point-to-point message of ``nbytes`` between fabric ranks, sent at
         ``start_s`` (overhead, then the flow at its route's bottleneck rate, then the latency).
@@ -743,12 +755,8 @@ class VectorisedExecutor:
         """
         pair = self._pairs.get((src, dst))
         if pair is None:
-            a, b = np.array([src]), np.array([dst])
-            routes, alpha, bottleneck = self.fabric.path_properties(a, b)
-            hops, _ = self._binding_hops(routes)
-            links = tuple(int(link) for link in hops)
-            pair = (links, float(alpha[0]), float(bottleneck[0]), float(self.fabric.overheads(a, b)[0]))
-            self._pairs[(src, dst)] = pair
+            self.route_pairs(np.array([src]), np.array([dst]))
+            pair = self._pairs[(src, dst)]
         links, alpha, bottleneck, overhead = pair
         clock, busy, senders = self.clock, self.busy_until, self.link_sender
         if start_s < clock[src]:

@@ -81,6 +81,7 @@ def run_des(
         log = TransferLog(max_sender=traced_senders) if log_transfers else None
         executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log)
         trainers = build_trainers(setup)
+        executor.route_peers(setup.algorithm.peers(setup.plan))
         try:
             returns = executor.run(partial(_program, setup, trainers))
         except ContentionDetected as detected:
