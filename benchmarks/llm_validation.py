@@ -62,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     print("\nfitted transformer_slowdown without each family: "
           + ", ".join(f"{name} {fit.slowdown:.3f} ({fit.rows} rows)" for name, fit in fits.items()))
     if args.rows:
-        print(f"\n{'id':8s} {'family':12s} {'model':14s} {'metric':15s} {'published':>10s} {'predicted':>10s} "
+        print("\n# error: (predicted - published) / published in the row's metric: + is faster for TFLOP/s, slower "
+              "for iteration_s")  # fmt: skip
+        print(f"{'id':8s} {'family':12s} {'model':14s} {'metric':15s} {'published':>10s} {'predicted':>10s} "
               f"{'error':>7s} {'interval':>21s}")  # fmt: skip
         for row in loso:
             if row["status"] == "predicted":

@@ -39,7 +39,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import simpy
@@ -127,45 +127,79 @@ class _Message:
 
 @dataclass
 class _Mailbox:
-    """A rank's unreceived messages, one queue per (source, tag) in arrival order (MPI keeps each
-    pair's order), and its receives waiting for a message. A pipeline stage holds a dozen messages
-    of two tags from two neighbours; looking a receive up by its pair, not by scanning them all,
-    saves a tenth of a 16,384-rank Llama 3 405B run."""
+    """A rank's unreceived messages and its receives waiting for one.
 
-    queues: dict[tuple[int, int], deque[tuple[int, _Message]]] = field(default_factory=dict)
+    Each message is in two queues, both in the order it was queued: its (source, tag) pair's (MPI
+    keeps each pair's order; a pipeline stage holds a dozen messages of two tags from two
+    neighbours, and looking a receive up by its pair, not by scanning them all, saved a tenth of a
+    16,384-rank Llama 3 405B run) and its tag's, for receives from any source (a parameter server's
+    4096 workers are 4096 pairs). A message taken through one queue is marked and dropped from the
+    other when it reaches that one's head. Messages reach a mailbox in arrival order, except on the
+    round path, where a receive from any source is not used (``RoleExecutor._recv``).
+    """
+
+    pairs: dict[tuple[int, int], deque[list[Any]]] = field(default_factory=dict)  # entries [message, taken]
+    tags: dict[int, deque[list[Any]]] = field(default_factory=dict)
     count: int = 0  # unreceived messages
-    delivered: int = 0  # messages ever queued: their order, for ANY_SOURCE
     waiting: list[tuple[int, int, simpy.Event]] = field(default_factory=list)
     peak: int = 0  # largest number of unreceived messages seen
 
     def put(self, message: _Message) -> None:
-        key = (message.src, message.tag)
-        queue = self.queues.get(key)
-        if queue is None:
-            queue = self.queues[key] = deque()
-        queue.append((self.delivered, message))
-        self.delivered += 1
+        entry = [message, False]
+        _queue(self.pairs, (message.src, message.tag)).append(entry)
+        _queue(self.tags, message.tag).append(entry)
         self.count += 1
         self.peak = max(self.peak, self.count)
 
     def take(self, src: int, tag: int) -> _Message | None:
-        """The oldest message of ``tag`` from ``src`` (from any source with ANY_SOURCE: the first to
-        arrive), or None."""
+        """The oldest message of ``tag`` from ``src`` (from any source with ANY_SOURCE), or None."""
         if src == ANY_SOURCE:
-            oldest = [(queue[0][1].arrived_s, queue[0][0], key) for key, queue in self.queues.items() if key[1] == tag]
-            if not oldest:
+            entry = _pop_untaken(self.tags, tag)
+            if entry is None:
                 return None
-            key = min(oldest)[2]
+            entry[1] = True
+            _drop_taken(self.pairs, (entry[0].src, tag))
         else:
-            key = (src, tag)
-        queue = self.queues.get(key)
-        if queue is None:
-            return None
-        _, message = queue.popleft()
-        if not queue:
-            del self.queues[key]
+            entry = _pop_untaken(self.pairs, (src, tag))
+            if entry is None:
+                return None
+            entry[1] = True
+            _drop_taken(self.tags, tag)
         self.count -= 1
-        return message
+        return entry[0]
+
+
+_Key = TypeVar("_Key")
+
+
+def _queue(queues: dict[_Key, deque[list[Any]]], key: _Key) -> deque[list[Any]]:
+    queue = queues.get(key)
+    if queue is None:
+        queue = queues[key] = deque()
+    return queue
+
+
+def _drop_taken(queues: dict[_Key, deque[list[Any]]], key: _Key) -> None:
+    """Drop the entries taken through the other queue from the head of ``key``'s (it goes when empty)."""
+    queue = queues.get(key)
+    if queue is None:
+        return
+    while queue and queue[0][1]:
+        queue.popleft()
+    if not queue:
+        del queues[key]
+
+
+def _pop_untaken(queues: dict[_Key, deque[list[Any]]], key: _Key) -> list[Any] | None:
+    """The first entry of ``key``'s queue not taken through the other queue, popped, or None."""
+    _drop_taken(queues, key)
+    queue = queues.get(key)
+    if queue is None:
+        return None
+    entry = queue.popleft()
+    if not queue:
+        del queues[key]
+    return entry
 
 
 @dataclass
