@@ -142,6 +142,14 @@ def neighbour(rank: int, layout: ParallelLayout, virtual: int) -> int:
     return rank_of(Coordinates(here.tp, here.cp, here.dp, virtual % layout.pp), layout)
 
 
+def stage_neighbours(rank: int, layout: ParallelLayout) -> dict[int, int]:
+    """Virtual stage -> the rank holding it, for the virtual stages next to each of ``rank``'s own."""
+    stage, last = coordinates(rank, layout).pp, layout.pp * layout.virtual_stages - 1
+    return {virtual: neighbour(rank, layout, virtual) for chunk in range(layout.virtual_stages)
+            for virtual in (chunk * layout.pp + stage - 1, chunk * layout.pp + stage + 1)
+            if 0 <= virtual <= last}  # fmt: skip
+
+
 def tag(target: int, phase: str) -> int:
     """The tag of a pipeline message to virtual stage ``target``."""
     return TAG_BASE + 2 * target + (0 if phase == FORWARD else 1)
@@ -179,8 +187,7 @@ class MegatronTraining(TrainingAlgorithm):
         tasks = stage_tasks(layout, here.pp)
         group = data_parallel_group(rank, layout)  # dense parameters' group: the optimizer's shards
         # the ranks holding the virtual stages next to this rank's (looked up once, not per message)
-        near = {v: neighbour(rank, layout, v) for c in range(chunks) for v in (c * layout.pp + here.pp - 1,
-                c * layout.pp + here.pp + 1) if 0 <= v <= last}  # fmt: skip
+        near = stage_neighbours(rank, layout)
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
         gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1  # the distributed optimizer's updated shards
         early_gathers = gathered and options.overlap_param_gather
@@ -252,15 +259,7 @@ class MegatronTraining(TrainingAlgorithm):
     def peers(self, plan: Plan) -> list[tuple[int, int]]:
         """Each rank and the ranks of the virtual stages next to its own: its pipeline messages."""
         layout = plan.options.layout
-        last = layout.pp * layout.virtual_stages - 1
-        pairs = []
-        for rank in range(layout.gpus):
-            stage = coordinates(rank, layout).pp
-            for chunk in range(layout.virtual_stages):
-                for virtual in (chunk * layout.pp + stage - 1, chunk * layout.pp + stage + 1):
-                    if 0 <= virtual <= last:
-                        pairs.append((rank, neighbour(rank, layout, virtual)))
-        return pairs
+        return [(rank, near) for rank in range(layout.gpus) for near in stage_neighbours(rank, layout).values()]
 
     def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
         """Every pipeline (every tp, cp and dp rank) runs the same timeline: the early gathers on the

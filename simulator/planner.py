@@ -232,7 +232,7 @@ def evaluate(
 
     fitting = [candidate for candidate in candidates if not candidate.reason]
     tasks = [(model, cluster, candidate.layout) for candidate in fitting]
-    size = max(1, min(256, len(tasks) // (workers * 16))) if workers > 1 else 256
+    size = max(1, min(256, len(tasks) // (workers * 16))) if workers > 1 else 1  # serial: progress per layout
     blocks = [tasks[index : index + size] for index in range(0, len(tasks), size)]
     done = 0
 

@@ -315,7 +315,6 @@ class RoleExecutor:
         self._sequence: dict[tuple[int, int], int] = {}  # (group index, rank) -> collectives started
         self._tail: list[simpy.Event | None] = [None] * self.ranks  # last collective on each stream
         self._in_flight = np.zeros(self.ranks, dtype=np.int64)  # started collectives not done
-        self._sends_in_flight = np.zeros(self.ranks, dtype=np.int64)  # started sends not delivered
         self._send_until = [0.0] * self.ranks  # round path: when each rank's started sends have arrived
         self._ahead = False  # a message was delivered at its send, ahead of its arrival (round path)
         self._iteration = [0] * self.ranks
@@ -447,8 +446,7 @@ class RoleExecutor:
 
     def _start_p2p(self, rank: int, op: Send | Recv) -> _Handle:
         """A started send or receive: a process of its own; the handle's payload is the received one.
-        On the round path a started send is one scheduled event: its arrival is known when it starts
-        (a pipeline sends one per micro-batch and stage; a process each was a third of the run)."""
+        On the round path a started send is no process and no event (``_start_send_on_rounds``)."""
         if self.vectorised is not None and isinstance(op, Send):
             return self._start_send_on_rounds(rank, op)
         handle = _Handle(self.env.event(), None)
@@ -477,12 +475,8 @@ class RoleExecutor:
 
     def _p2p(self, rank: int, op: Send | Recv, handle: _Handle):
         start = self.env.now
-        if isinstance(op, Send):
-            self._sends_in_flight[rank] += 1
-            try:
-                yield from self._send(rank, op)
-            finally:
-                self._sends_in_flight[rank] -= 1
+        if isinstance(op, Send):  # the message path's (the round path's are _start_send_on_rounds)
+            yield from self._send(rank, op)
             self._log(rank, "send", "send", op.dst, float(op.payload.nbytes), start)
             return
         message = yield from self._recv(rank, op)
@@ -633,7 +627,7 @@ class RoleExecutor:
     def _enter(self, instance: _Instance, position: int) -> None:
         env = self.env
         member = instance.members[position]
-        if self.vectorised is not None and (self._sends_in_flight[member] or self._send_until[member] > env.now):
+        if self.vectorised is not None and self._send_until[member] > env.now:
             # its message's flow and the collective's could share the rank's port: not provable
             raise ContentionDetected("a rank enters a collective while its started send is in flight")
         instance.entered_s[position] = env.now
