@@ -5,6 +5,7 @@ import pytest
 import simpy
 
 from ddlsim.hardware_models.network import alpha_beta_time_s, max_min_fair_rates
+from ddlsim.simulator.engine import flow_network
 from ddlsim.simulator.engine.flow_network import FlowNetwork
 
 
@@ -89,8 +90,7 @@ def _network_ends(flows, capacity, redundant=None):
     return ends, network
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_random_flows_end_when_the_reference_fluid_loop_says(seed):
+def _random_flows(seed):
     """Random links, capacities (with ties), start times (with ties: same-instant batches) and sizes."""
     rng = np.random.default_rng(seed)
     links = int(rng.integers(2, 8))
@@ -100,10 +100,46 @@ def test_random_flows_end_when_the_reference_fluid_loop_says(seed):
         route = sorted(set(rng.integers(0, links, size=int(rng.integers(1, 4))).tolist()))
         start = float(rng.choice([0.0, 1e-3, 2e-3])) if rng.random() < 0.5 else float(rng.random() * 3e-3)
         flows.append((start, route, float(rng.choice([0.0, 1e6, 3e6, 1e7]))))
+    return flows, capacity
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_flows_end_when_the_reference_fluid_loop_says(seed):
+    flows, capacity = _random_flows(seed)
     expected = _reference_ends(flows, capacity)
     ends, network = _network_ends(flows, capacity)
     np.testing.assert_allclose(ends, expected, rtol=1e-9)
     assert network.active_flows == 0
+
+
+@pytest.mark.parametrize("small", [0, 10_000])
+@pytest.mark.parametrize("seed", range(6))
+def test_scalar_and_numpy_bookkeeping_each_match_the_reference(seed, small, monkeypatch):
+    """Few flows in flight are kept in scalar Python, many in numpy arrays: either one alone, for
+    the whole run, gives the reference loop's ends."""
+    monkeypatch.setattr(flow_network, "_SMALL", small)
+    flows, capacity = _random_flows(seed)
+    ends, network = _network_ends(flows, capacity)
+    np.testing.assert_allclose(ends, _reference_ends(flows, capacity), rtol=1e-9)
+    assert network.active_flows == 0
+
+
+def test_a_prepared_route_is_the_same_as_its_links():
+    """``route`` drops -1 padding and keeps the path's slowest link as the flow's bound."""
+    env = simpy.Environment()
+    network = FlowNetwork(env, np.array([10e9, 4e9, 8e9]))
+    route = network.route(np.array([0, 1, -1, -1]))
+    assert route.links == (0, 1) and route.cap_Bps == 4e9
+    ends = []
+
+    def flow(links):
+        yield network.transfer(links, 4e6)
+        ends.append(env.now)
+
+    env.process(flow(route))
+    env.process(flow([0, 1]))
+    env.run()
+    assert ends == pytest.approx([2e-3, 2e-3])  # the two share link 1: 2 GB/s each
 
 
 def test_same_instant_starts_are_rated_once():

@@ -15,12 +15,19 @@ Each active flow has bytes left and a rate. Whenever flows start or end, every f
   bottleneck, costs one division per flow.
 * The max-min fair share of the flows that do cross a binding link is computed with numpy
   (``max_min_fair_rates_flat``), each flow's b_f taking part as a private link.
+* With few flows in flight (a parameter server's port taking one push after another, the usual
+  state of an asynchronous algorithm's run) the bookkeeping runs as scalar Python: a numpy call
+  costs microseconds whatever its size, and a few dozen of them per start and end made the whole
+  cost of such runs. Same arithmetic, same answers; the numpy code takes over above ``_SMALL``.
+  A route is prepared once (``route``: links, b_f) and may be passed to ``transfer`` again.
 
 Links marked ``redundant`` (``Fabric.redundant``: implied by other links by construction) are
 dropped from every path as it enters.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 import simpy
@@ -29,6 +36,15 @@ from ddlsim.hardware_models.network import max_min_fair_rates_flat
 
 _FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
 _BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
+_SMALL = 8  # at most this many flows (in flight, or ending at once): scalar bookkeeping
+
+
+class Route(NamedTuple):
+    """A path as ``FlowNetwork.transfer`` keeps it: the binding-candidate links and b_f, the
+    capacity of the path's slowest link (redundant links included: they bound the rate too)."""
+
+    links: tuple[int, ...]
+    cap_Bps: float
 
 
 class FlowNetwork:
@@ -53,6 +69,8 @@ class FlowNetwork:
         self._order = np.zeros(slots, dtype=np.int64)  # start order, so ends fire in it
         self._live = np.zeros(slots, dtype=bool)
         self._live_index: np.ndarray | None = None  # flatnonzero(_live), kept until it changes
+        self._live_set: set[int] = set()  # the same slots, for the scalar bookkeeping
+        self._links: list[tuple[int, ...]] = [()] * slots  # each slot's path, for the same
         self._done: list[simpy.Event | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
         self._started = 0
@@ -65,23 +83,34 @@ class FlowNetwork:
     def active_flows(self) -> int:
         return int(self._live.sum())
 
-    def transfer(self, links, nbytes: float) -> simpy.Event:
-        """An event that fires when ``nbytes`` have crossed ``links`` (link ids; -1 entries ignored)."""
-        done = self.env.event()
+    def route(self, links) -> Route:
+        """``links`` (link ids; -1 entries ignored) prepared for ``transfer``: keep it to send again."""
         path = np.asarray(links, dtype=np.int64).ravel()
         path = path[path >= 0]
-        if nbytes <= 0 or not path.size:
-            done.succeed()
-            return done
+        if not path.size:
+            return Route((), np.inf)
         cap = float(self.capacity_Bps[path].min())
         if self._redundant is not None:
             path = path[~self._redundant[path]]
+        return Route(tuple(path.tolist()), cap)
+
+    def transfer(self, links, nbytes: float) -> simpy.Event:
+        """An event that fires when ``nbytes`` have crossed ``links`` (link ids, -1 entries
+        ignored, or a ``Route`` from ``route``)."""
+        done = self.env.event()
+        route = links if isinstance(links, Route) else self.route(links)
+        path, cap = route
+        if nbytes <= 0 or cap == np.inf:
+            done.succeed()
+            return done
         # no advance needed: rates change only at the re-rating, which advances first (a new flow's
         # rate is 0 until then)
-        slot = self._slot(path.size)
-        self._path[slot, : path.size] = path
-        self._path[slot, path.size :] = -1
-        self._hops[slot] = path.size
+        hops = len(path)
+        slot = self._slot(hops)
+        self._path[slot, :hops] = path
+        self._path[slot, hops:] = -1
+        self._links[slot] = path
+        self._hops[slot] = hops
         self._remaining[slot] = float(nbytes)
         self._cap[slot] = cap
         self._rate[slot] = 0.0
@@ -89,10 +118,13 @@ class FlowNetwork:
         self._order[slot] = self._started
         self._started += 1
         self._live[slot] = True
+        self._live_set.add(slot)
         self._live_index = None
         self._done[slot] = done
-        np.add.at(self._count, path, 1)
-        np.add.at(self._bound, path, cap)
+        count, bound = self._count, self._bound
+        for link in path:  # a path is a few links: scalar updates beat np.add.at
+            count[link] += 1
+            bound[link] += cap
         self._mark_dirty()
         return done
 
@@ -119,6 +151,7 @@ class FlowNetwork:
             self._order = extend(self._order, 0)
             self._live = extend(self._live, False)
             self._done.extend([None] * grow)
+            self._links.extend([()] * grow)
             self._free = list(range(old + grow - 1, old - 1, -1))
         return self._free.pop()
 
@@ -131,8 +164,13 @@ class FlowNetwork:
     def _advance(self) -> None:
         elapsed = self.env.now - self._updated
         if elapsed > 0:
-            live = self._live_slots()
-            self._remaining[live] -= self._rate[live] * elapsed
+            if len(self._live_set) <= _SMALL:
+                remaining, rate = self._remaining, self._rate
+                for slot in self._live_set:
+                    remaining[slot] -= rate[slot] * elapsed
+            else:
+                live = self._live_slots()
+                self._remaining[live] -= self._rate[live] * elapsed
         self._updated = self.env.now
 
     def _mark_dirty(self) -> None:
@@ -145,11 +183,13 @@ class FlowNetwork:
     def _rerate(self, _event: simpy.Event | None = None) -> None:
         self._dirty = False
         self._advance()
-        live = self._live_slots()
         self._generation += 1
-        if not live.size:
+        if not self._live_set:
             return
         self.rerates += 1
+        if len(self._live_set) <= _SMALL and self._rerate_unbound():
+            return
+        live = self._live_slots()
         rates = self._cap[live].copy()
         paths = self._path[live]
         hop = np.maximum(paths, 0)
@@ -175,27 +215,60 @@ class FlowNetwork:
         delay = max(float(self._finish[live].min()) - now, 0.0)
         self.env.timeout(delay).callbacks.append(lambda _event: self._wake(generation))
 
+    def _rerate_unbound(self) -> bool:
+        """With few flows: when no link of theirs can bind, each runs at b_f; schedule the next end
+        and say True. False (nothing changed) when some link can bind."""
+        bound, capacity, links = self._bound, self.capacity_Bps, self._links
+        live = self._live_set
+        for slot in live:
+            for link in links[slot]:
+                if bound[link] > capacity[link] * (1 + _BINDING_TOLERANCE):
+                    return False
+        now = self.env.now
+        cap, rate, finish, remaining = self._cap, self._rate, self._finish, self._remaining
+        earliest = np.inf
+        for slot in live:
+            rate[slot] = cap[slot]
+            end = now + max(float(remaining[slot]), 0.0) / cap[slot]
+            finish[slot] = end
+            earliest = min(earliest, end)
+        generation = self._generation
+        self.env.timeout(max(earliest - now, 0.0)).callbacks.append(lambda _event: self._wake(generation))
+        return True
+
     def _wake(self, generation: int) -> None:
         if generation != self._generation:
             return
         self._advance()
         now = self.env.now
         limit = now + _FINISH_TOLERANCE * max(abs(now), 1e-9)
-        live = self._live_slots()
-        ended = live[self._finish[live] <= limit]
-        ended = ended[np.argsort(self._order[ended], kind="stable")]
-        paths = self._path[ended]
-        hop = paths >= 0
-        links = paths[hop]
-        np.add.at(self._count, links, -1)
-        np.add.at(self._bound, links, -np.broadcast_to(self._cap[ended, None], paths.shape)[hop])
-        idle = links[self._count[links] == 0]
-        self._bound[idle] = 0.0  # no drift: an idle link carries exactly nothing
-        self._live[ended] = False
+        if len(self._live_set) <= _SMALL:
+            finish, order = self._finish, self._order
+            ended_slots = sorted((slot for slot in self._live_set if finish[slot] <= limit), key=order.__getitem__)
+            count, bound, cap, links = self._count, self._bound, self._cap, self._links
+            for slot in ended_slots:
+                for link in links[slot]:
+                    count[link] -= 1
+                    bound[link] = bound[link] - cap[slot] if count[link] else 0.0  # idle: exactly nothing
+        else:
+            live = self._live_slots()
+            ended = live[self._finish[live] <= limit]
+            ended = ended[np.argsort(self._order[ended], kind="stable")]
+            paths = self._path[ended]
+            hop = paths >= 0
+            hop_links = paths[hop]
+            np.add.at(self._count, hop_links, -1)
+            np.add.at(self._bound, hop_links, -np.broadcast_to(self._cap[ended, None], paths.shape)[hop])
+            idle = hop_links[self._count[hop_links] == 0]
+            self._bound[idle] = 0.0  # no drift: an idle link carries exactly nothing
+            ended_slots = ended.tolist()
+        self._live[ended_slots] = False
+        self._live_set.difference_update(ended_slots)
         self._live_index = None
-        for slot in ended.tolist():
+        for slot in ended_slots:
             done = self._done[slot]
             self._done[slot] = None
+            self._links[slot] = ()
             self._free.append(slot)
             assert done is not None
             done.succeed()

@@ -64,7 +64,7 @@ from ddlsim.simulator.engine.collective_engine import (
     VectorisedExecutor,
 )
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.flow_network import FlowNetwork
+from ddlsim.simulator.engine.flow_network import FlowNetwork, Route
 
 MODES = ("vectorised", "message")
 _CAUSALITY_SLACK_S = 1e-12
@@ -305,7 +305,7 @@ class RoleExecutor:
         self.returns: dict[int, Any] = {}
         self.finish_s = np.zeros(self.ranks)
         self.transfers = 0
-        self._routes: dict[tuple[int, int], tuple[np.ndarray, float, float]] = {}
+        self._routes: dict[tuple[int, int], tuple[Route, float, float]] = {}
         self._group_executors: dict[tuple[int, ...], MessageExecutor] = {}
         self._member_ranks: dict[tuple[int, ...], np.ndarray] = {}
         self._schedules: dict[tuple[Any, ...], Schedule] = {}
@@ -407,14 +407,15 @@ class RoleExecutor:
             )
 
     # --- point to point --------------------------------------------------------------------------
-    def _route(self, src: int, dst: int) -> tuple[np.ndarray, float, float]:
+    def _route(self, src: int, dst: int) -> tuple[Route, float, float]:
         key = (src, dst)
         cached = self._routes.get(key)
         if cached is None:
+            assert self.network is not None
             a, b = self.placement[[src]], self.placement[[dst]]
             routes, alpha, _bottleneck = self.fabric.path_properties(a, b)
             overhead = float(self.fabric.overheads(a, b)[0])
-            cached = (routes[0], overhead, float(alpha[0]) - overhead)
+            cached = (self.network.route(routes[0]), overhead, float(alpha[0]) - overhead)
             self._routes[key] = cached
         return cached
 
