@@ -17,7 +17,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ddlsim.simulator.closed_form.training import STRAGGLER_CLOSED_FORMS, closed_form_result
-from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.trainers import with_interference
 
@@ -32,6 +31,10 @@ def simulate_point(scenario: Scenario, nodes: int, des_mode: str = "auto") -> di
     if scenario.executor == "analytic":
         result = closed_form_result(scenario, nodes)
     else:
+        # imported here: the event simulation (SimPy, the engine) is a tenth of a second of imports
+        # that the closed form does not need (its million-node point takes well under a second)
+        from ddlsim.simulator.executor.des import run_des
+
         result = run_des(scenario, nodes, des_mode).result
         noisy = scenario.stragglers not in ("", "none")
         if scenario.training_algorithm.has_closed_form and (not noisy or scenario.algorithm in STRAGGLER_CLOSED_FORMS):
