@@ -117,7 +117,9 @@ def test_random_flows_end_when_the_reference_fluid_loop_says(seed):
 def test_scalar_and_numpy_bookkeeping_each_match_the_reference(seed, small, monkeypatch):
     """Few flows in flight are kept in scalar Python, many in numpy arrays: either one alone, for
     the whole run, gives the reference loop's ends."""
-    monkeypatch.setattr(flow_network, "_SMALL", small)
+    monkeypatch.setattr(flow_network, "_SMALL_FLOWS", small)
+    monkeypatch.setattr(flow_network, "_SMALL_HOPS", small)
+    monkeypatch.setattr(flow_network, "_SHORT_PATH", small)
     flows, capacity = _random_flows(seed)
     ends, network = _network_ends(flows, capacity)
     np.testing.assert_allclose(ends, _reference_ends(flows, capacity), rtol=1e-9)

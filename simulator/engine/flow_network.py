@@ -18,7 +18,8 @@ Each active flow has bytes left and a rate. Whenever flows start or end, every f
 * With few flows in flight (a parameter server's port taking one push after another, the usual
   state of an asynchronous algorithm's run) the bookkeeping runs as scalar Python: a numpy call
   costs microseconds whatever its size, and a few dozen of them per start and end made the whole
-  cost of such runs. Same arithmetic, same answers; the numpy code takes over above ``_SMALL``.
+  cost of such runs. Same arithmetic, same answers; the numpy code takes over above ``_SMALL_FLOWS``
+  flows or ``_SMALL_HOPS`` link entries (a torus route may cross hundreds of links).
   A route is prepared once (``route``: links, b_f) and may be passed to ``transfer`` again.
 
 Links marked ``redundant`` (``Fabric.redundant``: implied by other links by construction) are
@@ -36,7 +37,10 @@ from ddlsim.hardware_models.network import max_min_fair_rates_flat
 
 _FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
 _BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
-_SMALL = 8  # at most this many flows (in flight, or ending at once): scalar bookkeeping
+# scalar bookkeeping while at most this many flows, crossing at most this many links in all, are in flight
+_SMALL_FLOWS = 8
+_SMALL_HOPS = 64
+_SHORT_PATH = 16  # a path of at most this many links is counted onto its links in scalar Python
 
 
 class Route(NamedTuple):
@@ -70,6 +74,7 @@ class FlowNetwork:
         self._live = np.zeros(slots, dtype=bool)
         self._live_index: np.ndarray | None = None  # flatnonzero(_live), kept until it changes
         self._live_set: set[int] = set()  # the same slots, for the scalar bookkeeping
+        self._live_hops = 0  # link entries of the flows in flight
         self._links: list[tuple[int, ...]] = [()] * slots  # each slot's path, for the same
         self._done: list[simpy.Event | None] = [None] * slots
         self._free = list(range(slots - 1, -1, -1))
@@ -119,12 +124,18 @@ class FlowNetwork:
         self._started += 1
         self._live[slot] = True
         self._live_set.add(slot)
+        self._live_hops += hops
         self._live_index = None
         self._done[slot] = done
-        count, bound = self._count, self._bound
-        for link in path:  # a path is a few links: scalar updates beat np.add.at
-            count[link] += 1
-            bound[link] += cap
+        if hops <= _SHORT_PATH:  # a few links: scalar updates beat np.add.at
+            count, bound = self._count, self._bound
+            for link in path:
+                count[link] += 1
+                bound[link] += cap
+        else:
+            index = np.fromiter(path, dtype=np.int64, count=hops)
+            np.add.at(self._count, index, 1)
+            np.add.at(self._bound, index, cap)
         self._mark_dirty()
         return done
 
@@ -161,10 +172,13 @@ class FlowNetwork:
             self._live_index = np.flatnonzero(self._live)
         return self._live_index
 
+    def _small(self) -> bool:
+        return len(self._live_set) <= _SMALL_FLOWS and self._live_hops <= _SMALL_HOPS
+
     def _advance(self) -> None:
         elapsed = self.env.now - self._updated
         if elapsed > 0:
-            if len(self._live_set) <= _SMALL:
+            if self._small():
                 remaining, rate = self._remaining, self._rate
                 for slot in self._live_set:
                     remaining[slot] -= rate[slot] * elapsed
@@ -187,7 +201,7 @@ class FlowNetwork:
         if not self._live_set:
             return
         self.rerates += 1
-        if len(self._live_set) <= _SMALL and self._rerate_unbound():
+        if self._small() and self._rerate_unbound():
             return
         live = self._live_slots()
         rates = self._cap[live].copy()
@@ -242,11 +256,12 @@ class FlowNetwork:
         self._advance()
         now = self.env.now
         limit = now + _FINISH_TOLERANCE * max(abs(now), 1e-9)
-        if len(self._live_set) <= _SMALL:
+        if self._small():
             finish, order = self._finish, self._order
             ended_slots = sorted((slot for slot in self._live_set if finish[slot] <= limit), key=order.__getitem__)
             count, bound, cap, links = self._count, self._bound, self._cap, self._links
             for slot in ended_slots:
+                self._live_hops -= len(links[slot])
                 for link in links[slot]:
                     count[link] -= 1
                     bound[link] = bound[link] - cap[slot] if count[link] else 0.0  # idle: exactly nothing
@@ -261,6 +276,7 @@ class FlowNetwork:
             np.add.at(self._bound, hop_links, -np.broadcast_to(self._cap[ended, None], paths.shape)[hop])
             idle = hop_links[self._count[hop_links] == 0]
             self._bound[idle] = 0.0  # no drift: an idle link carries exactly nothing
+            self._live_hops -= int(hop_links.size)
             ended_slots = ended.tolist()
         self._live[ended_slots] = False
         self._live_set.difference_update(ended_slots)
