@@ -225,9 +225,7 @@ class FlowNetwork:
         now = self.env.now
         self._rate[live] = rates
         self._finish[live] = now + np.maximum(self._remaining[live], 0.0) / rates
-        generation = self._generation
-        delay = max(float(self._finish[live].min()) - now, 0.0)
-        self.env.timeout(delay).callbacks.append(lambda _event: self._wake(generation))
+        self._wake_at(float(self._finish[live].min()))
 
     def _rerate_unbound(self) -> bool:
         """With few flows: when no link of theirs can bind, each runs at b_f; schedule the next end
@@ -246,9 +244,13 @@ class FlowNetwork:
             end = now + max(float(remaining[slot]), 0.0) / cap[slot]
             finish[slot] = end
             earliest = min(earliest, end)
-        generation = self._generation
-        self.env.timeout(max(earliest - now, 0.0)).callbacks.append(lambda _event: self._wake(generation))
+        self._wake_at(earliest)
         return True
+
+    def _wake_at(self, end: float) -> None:
+        """Wake at ``end``, the next flow's end under the rates just set (stale if they change first)."""
+        generation = self._generation
+        self.env.timeout(max(end - self.env.now, 0.0)).callbacks.append(lambda _event: self._wake(generation))
 
     def _wake(self, generation: int) -> None:
         if generation != self._generation:
