@@ -18,7 +18,7 @@ from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import run_collective
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of, torus_shape
-from ddlsim.simulator.scenario import ScenarioError
+from ddlsim.simulator.scenario import ScenarioError, check_sockets
 
 
 def bus_factor(collective: str, ranks: int) -> float:
@@ -38,6 +38,8 @@ class CollectiveSetup:
     host_link: str | None = None
     network: str | None = "ib_edr"
     nics_per_node: int = 1
+    sockets: int = 1  # CPU sockets a node's devices are split over (see FabricSpec)
+    socket_link: str | None = None
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
@@ -77,6 +79,7 @@ class CollectiveSetup:
             raise ScenarioError("more than one node needs --network")
         if self.devices_per_node > 1 and not self.intra_node:
             raise ScenarioError("devices-per-node > 1 needs --intra-node")
+        check_sockets(self.devices_per_node, self.sockets, self.socket_link)
         tokens = [
             token
             for token, used in (
@@ -97,6 +100,9 @@ class CollectiveSetup:
                 ),
                 host_link=self.link(self.host_link, message_bytes, ranks) if self.host_link else None,
                 network=self.link(self.network, message_bytes, ranks) if self.network and nodes > 1 else None,
+                socket_link=(
+                    self.link(self.socket_link, message_bytes, ranks) if self.socket_link and self.sockets > 1 else None
+                ),
                 reduce_Bps=self.reduce_Bps(tokens, ranks),
                 **topology_of(self),
             )

@@ -92,6 +92,16 @@ class Stragglers:
         return lambda: float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))
 
 
+def check_sockets(devices_per_node: int, sockets: int, socket_link: str | None) -> None:
+    """A node's devices split evenly over its sockets, joined by an intra-node ``socket_link``."""
+    if devices_per_node % sockets:
+        raise ScenarioError(f"--sockets {sockets} does not divide --devices-per-node {devices_per_node} evenly")
+    if sockets > 1 and not socket_link:
+        raise ScenarioError("--sockets > 1 needs --socket-link (the link between two sockets, e.g. qpi)")
+    if socket_link and load_link(socket_link).kind != "intra_node":
+        raise ScenarioError(f"--socket-link {socket_link!r} is a network, not an intra-node link")
+
+
 def default_host_link(device: Device) -> str | None:
     """The link between a device and its NIC: the one its datasheet's system names (Hopper and later:
     PCIe 5.0), else PCIe 4.0 for Ampere and PCIe 3.0 for older GPUs; CPUs and KNL are the host
@@ -114,6 +124,8 @@ class Scenario:
     host_link: str | None = "auto"
     network: str | None = "ib_edr"
     nics_per_node: int = 1
+    sockets: int = 1  # CPU sockets a node's devices are split over (see FabricSpec)
+    socket_link: str | None = None  # the link between two sockets, as device traffic sees it
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
@@ -144,8 +156,9 @@ class Scenario:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ScenarioError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch"):
+        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch", "sockets"):
             positive_int(name.replace("_", "-"), getattr(self, name))
+        check_sockets(self.devices_per_node, self.sockets, self.socket_link)
         for change, value in self.transformer_changes:
             if change not in TRANSFORMER_CHANGES:
                 raise ScenarioError(
@@ -299,6 +312,7 @@ class Scenario:
             peer_link=self.link(self.intra_node) if self.devices_per_node > 1 else None,
             host_link=self.link(self.resolved_host_link()),
             network=self.link(self.network) if nodes > 1 else None,
+            socket_link=self.link(self.socket_link) if self.sockets > 1 else None,
             **topology_of(self),
         )
 
@@ -392,6 +406,7 @@ class Scenario:
                 ("intra_node", self.intra_node),
                 ("host_link", self.resolved_host_link()),
                 ("network", self.network),
+                ("socket_link", self.socket_link if self.sockets > 1 else None),
             )
             if token
         }

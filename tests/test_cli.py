@@ -216,7 +216,8 @@ def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabri
     assert set(fabric) == set(TOPOLOGY_FIELDS)
     assert defaults(Scenario) == fabric and defaults(CollectiveSetup) == fabric
     for command in ("simulate", "collective"):
-        assert topology_options(build_parser().parse_args([command])) == fabric, command
+        # and the socket link, a token there (a Link in FabricSpec), unset by default
+        assert topology_options(build_parser().parse_args([command])) == fabric | {"socket_link": None}, command
 
 
 @pytest.mark.parametrize("library", ["nccl", "mpich", "mlsl", "openmpi"])

@@ -157,6 +157,12 @@ def add_topology_arguments(parser) -> None:
     parser.add_argument(
         "--nics-per-node", type=bounded(int, 1, 64, "--nics-per-node"), default=1, help="network adapters per node"
     )
+    parser.add_argument(
+        "--sockets", type=bounded(int, 1, 8, "--sockets"), default=1,
+        help="CPU sockets a node's devices are split over (PCIe peer and NIC traffic between sockets "
+        "crosses --socket-link)",
+    )  # fmt: skip
+    parser.add_argument("--socket-link", default=None, help="the link between two sockets (e.g. qpi)")
     parser.add_argument("--topology", default="switch", help=", ".join(TOPOLOGIES))
     parser.add_argument(
         "--oversubscription", type=bounded(float, 1, 1024, "--oversubscription"), default=1.0,
@@ -177,4 +183,4 @@ def topology_options(args) -> dict[str, Any]:
     """The ``add_topology_arguments`` options as Scenario / CollectiveSetup fields."""
     from ddlsim.simulator.engine.fabric import topology_of
 
-    return {**topology_of(args), "torus_dims": parse_torus_dims(args.torus_dims)}
+    return {**topology_of(args), "torus_dims": parse_torus_dims(args.torus_dims), "socket_link": args.socket_link}

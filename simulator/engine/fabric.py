@@ -14,6 +14,11 @@
   intra-node link. GPUs reach the NIC over their ``host`` link (PCIe); when the intra-node link is
   PCIe itself, peer and host ports are the same links, so NIC traffic and peer traffic contend.
 * Between nodes a transfer goes host up, NIC up, core links, NIC down, host down.
+* ``sockets`` > 1 splits a node's devices into that many equal consecutive groups, one per CPU
+  socket; a device's traffic to and from a NIC on another socket also crosses the ``socket_link``
+  (one link per ordered pair of sockets; NIC j of the node's ``nics_per_node`` sits on socket
+  j * sockets // nics_per_node), and so does traffic between devices on different sockets when the
+  intra-node link is PCIe (``peer_crosses_sockets``; NVLink joins the devices directly).
 * Topologies: ``switch`` (one non-blocking switch), ``fat_tree`` (two levels; each leaf has one
   aggregated uplink of nodes_per_leaf x NIC bandwidth / oversubscription), ``torus_2d`` and
   ``torus_3d`` (dimension-order routing along the shorter way round, one link per direction).
@@ -50,6 +55,7 @@ class FabricError(ValueError):
 # topology flags) carry them under the same names; the links and node count come from elsewhere.
 TOPOLOGY_FIELDS = (
     "nics_per_node", "topology", "oversubscription", "nodes_per_leaf", "torus_dims", "placement", "loggp",
+    "sockets",
 )  # fmt: skip
 
 
@@ -68,6 +74,10 @@ class FabricSpec:
     host_link: Link | None = None
     network: Link | None = None
     nics_per_node: int = 1
+    # CPU sockets the node's devices are split over (equal consecutive groups) and the link between
+    # two sockets as device traffic sees it (GPU peer traffic across QPI: NCCL's figure, not QPI's)
+    sockets: int = 1
+    socket_link: Link | None = None
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
@@ -91,7 +101,7 @@ class FabricSpec:
             raise FabricError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.placement not in PLACEMENTS:
             raise FabricError(f"unknown placement {self.placement!r}; valid: {', '.join(PLACEMENTS)}")
-        for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf"):
+        for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf", "sockets"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise FabricError(f"{name} must be a positive integer, got {value!r}")
@@ -105,8 +115,23 @@ class FabricSpec:
             )
         if self.devices_per_node > 1 and self.peer_link is None:
             raise FabricError("devices_per_node > 1 needs an intra-node link")
+        if self.devices_per_node % self.sockets:
+            raise FabricError(
+                f"{self.devices_per_node} devices per node do not split evenly over {self.sockets} sockets"
+            )
+        if self.sockets > 1 and self.socket_link is None:
+            raise FabricError("sockets > 1 needs a socket link (the link between two sockets)")
         if self.nodes > 1 and self.network is None:
             raise FabricError("more than one node needs a network")
+
+
+def peer_crosses_sockets(spec: FabricSpec) -> bool:
+    """Whether traffic between devices on different sockets crosses the socket link: yes over PCIe
+    (peer transfers run through the CPUs' root complexes), no over a direct device link (NVLink)."""
+    peer = spec.peer_link
+    if spec.sockets == 1 or peer is None:
+        return False
+    return peer.token.startswith("pcie") or (spec.host_link is not None and peer.token == spec.host_link.token)
 
 
 def torus_shape(nodes: int, dimensions: int, dims: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -179,6 +204,11 @@ class Fabric:
             else:
                 self.peer_up = block(d, peer.port_bandwidth_Bps, peer.latency_s / 2, "peer_up")
                 self.peer_down = block(d, peer.port_bandwidth_Bps, peer.latency_s / 2, "peer_down")
+        self.socket_links = None  # id of (node, from socket, to socket); the diagonal is never used
+        if spec.sockets > 1:
+            assert spec.socket_link is not None
+            link, count = spec.socket_link, spec.nodes * spec.sockets * spec.sockets
+            self.socket_links = block(count, link.port_bandwidth_Bps, link.latency_s, "socket")
         self.nic_up = self.nic_down = None
         self.core_hops = 0
         if spec.network is not None and spec.nodes > 1:
@@ -205,7 +235,7 @@ class Fabric:
         self.device_of_rank = self._placement()
         self.capacity_Bps = np.concatenate(capacity) if capacity else np.empty(0)
         self.latency_s = np.concatenate(latency) if latency else np.empty(0)
-        self.max_hops = 4 + self.core_hops
+        self.max_hops = 4 + self.core_hops + (2 if self.socket_links is not None else 0)
         self.redundant = self._redundant_links()
 
     def link_name(self, link: int) -> str:
@@ -264,6 +294,12 @@ class Fabric:
             raise FabricError(f"a transfer names a rank outside the fabric's {self.devices} devices")
         return ranks if self.device_of_rank is None else self.device_of_rank[ranks]
 
+    def _rank_of(self, device: int) -> int:
+        """The rank placed on ``device``."""
+        if self.device_of_rank is None:
+            return device
+        return int(np.flatnonzero(self.device_of_rank == device)[0])
+
     def node_of(self, device: np.ndarray) -> np.ndarray:
         return device // self.spec.devices_per_node
 
@@ -283,9 +319,55 @@ class Fabric:
 
     def _route_table(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
         """(``routes``, the first column of the torus links, each transfer's torus hops): the hops
-        only where every transfer leaves its node on a torus (else None)."""
+        only where every transfer leaves its node on a torus and the nodes have one socket (else None)."""
         src = self.devices_of(src)
         dst = self.devices_of(dst)
+        routes, first, hops = self._device_routes(src, dst)
+        if self.socket_links is None:
+            return routes, first, hops
+        return self._cross_sockets(routes, src, dst), first + 1, None
+
+    def _socket_of(self, device: np.ndarray) -> np.ndarray:
+        spec = self.spec
+        return device % spec.devices_per_node // (spec.devices_per_node // spec.sockets)
+
+    def _socket_link(self, node: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The link from socket ``a`` to socket ``b`` of ``node``, -1 where a == b."""
+        assert self.socket_links is not None
+        sockets = self.spec.sockets
+        return np.where(a != b, self.socket_links[0] + (node * sockets + a) * sockets + b, -1)
+
+    def _cross_sockets(self, routes: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """``routes`` with two more columns: the socket link a transfer crosses on its way out (between
+        the two sockets of an intra-node pair, or from the sender's socket to its NIC's) and on its
+        way in (from the receiver's NIC's socket to the receiver's), -1 where it stays on one socket."""
+        spec = self.spec
+        count, width = routes.shape
+        node_s, node_d = self.node_of(src), self.node_of(dst)
+        sock_s, sock_d = self._socket_of(src), self._socket_of(dst)
+        same = node_s == node_d
+        nic_socket_s = self.nic_of(src) % spec.nics_per_node * spec.sockets // spec.nics_per_node
+        nic_socket_d = self.nic_of(dst) % spec.nics_per_node * spec.sockets // spec.nics_per_node
+        out = np.full((count, width + 2), -1, dtype=np.int64)
+        rows = np.flatnonzero(same)
+        if rows.size:  # peer up, socket link (peer traffic over PCIe only), peer down
+            out[rows, 0] = routes[rows, 0]
+            if peer_crosses_sockets(spec):
+                out[rows, 1] = self._socket_link(node_s[rows], sock_s[rows], sock_d[rows])
+            out[rows, 2] = routes[rows, 1]
+        rows = np.flatnonzero(~same)
+        if rows.size:  # [host up], socket link out, NIC up ... NIC down, socket link in, [host down]
+            h = 1 if self.host_up is not None else 0
+            inner = routes[rows]
+            out[rows, :h] = inner[:, :h]
+            out[rows, h] = self._socket_link(node_s[rows], sock_s[rows], nic_socket_s[rows])
+            out[rows, h + 1 : width + 1 - h] = inner[:, h : width - h]
+            out[rows, width + 1 - h] = self._socket_link(node_d[rows], nic_socket_d[rows], sock_d[rows])
+            out[rows, width + 2 - h :] = inner[:, width - h :]
+        return out
+
+    def _device_routes(self, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int, np.ndarray | None]:
+        """``_route_table`` between device ids, sockets left out."""
         same = self.node_of(src) == self.node_of(dst)
         cross = np.flatnonzero(~same)
         core = np.empty((0, 0), dtype=np.int64)
@@ -481,12 +563,20 @@ class Fabric:
         return HopCost(float(alpha[0]), float(beta[0]))
 
     def fabric_costs(self) -> FabricCosts:
-        """Hop costs for closed forms: intra-node pair (0, 1), inter-node pair (0, first device of the last node).
+        """Hop costs for closed forms: an intra-node pair and an inter-node pair.
 
-        Exact for the single switch, where every inter-node path costs the same.
+        One socket per node: ranks (0, 1) and (0, first device of the last node); exact for the single
+        switch, where every inter-node path costs the same. Several sockets: the slowest pairs, from
+        the node's last device (on the last socket: a socket link to device 0's socket and to NIC 0's),
+        the hop that paces a ring.
         """
         dpn = self.spec.devices_per_node
-        inter = self.hop_cost(0, self.devices - dpn) if self.spec.nodes > 1 else None
-        intra = self.hop_cost(0, 1) if dpn > 1 else None
+        # one socket: ranks 0 and 1 (any two devices of a node), rank 0 to the last node's first device
+        first, last, sender, receiver = 0, 1, 0, self.devices - dpn
+        if self.spec.sockets > 1:  # the same devices named by their ranks, under any placement
+            first, receiver = self._rank_of(0), self._rank_of(self.devices - dpn)
+            last = sender = self._rank_of(dpn - 1)
+        inter = self.hop_cost(sender, receiver) if self.spec.nodes > 1 else None
+        intra = self.hop_cost(first, last) if dpn > 1 else None
         intra = intra or inter or HopCost(0.0, math.inf)
         return FabricCosts(intra, inter or intra, dpn)

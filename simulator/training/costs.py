@@ -24,7 +24,13 @@ import numpy as np
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import FabricCosts, HopCost
 from ddlsim.hardware_models.catalog import Link
-from ddlsim.simulator.engine.fabric import SWITCH_HOP_LATENCY_S, Fabric, FabricSpec, torus_shape
+from ddlsim.simulator.engine.fabric import (
+    SWITCH_HOP_LATENCY_S,
+    Fabric,
+    FabricSpec,
+    peer_crosses_sockets,
+    torus_shape,
+)
 
 
 def _hop(overhead_s: float, latency_s: float, bottleneck_Bps: float, loggp: bool) -> HopCost:
@@ -62,16 +68,26 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
     if spec.placement != "block" or _partial_torus(spec):
         return Fabric(spec).fabric_costs()  # (a partial torus: its route's latencies summed as the fabric does)
     intra = inter = None
+    # the slowest pairs, as Fabric.fabric_costs takes them: from the node's last device, on the last
+    # socket, which crosses a socket link to reach another socket's device or NIC 0's socket
+    socket = spec.socket_link if spec.sockets > 1 else None
+    socket_latency = socket.latency_s if socket is not None else 0.0
+    socket_Bps = socket.port_bandwidth_Bps if socket is not None else float("inf")
     if spec.devices_per_node > 1:
         peer = spec.peer_link
         assert peer is not None
-        intra = _hop(peer.per_message_overhead_s, peer.latency_s, peer.port_bandwidth_Bps, spec.loggp)
+        crosses = peer_crosses_sockets(spec)
+        bottleneck = min(peer.port_bandwidth_Bps, socket_Bps if crosses else float("inf"))
+        latency = peer.latency_s + (socket_latency if crosses else 0.0)
+        intra = _hop(peer.per_message_overhead_s, latency, bottleneck, spec.loggp)
     if spec.nodes > 1:
         net, host = spec.network, spec.host_link
         assert net is not None
         core_latency, core_capacity = _core(spec, net)
-        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0)
-        bottleneck = min(net.port_bandwidth_Bps, core_capacity, host.port_bandwidth_Bps if host else float("inf"))
+        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0) + socket_latency
+        bottleneck = min(
+            net.port_bandwidth_Bps, core_capacity, host.port_bandwidth_Bps if host else float("inf"), socket_Bps
+        )
         inter = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
     intra = intra or inter or HopCost(0.0, float("inf"))
     return FabricCosts(intra, inter or intra, spec.devices_per_node)
