@@ -21,7 +21,8 @@ from ddlsim.simulator.cli.main import main
 GOOD = {
     "id": "T-1", "source": "test", "kind": "collective", "workload": "", "collective": "allreduce",
     "algorithm": "ring", "device": "v100_sxm2", "devices_per_node": "1", "nodes": "4", "intra_node_link": "",
-    "network": "ib_edr", "nics_per_node": "1", "message_bytes": "1000000", "per_device_batch": "",
+    "network": "ib_edr", "nics_per_node": "1", "sockets": "", "socket_link": "", "message_bytes": "1000000",
+    "per_device_batch": "",
     "precision": "fp32", "metric": "time_s", "value": "0.001", "quote": "direct", "notes": "",
 }  # fmt: skip
 
@@ -60,6 +61,17 @@ def test_split_keeps_small_scale_for_calibration():
         ({"value": "-0.5"}, "value", "must be > 0"),
         ({"nodes": "2.5"}, "nodes", "whole number"),
         ({"metric": "throughput_samples_per_s"}, "metric", "unknown metric"),
+        (
+            {"devices_per_node": "8", "intra_node_link": "pcie3_x16", "sockets": "3", "socket_link": "qpi"},
+            "sockets",
+            "do not split 8 devices per node evenly",
+        ),
+        (
+            {"devices_per_node": "8", "intra_node_link": "pcie3_x16", "sockets": "2"},
+            "socket_link",
+            "must name the link",
+        ),
+        ({"sockets": "1", "socket_link": "ib_edr"}, "socket_link", "unknown token 'ib_edr'"),
     ],
 )
 def test_bad_cell_names_file_row_line_and_column(tmp_path, change, column, expected):
@@ -75,6 +87,17 @@ def test_missing_column_is_named(tmp_path):
     path = write_rows(tmp_path / "short.csv", [GOOD], [c for c in MEASUREMENT_COLUMNS if c != "network"])
     with pytest.raises(MeasurementError, match=r"short.csv: row 'header' \(line 1\), column 'network': missing"):
         load_measurements([path])
+
+
+def test_socket_columns_are_optional_and_read(tmp_path):
+    """A file written before the socket columns reads as one socket per node; a row that names two reads so."""
+    old = write_rows(tmp_path / "old.csv", [GOOD], [c for c in MEASUREMENT_COLUMNS if not c.startswith("socket")])
+    (row,) = load_measurements([old])
+    assert row.sockets is None and row.socket_link == ""
+    two = {**GOOD, "devices_per_node": "8", "intra_node_link": "pcie3_x16", "sockets": "2", "socket_link": "qpi"}
+    (row,) = load_measurements([write_rows(tmp_path / "new.csv", [two])])
+    assert (row.sockets, row.socket_link) == (2, "qpi")
+    assert row.to_row()["sockets"] == 2 and row.to_row()["socket_link"] == "qpi"
 
 
 def test_tpu_rows_load_and_duplicate_ids_fail(tmp_path):

@@ -45,6 +45,8 @@ CONFIG_FIELDS = (
     "intra_node_link",
     "network",
     "nics_per_node",
+    "sockets",
+    "socket_link",
     "message_bytes",
     "per_device_batch",
     "precision",

@@ -71,6 +71,8 @@ def _run_key(row: Measurement) -> tuple:
         row.intra_node_link,
         row.network,
         row.nics_per_node,
+        row.sockets,
+        row.socket_link,
         row.message_bytes,
         row.source,
     )

@@ -49,6 +49,8 @@ MEASUREMENT_COLUMNS = (
     "intra_node_link",
     "network",
     "nics_per_node",
+    "sockets",
+    "socket_link",
     "message_bytes",
     "per_device_batch",
     "precision",
@@ -87,7 +89,15 @@ VALUE_RANGES = {
     "scaling_efficiency": (1e-4, 2.0),
     "bus_bandwidth_Bps": (1.0, 1e13),
 }
-COUNT_LIMITS = {"devices_per_node": 4096, "nodes": 1_000_000, "nics_per_node": 64, "per_device_batch": 10_000_000}
+# columns a file may leave out (added after files in the schema were written): empty for every row
+OPTIONAL_COLUMNS = ("sockets", "socket_link")
+COUNT_LIMITS = {
+    "devices_per_node": 4096,
+    "nodes": 1_000_000,
+    "nics_per_node": 64,
+    "sockets": 8,
+    "per_device_batch": 10_000_000,
+}
 MESSAGE_BYTES_LIMIT = 1e13
 
 
@@ -127,6 +137,8 @@ class Measurement:
     intra_node_link: str = ""
     network: str = ""
     nics_per_node: int | None = None
+    sockets: int | None = None  # CPU sockets the node's devices are split over (empty: 1)
+    socket_link: str = ""  # the link between two sockets (required with sockets > 1)
     message_bytes: float | None = None
     per_device_batch: int | None = None
     precision: str = ""
@@ -177,6 +189,7 @@ def _valid_tokens() -> dict[str, tuple[str, ...]]:
         "collective": COLLECTIVES + POINT_TO_POINT_PATTERNS,
         "algorithm": tuple(COLLECTIVE_ALGORITHMS.names()) + libraries + POINT_TO_POINT_ALGORITHMS,
         "intra_node_link": tuple(link_names("intra_node")),
+        "socket_link": tuple(link_names("intra_node")),
         "network": tuple(link_names("network")),
         "precision": PRECISIONS,
         "quote": QUOTES,
@@ -247,6 +260,11 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
     devices_per_node = number("devices_per_node", whole=True, bounds=(1, COUNT_LIMITS["devices_per_node"]))
     nodes = number("nodes", whole=True, bounds=(1, COUNT_LIMITS["nodes"]))
     nics = number("nics_per_node", whole=True, bounds=(1, COUNT_LIMITS["nics_per_node"]))
+    sockets = number("sockets", whole=True, bounds=(1, COUNT_LIMITS["sockets"]))
+    if sockets is not None and devices_per_node and devices_per_node % sockets:
+        raise fail("sockets", f"{sockets:g} sockets do not split {devices_per_node:g} devices per node evenly")
+    if sockets is not None and sockets > 1 and not cell["socket_link"]:
+        raise fail("socket_link", "a row with sockets > 1 must name the link between the sockets (e.g. qpi)")
     batch = number("per_device_batch", whole=True, bounds=(1, COUNT_LIMITS["per_device_batch"]))
     message_bytes = number("message_bytes", whole=True, bounds=(1, MESSAGE_BYTES_LIMIT))
     return Measurement(
@@ -263,6 +281,8 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         intra_node_link=cell["intra_node_link"],
         network=cell["network"],
         nics_per_node=int(nics) if nics is not None else None,
+        sockets=int(sockets) if sockets is not None else None,
+        socket_link=cell["socket_link"],
         message_bytes=message_bytes,
         per_device_batch=int(batch) if batch is not None else None,
         precision=cell["precision"],
@@ -298,11 +318,12 @@ def _read_file(path: Path) -> tuple[list[Measurement], list[Rejected], list[str]
     while header and not header[-1]:  # empty trailing header cells of a spreadsheet export
         header.pop()
     reader.fieldnames = header
-    missing = [column for column in MEASUREMENT_COLUMNS if column not in header]
+    missing = [column for column in MEASUREMENT_COLUMNS if column not in header and column not in OPTIONAL_COLUMNS]
     if missing:
         raise MeasurementError(
             f"{path}: row 'header' (line 1), column {missing[0]!r}: missing column; the schema needs "
-            f"{', '.join(MEASUREMENT_COLUMNS)}"
+            f"{', '.join(c for c in MEASUREMENT_COLUMNS if c not in OPTIONAL_COLUMNS)} "
+            f"(and may have {', '.join(OPTIONAL_COLUMNS)})"
         )
     unknown = [column for column in header if column not in MEASUREMENT_COLUMNS]
     if unknown:

@@ -120,6 +120,8 @@ def collective_setup(row: Measurement, profile: Profile | None, host_ranks: int 
         host_link=default_host_link(device) if row.nodes > 1 else None,
         network=row.network or None,
         nics_per_node=row.nics_per_node or 1,
+        sockets=row.sockets or 1,
+        socket_link=row.socket_link or None,
         profile=profile,
         # fits may be scoped to the software that ran and its code path (a library's collectives differ)
         device=f"{row.device}@{row.algorithm}@{row.collective}",
@@ -188,6 +190,8 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
         intra_node=intra if row.devices_per_node > 1 else None,
         network=row.network or None if row.nodes > 1 else None,
         nics_per_node=row.nics_per_node or 1,
+        sockets=row.sockets or 1,
+        socket_link=row.socket_link or None,
         options=AlgorithmOptions(collective=algorithm, collective_options=options, bucket_bytes=BUCKET_BYTES),
         nodes=(row.nodes,),
         per_device_batch=row.per_device_batch,
