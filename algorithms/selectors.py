@@ -20,6 +20,10 @@ mpich (MPICH 3.x/4.x ``*_intra_auto`` and the CVARs' defaults; Thakur, Rabenseif
                     chain with P pieces (the same ~2 S/beta and P-proportional latency).
     reduce          binomial_tree if S <= 2048 B (MPIR_CVAR_REDUCE_SHORT_MSG_SIZE); else
                     reduce-scatter + gather, replaced by chain with P pieces.
+Every call of a library also pays its launch latency (``LAUNCH_S``) before its first transfer: the
+executors enter the chosen schedule that much later. An explicit algorithm token pays none (it is
+the algorithm alone, the ideal).
+
 nccl (NCCL >= 2.4; approximate: NCCL picks per call from a latency/bandwidth model of the hardware):
     allreduce       ring on one node; with N > 1 nodes double_binary_tree when S <= 256 KiB x N
                     (trees win while latency dominates, and their log2(N) latency gains more with N),
@@ -49,6 +53,14 @@ from ddlsim.registry import Registry
 
 KiB = 1024
 MiB = 1024 * KiB
+
+# Seconds from a library's collective call to its first transfer (kernel launch, the first step's
+# set-up), per library; 0 for the others (not sourced yet).
+LAUNCH_S = {
+    # NVIDIA/nccl src/graph/tuning.cc (NCCL 2.5-2.8): baseLat of Ring/Simple, 8.4 us, the latency
+    # NCCL's own cost model adds once to every ring collective before its per-step hwLat
+    "nccl": 8.4e-6,
+}
 
 Choice = tuple[str, dict[str, Any]]
 Selector = Callable[[str, float, int, int], Choice]
@@ -117,6 +129,11 @@ def _openmpi(collective: str, message_bytes: float, ranks: int, devices_per_node
     if message_bytes < 2048:  # broadcast, reduce
         return "binomial_tree", {}
     return "chain", {"chunks": _pieces(message_bytes, 128 * KiB)}
+
+
+def launch_s(algorithm: str) -> float:
+    """The launch latency of a call through ``algorithm`` (a library selector; 0 for an algorithm token)."""
+    return LAUNCH_S.get(algorithm, 0.0)
 
 
 def select(

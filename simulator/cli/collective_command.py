@@ -35,6 +35,7 @@ COLUMNS = (
     "algbw_Bps",
     "busbw_Bps",
     "closed_form_s",
+    "launch_s",
     "execution_path",
 )
 
@@ -105,7 +106,10 @@ def run(args: argparse.Namespace) -> int:
         progress(index, len(points))
     # time in µs as nccl-tests prints it, so that small and large messages read in one format
     shown = [row | {"size": format_size(row["message_bytes"]), "time_us": 1e6 * row["time_s"]} for row in rows]
-    print(f"# {args.collective} with {args.algorithm} on {args.topology} ({args.network}), busbw as nccl-tests")
+    launch = max(row["launch_s"] for row in rows)
+    included = f"; times include {args.algorithm}'s launch, {1e6 * launch:g} us a call" if launch else ""
+    where = f"{args.topology} ({args.network})"
+    print(f"# {args.collective} with {args.algorithm} on {where}, busbw as nccl-tests{included}")
     print_table(shown, ("ranks", "size", "time_us", "algbw_Bps", "busbw_Bps", "resolved_algorithm", "execution_path"))
     if args.out is not None:
         write_csv(args.out / "results.csv", rows, COLUMNS)

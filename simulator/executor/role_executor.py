@@ -57,6 +57,7 @@ from ddlsim.algorithms.comm import (
     Wait,
 )
 from ddlsim.algorithms.schedule import Schedule
+from ddlsim.algorithms.selectors import launch_s
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
@@ -235,6 +236,7 @@ class _Instance:
     started: int = 0
     entered: int = 0
     ready: list[simpy.Event] | None = None  # message mode: each member's entry
+    launch_s: float = 0.0  # a library call's launch: the schedule starts this long after a member enters
 
 
 class SimComm(CommOps):
@@ -584,14 +586,15 @@ class RoleExecutor:
             )
         count = len(members)
         env = self.env
+        launch = launch_s(op.algorithm)
         if self.vectorised is not None:
             done = [env.event() for _ in range(count)]
-            return _Instance(op, members, schedule, member_ranks, done, np.zeros(count))
+            return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), launch_s=launch)
         ready = [env.event() for _ in range(count)]
         done = self._group_executor(members, member_ranks).process(
             schedule, float(op.payload.nbytes), ready, self.transfer_log
         )
-        return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready)
+        return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready, launch_s=launch)
 
     def _schedule(self, op: Collective, ranks: int, member_ranks: np.ndarray) -> Schedule:
         per_node = self._devices_per_node(member_ranks[:ranks])
@@ -634,14 +637,15 @@ class RoleExecutor:
         instance.entered_s[position] = env.now
         instance.entered += 1
         if instance.ready is not None:
-            instance.ready[position].succeed()
+            _succeed_after(env, instance.ready[position], instance.launch_s)
             return
         if instance.entered < len(instance.members):
             return
         assert self.vectorised is not None
         nbytes = float(instance.op.payload.nbytes)
+        start = instance.entered_s + instance.launch_s if instance.launch_s else instance.entered_s
         finish = self.vectorised.run(
-            instance.schedule, nbytes, instance.entered_s, self.transfer_log, members=instance.member_ranks
+            instance.schedule, nbytes, start, self.transfer_log, members=instance.member_ranks
         )
         if float(finish.min()) < env.now - _CAUSALITY_SLACK_S:
             raise ContentionDetected("a rank would finish its collective before the last rank entered it")

@@ -23,6 +23,7 @@ import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import FabricCosts, HopCost
+from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link
 from ddlsim.simulator.engine.fabric import (
     SWITCH_HOP_LATENCY_S,
@@ -140,6 +141,8 @@ class GroupCosts:
             costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
+            if ranks > 1:
+                seconds += launch_s(algorithm)  # a library call's launch, before its first transfer
             if key is not None:
                 self._seconds[key] = seconds
         return seconds
