@@ -60,12 +60,13 @@ def config_key(row: Measurement) -> tuple[Any, ...]:
 
 def prediction_kind(row: Measurement, profile: Profile | None) -> str:
     """What the prediction of ``row`` rests on, e.g. ``"training, 1 node, real data: pinned compute"``
-    or ``"collective: datasheet link"`` (parents: the text before the last ':' or ',').
+    or ``"collective, 1 node: datasheet link"`` (parents: the text before the last ':' or ',').
 
     Training rows are told apart by scale (one device, one node, several nodes: communication and
     its missing costs grow with it), by real input data (the input pipeline is not modeled) and by
     what their compute rests on (a pinned shape, the compute model fitted across devices, the
-    datasheets); collective rows by their link (fitted for the device and library, or datasheet).
+    datasheets); collective rows by scale (one node: the intra-node link and the library alone) and
+    by their link (fitted for the device and library, or datasheet).
     """
     data = ", real data" if needs_input_pipeline(row) else ""
     row = row.modeled()
@@ -81,12 +82,14 @@ def prediction_kind(row: Measurement, profile: Profile | None) -> str:
             source = "datasheet compute"
         return f"training, {scale}{data}: {source}"
     token = row.network if row.nodes > 1 else row.intra_node_link
+    # one node: only the intra-node link and the library; several nodes add the network and its software
+    scale = "1 node" if row.nodes == 1 else "several nodes"
     key = profile.link_fit_key(token, f"{row.device}@{row.algorithm}@{row.collective}") if profile else None
     if key is None:
-        return "collective: datasheet link"
+        return f"collective, {scale}: datasheet link"
     if key.startswith(f"{token}@{row.device}"):
-        return "collective: fitted link"
-    return "collective: link fitted for any device"
+        return f"collective, {scale}: fitted link"
+    return f"collective, {scale}: link fitted for any device"
 
 
 @dataclass(frozen=True)

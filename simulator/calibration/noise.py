@@ -38,7 +38,7 @@ Z_QUANTILE = 1.6448536269514722  # the standard normal quantile at 0.5 + QUANTIL
 FLOOR = 0.02
 # kinds whose parent pools only transfers (the datasheet links): without held-out residuals of
 # their own they take the in-sample sigma of the link fits
-WELL_PINNED = ("collective: fitted link",)
+WELL_PINNED = ("collective, 1 node: fitted link", "collective, several nodes: fitted link")
 SIGMA_WARN = 0.4  # a factor exp(0.4) = 1.5 per standard deviation
 BETA_WARN = 1.5  # fitted beta above 1.5 x the datasheet's port bandwidth
 SCALE_WARN = 3.0  # pinned compute 3 x off the model's, or a compute factor 3 x off the datasheet
