@@ -105,8 +105,9 @@ def test_two_transfers_into_the_other_socket_share_its_link():
 @pytest.mark.parametrize("nodes", [1, 2, 64])
 @pytest.mark.parametrize("peer", [PCIE, NVLINK])
 @pytest.mark.parametrize("topology", ["switch", "fat_tree"])
-def test_closed_form_costs_match_the_fabric(nodes, peer, topology):
-    spec = _spec(nodes=nodes, peer=peer, topology=topology, nodes_per_leaf=4)
+@pytest.mark.parametrize("nics", [1, 2, 4])
+def test_closed_form_costs_match_the_fabric(nodes, peer, topology, nics):
+    spec = _spec(nodes=nodes, peer=peer, topology=topology, nodes_per_leaf=4, nics_per_node=nics)
     assert fabric_costs(spec) == Fabric(spec).fabric_costs()
 
 

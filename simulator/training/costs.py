@@ -85,9 +85,17 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
         net, host = spec.network, spec.host_link
         assert net is not None
         core_latency, core_capacity = _core(spec, net)
-        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0) + socket_latency
+        # the sender, the node's last device, reaches its NIC across sockets unless that NIC is on its
+        # own socket; the receiver, device 0, shares socket 0 with NIC 0
+        nic = (spec.devices_per_node - 1) * spec.nics_per_node // spec.devices_per_node
+        crosses = socket is not None and nic * spec.sockets // spec.nics_per_node != spec.sockets - 1
+        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0)
+        latency += socket_latency if crosses else 0.0
         bottleneck = min(
-            net.port_bandwidth_Bps, core_capacity, host.port_bandwidth_Bps if host else float("inf"), socket_Bps
+            net.port_bandwidth_Bps,
+            core_capacity,
+            host.port_bandwidth_Bps if host else float("inf"),
+            socket_Bps if crosses else float("inf"),
         )
         inter = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
     intra = intra or inter or HopCost(0.0, float("inf"))
