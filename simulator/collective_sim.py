@@ -44,6 +44,9 @@ class CollectiveSetup:
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
+    nodes_per_router: int = 4  # dragonfly (see FabricSpec)
+    routers_per_group: int = 16
+    dragonfly_global_links: int = 1
     torus_dims: tuple[int, ...] | None = None
     loggp: bool = False
     placement: str = "block"

@@ -129,6 +129,9 @@ class Scenario:
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
+    nodes_per_router: int = 4  # dragonfly (see FabricSpec)
+    routers_per_group: int = 16
+    dragonfly_global_links: int = 1
     torus_dims: tuple[int, ...] | None = None  # torus extents in nodes; None: near-cubic per point
     placement: str = "block"  # block or scatter (see simulator.fabric.FabricSpec)
     loggp: bool = False  # LogGP-style per-message CPU overhead at sender and receiver
@@ -156,7 +159,8 @@ class Scenario:
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ScenarioError(f"{name} must be a positive integer, got {value!r}")
 
-        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch", "sockets"):
+        for name in ("devices_per_node", "nics_per_node", "nodes_per_leaf", "per_device_batch", "sockets",
+                     "nodes_per_router", "routers_per_group", "dragonfly_global_links"):  # fmt: skip
             positive_int(name.replace("_", "-"), getattr(self, name))
         check_sockets(self.devices_per_node, self.sockets, self.socket_link)
         for change, value in self.transformer_changes:

@@ -174,6 +174,18 @@ def add_topology_arguments(parser) -> None:
     )  # fmt: skip
     parser.add_argument("--torus-dims", default=None, help="torus extents in nodes, e.g. 8x8 or 4x4x4")
     parser.add_argument(
+        "--nodes-per-router", type=bounded(int, 1, 1024, "--nodes-per-router"), default=4,
+        help="dragonfly: nodes on one router (Cray Aries: 4)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--routers-per-group", type=bounded(int, 1, 4096, "--routers-per-group"), default=16,
+        help="dragonfly: routers joined all to all in one group (Cray XC: 96)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--dragonfly-global-links", type=bounded(int, 1, 4096, "--dragonfly-global-links"), default=1,
+        help="dragonfly: links between each pair of groups (each at the network's port bandwidth)",
+    )  # fmt: skip
+    parser.add_argument(
         "--placement", default="block", help=f"rank placement: {', '.join(PLACEMENTS)} (scatter ignores leaves)"
     )
     parser.add_argument("--loggp", action="store_true", help="LogGP-style CPU overhead per message at both ends")

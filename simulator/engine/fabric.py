@@ -21,7 +21,13 @@
   intra-node link is PCIe (``peer_crosses_sockets``; NVLink joins the devices directly).
 * Topologies: ``switch`` (one non-blocking switch), ``fat_tree`` (two levels; each leaf has one
   aggregated uplink of nodes_per_leaf x NIC bandwidth / oversubscription), ``torus_2d`` and
-  ``torus_3d`` (dimension-order routing along the shorter way round, one link per direction).
+  ``torus_3d`` (dimension-order routing along the shorter way round, one link per direction), and
+  ``dragonfly`` (Kim, Dally, Scott and Abts, ISCA 2008; Cray XC's Aries, HPE Slingshot):
+  ``nodes_per_router`` nodes on a router, ``routers_per_group`` routers joined all to all by local
+  links, every pair of groups joined by global links (``dragonfly_global_links`` per pair, bundled
+  into one link each way), each link the network's port bandwidth; minimal routing: local hop to
+  the router that holds the global link to the destination group, the global link, local hop to
+  the destination router (``_dragonfly``).
 
 Every transfer's uncontended cost is ``overhead + sum(latencies) + bytes / min(capacities)``;
 the same arithmetic gives the closed forms' hop costs, so DES and closed form agree exactly.
@@ -42,7 +48,7 @@ import numpy as np
 from ddlsim.algorithms.schedule import REDUCE, FabricCosts, HopCost
 from ddlsim.hardware_models.catalog import Link
 
-TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
+TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d", "dragonfly")
 PLACEMENTS = ("block", "scatter")
 SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch port-to-port ~90-130 ns)
 
@@ -55,7 +61,7 @@ class FabricError(ValueError):
 # topology flags) carry them under the same names; the links and node count come from elsewhere.
 TOPOLOGY_FIELDS = (
     "nics_per_node", "topology", "oversubscription", "nodes_per_leaf", "torus_dims", "placement", "loggp",
-    "sockets",
+    "sockets", "nodes_per_router", "routers_per_group", "dragonfly_global_links",
 )  # fmt: skip
 
 
@@ -81,6 +87,11 @@ class FabricSpec:
     topology: str = "switch"
     oversubscription: float = 1.0
     nodes_per_leaf: int = 16
+    # dragonfly: nodes on one router, routers in one all-to-all group, global links between two groups
+    # (Cray XC / Aries: 4 nodes a router, 96 routers a group; a group pair's links vary by system size)
+    nodes_per_router: int = 4
+    routers_per_group: int = 16
+    dragonfly_global_links: int = 1
     torus_dims: tuple[int, ...] | None = None
     # LogGP-style CPU overheads (Alexandrov et al. 1995): the per-message overhead o is paid on the
     # sender's CPU before the message and on the receiver's CPU after it, and a rank's CPU handles
@@ -101,7 +112,8 @@ class FabricSpec:
             raise FabricError(f"unknown topology {self.topology!r}; valid: {', '.join(TOPOLOGIES)}")
         if self.placement not in PLACEMENTS:
             raise FabricError(f"unknown placement {self.placement!r}; valid: {', '.join(PLACEMENTS)}")
-        for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf", "sockets"):
+        for name in ("nodes", "devices_per_node", "nics_per_node", "nodes_per_leaf", "sockets", "nodes_per_router",
+                     "routers_per_group", "dragonfly_global_links"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise FabricError(f"{name} must be a positive integer, got {value!r}")
@@ -222,6 +234,18 @@ class Fabric:
                 self.leaf_up = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_up")
                 self.leaf_down = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_down")
                 self.core_hops = 2
+            elif spec.topology == "dragonfly":
+                routers = -(-spec.nodes // spec.nodes_per_router)
+                self.dragonfly_groups = groups = -(-routers // spec.routers_per_group)
+                a = spec.routers_per_group
+                port = spec.nics_per_node * net.port_bandwidth_Bps
+                # local link id of (group, from router, to router), both in the group; global link
+                # id of (from group, to group); the diagonals are never used
+                self.local_links = block(groups * a * a, port, SWITCH_HOP_LATENCY_S, "local")
+                self.global_links = block(
+                    groups * groups, spec.dragonfly_global_links * port, SWITCH_HOP_LATENCY_S, "global"
+                )
+                self.core_hops = 3
             elif spec.topology in ("torus_2d", "torus_3d"):
                 dimensions = 2 if spec.topology == "torus_2d" else 3
                 self.shape = torus_shape(spec.nodes, dimensions, spec.torus_dims)
@@ -428,7 +452,36 @@ class Fabric:
             return np.stack(columns, axis=1), None
         if spec.topology in ("torus_2d", "torus_3d"):
             return self._torus(a, b)
+        if spec.topology == "dragonfly":
+            return self._dragonfly(a, b), None
         return np.empty((a.size, 0), dtype=np.int64), None
+
+    def _dragonfly(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Minimal dragonfly routes between the NICs of nodes a[i] and b[i]: (local hop, global link,
+        local hop), -1 where a hop is not taken. Group g's global link to group h sits on router
+        (h - g - 1) mod G mod routers_per_group of g (the links of a group spread over its routers in
+        turn), so the route leaves the source group from there and enters the destination group at
+        the router that holds the link back."""
+        spec = self.spec
+        routers, groups = spec.routers_per_group, self.dragonfly_groups
+        ra, rb = a // spec.nodes_per_router, b // spec.nodes_per_router
+        ga, gb = ra // routers, rb // routers
+        exit_router = ga * routers + (gb - ga - 1) % groups % routers
+        entry_router = gb * routers + (ga - gb - 1) % groups % routers
+        same_group = ga == gb
+        out_from, out_to = ra, np.where(same_group, rb, exit_router)
+        in_from, in_to = entry_router, rb
+
+        def local(group: np.ndarray, start: np.ndarray, end: np.ndarray, used: np.ndarray) -> np.ndarray:
+            link = self.local_links[0] + (group * routers + start % routers) * routers + end % routers
+            return np.where(used & (start != end), link, -1)
+
+        columns = [
+            local(ga, out_from, out_to, np.ones_like(same_group)),
+            np.where(same_group, -1, self.global_links[0] + ga * groups + gb),
+            local(gb, in_from, in_to, ~same_group),
+        ]
+        return np.stack(columns, axis=1)
 
     def _torus(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Dimension-order routes, the shorter way round in each dimension (ties go +).

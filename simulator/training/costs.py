@@ -66,8 +66,10 @@ def _partial_torus(spec: FabricSpec) -> bool:
 
 def fabric_costs(spec: FabricSpec) -> FabricCosts:
     """``Fabric(spec).fabric_costs()``, without the fabric's per-device arrays (block placement)."""
-    if spec.placement != "block" or _partial_torus(spec):
-        return Fabric(spec).fabric_costs()  # (a partial torus: its route's latencies summed as the fabric does)
+    if spec.placement != "block" or _partial_torus(spec) or spec.topology == "dragonfly":
+        # a partial torus: its route's latencies summed as the fabric does; a dragonfly: its minimal
+        # route between node 0 and the last node, as the fabric takes it
+        return Fabric(spec).fabric_costs()
     intra = inter = None
     # the slowest pairs, as Fabric.fabric_costs takes them: from the node's last device, on the last
     # socket, which crosses a socket link to reach another socket's device or NIC 0's socket

@@ -1,0 +1,105 @@
+"""The dragonfly topology (issue 13: Theta's Cray Aries network): minimal routes link by link, a ring
+the closed form times exactly, a group pair's global link shared, and the flags."""
+
+import numpy as np
+import pytest
+import simpy
+
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.cli.main import main
+from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
+from ddlsim.simulator.engine.fabric import SWITCH_HOP_LATENCY_S, Fabric, FabricSpec
+from ddlsim.simulator.engine.flow_network import FlowNetwork
+from ddlsim.simulator.training.costs import fabric_costs
+
+EDR = load_link("ib_edr")
+
+
+def _fabric(nodes: int = 64, **changes) -> Fabric:
+    """2 nodes a router, 4 routers a group: 8 nodes a group, 8 groups for 64 nodes."""
+    fields = dict(nodes=nodes, devices_per_node=1, network=EDR, topology="dragonfly", nodes_per_router=2,
+                  routers_per_group=4)  # fmt: skip
+    return Fabric(FabricSpec(**(fields | changes)))
+
+
+def _names(fabric: Fabric, src: int, dst: int) -> list[str]:
+    return [fabric.link_name(int(link)) for link in fabric.routes(np.array([src]), np.array([dst]))[0] if link >= 0]
+
+
+def test_minimal_routes_by_hand():
+    fabric = _fabric()
+    assert fabric.dragonfly_groups == 8
+    assert _names(fabric, 0, 1) == ["nic_up[0]", "nic_down[1]"]  # one router
+    # same group, routers 0 -> 1: local link of (group 0, router 0, router 1) = 0 * 16 + 0 * 4 + 1
+    assert _names(fabric, 0, 2) == ["nic_up[0]", "local[1]", "nic_down[2]"]
+    # group 0 -> 1: group 0's link to group 1 sits on router (1 - 0 - 1) mod 8 mod 4 = 0 (the sender's),
+    # group 1's link back on router (0 - 1 - 1) mod 8 mod 4 = 2: local (group 1, 2 -> 0) = (1 * 4 + 2) * 4 + 0
+    assert _names(fabric, 0, 8) == ["nic_up[0]", "global[1]", "local[24]", "nic_down[8]"]
+    # node 63 (group 7, router 3) -> node 0: out via group 7's router (0 - 7 - 1) mod 8 mod 4 = 0, in at
+    # group 0's router (7 - 0 - 1) mod 8 mod 4 = 2, then on to router 0
+    assert _names(fabric, 63, 0) == ["nic_up[63]", "local[124]", "global[56]", "local[8]", "nic_down[0]"]
+
+
+def test_a_ring_runs_as_its_closed_form():
+    """Consecutive nodes: each group pair's global link carries one flow each way, so nothing shares a
+    link and the ring waits for its slowest hop (three router hops between groups)."""
+    fabric = _fabric()
+    ring = COLLECTIVE_ALGORITHMS.get("ring")
+    schedule = ring.schedule("allreduce", 64)
+    des = MessageExecutor(fabric).run(schedule, 8e6, 0.0).max()
+    slowest = EDR.per_message_overhead_s + EDR.latency_s + 3 * SWITCH_HOP_LATENCY_S + 8e6 / 64 / EDR.port_bandwidth_Bps
+    assert des == pytest.approx(2 * 63 * slowest, rel=1e-9)
+    assert ring.closed_form_s("allreduce", 64, 8e6, fabric.fabric_costs()) == pytest.approx(des, rel=1e-9)
+    fast, path = run_collective(schedule, fabric, 8e6)
+    assert path == "vectorised" and fast.max() == pytest.approx(des, rel=1e-9)
+
+
+@pytest.mark.parametrize("name", ["recursive_doubling", "halving_doubling", "double_binary_tree"])
+def test_round_path_equals_message_path_under_global_contention(name):
+    """Partners in other groups share their group pair's one global link: slower than the closed form,
+    and the round path proves (or falls back to) the message path's times."""
+    fabric = _fabric()
+    impl = COLLECTIVE_ALGORITHMS.get(name)
+    schedule = impl.schedule("allreduce", 64)
+    des = MessageExecutor(fabric).run(schedule, 8e6, 0.0).max()
+    fast, _path = run_collective(schedule, fabric, 8e6)
+    assert fast.max() == pytest.approx(des, rel=1e-9)
+    assert des > impl.closed_form_s("allreduce", 64, 8e6, fabric.fabric_costs())
+
+
+@pytest.mark.parametrize("links", [1, 4])
+def test_a_group_pairs_global_links_are_shared(links):
+    """The 8 nodes of group 0 send to group 1 at once: 8 flows through the pair's global links."""
+    fabric = _fabric(dragonfly_global_links=links)
+    routes = fabric.routes(np.arange(8), np.arange(8) + 8)
+    env = simpy.Environment()
+    network = FlowNetwork(env, fabric.capacity_Bps, fabric.redundant)
+    size, ends = 10e6, []
+
+    def send(path):
+        yield network.transfer(path, size)
+        ends.append(env.now)
+
+    for path in routes:
+        env.process(send(path))
+    env.run()
+    share = links * EDR.port_bandwidth_Bps / 8
+    assert ends == pytest.approx([size / min(share, EDR.port_bandwidth_Bps)] * 8, rel=1e-9)
+
+
+@pytest.mark.parametrize("nodes", [8, 64, 100])
+def test_closed_form_costs_match_the_fabric(nodes):
+    fabric = _fabric(nodes=nodes)
+    assert fabric_costs(fabric.spec) == fabric.fabric_costs()
+
+
+def test_collective_command_takes_a_dragonfly(capsys):
+    argv = ["collective", "--algorithm", "ring", "--ranks", "64", "--message-bytes", "8MB", "--network", "ib_edr",
+            "--topology", "dragonfly", "--nodes-per-router", "2", "--routers-per-group", "4"]  # fmt: skip
+    assert main(argv) == 0
+    assert "ring on dragonfly" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--routers-per-group", "0"])
+    assert exit_.value.code == 2
+    assert "--routers-per-group must be in [1, 4096]" in capsys.readouterr().err
