@@ -3,15 +3,14 @@ the closed form times exactly, a group pair's global link shared, and the flags.
 
 import numpy as np
 import pytest
-import simpy
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.cli.main import main
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
 from ddlsim.simulator.engine.fabric import SWITCH_HOP_LATENCY_S, Fabric, FabricSpec
-from ddlsim.simulator.engine.flow_network import FlowNetwork
 from ddlsim.simulator.training.costs import fabric_costs
+from tests.test_sockets import concurrent_ends
 
 EDR = load_link("ib_edr")
 
@@ -72,20 +71,9 @@ def test_round_path_equals_message_path_under_global_contention(name):
 def test_a_group_pairs_global_links_are_shared(links):
     """The 8 nodes of group 0 send to group 1 at once: 8 flows through the pair's global links."""
     fabric = _fabric(dragonfly_global_links=links)
-    routes = fabric.routes(np.arange(8), np.arange(8) + 8)
-    env = simpy.Environment()
-    network = FlowNetwork(env, fabric.capacity_Bps, fabric.redundant)
-    size, ends = 10e6, []
-
-    def send(path):
-        yield network.transfer(path, size)
-        ends.append(env.now)
-
-    for path in routes:
-        env.process(send(path))
-    env.run()
+    ends = concurrent_ends(fabric, fabric.routes(np.arange(8), np.arange(8) + 8), 10e6)
     share = links * EDR.port_bandwidth_Bps / 8
-    assert ends == pytest.approx([size / min(share, EDR.port_bandwidth_Bps)] * 8, rel=1e-9)
+    assert ends == pytest.approx([10e6 / min(share, EDR.port_bandwidth_Bps)] * 8, rel=1e-9)
 
 
 @pytest.mark.parametrize("nodes", [8, 64, 100])

@@ -84,22 +84,27 @@ def test_ring_over_two_sockets_is_paced_by_the_socket_link():
     assert MessageExecutor(one_socket).run(schedule, size, 0.0).max() < 0.7 * des
 
 
-def test_two_transfers_into_the_other_socket_share_its_link():
-    """Devices 0 and 1 both send to socket 1 at once: their flows halve the QPI link between them."""
-    fabric = Fabric(_spec())
-    routes = fabric.routes(np.array([0, 1]), np.array([4, 5]))
+def concurrent_ends(fabric: Fabric, routes: np.ndarray, nbytes: float) -> list[float]:
+    """When each of ``routes`` finishes ``nbytes`` started together on the fabric's flow network."""
     env = simpy.Environment()
     network = FlowNetwork(env, fabric.capacity_Bps, fabric.redundant)
-    size, ends = 80e6, []
+    ends: list[float] = []
 
     def send(links):
-        yield network.transfer(links, size)
+        yield network.transfer(links, nbytes)
         ends.append(env.now)
 
     for links in routes:
         env.process(send(links))
     env.run()
-    assert ends == pytest.approx([2 * size / QPI.port_bandwidth_Bps] * 2, rel=1e-9)
+    return ends
+
+
+def test_two_transfers_into_the_other_socket_share_its_link():
+    """Devices 0 and 1 both send to socket 1 at once: their flows halve the QPI link between them."""
+    fabric = Fabric(_spec())
+    ends = concurrent_ends(fabric, fabric.routes(np.array([0, 1]), np.array([4, 5])), 80e6)
+    assert ends == pytest.approx([2 * 80e6 / QPI.port_bandwidth_Bps] * 2, rel=1e-9)
 
 
 @pytest.mark.parametrize("nodes", [1, 2, 64])
