@@ -136,6 +136,18 @@ class FabricSpec:
         if self.nodes > 1 and self.network is None:
             raise FabricError("more than one node needs a network")
 
+    def device_socket(self, local):
+        """The socket of a node's device number ``local`` (an int or an array)."""
+        return local // (self.devices_per_node // self.sockets)
+
+    def device_nic(self, local):
+        """The NIC of a node that its device number ``local`` uses (an int or an array)."""
+        return local * self.nics_per_node // self.devices_per_node
+
+    def nic_socket(self, nic):
+        """The socket of a node's NIC number ``nic`` (an int or an array)."""
+        return nic * self.sockets // self.nics_per_node
+
 
 def peer_crosses_sockets(spec: FabricSpec) -> bool:
     """Whether traffic between devices on different sockets crosses the socket link: yes over PCIe
@@ -329,8 +341,7 @@ class Fabric:
 
     def nic_of(self, device: np.ndarray) -> np.ndarray:
         spec = self.spec
-        local = device % spec.devices_per_node
-        return self.node_of(device) * spec.nics_per_node + local * spec.nics_per_node // spec.devices_per_node
+        return self.node_of(device) * spec.nics_per_node + spec.device_nic(device % spec.devices_per_node)
 
     # --- routing ---------------------------------------------------------------------------------
     def routes(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -351,10 +362,6 @@ class Fabric:
             return routes, first, hops
         return self._cross_sockets(routes, src, dst), first + 1, None
 
-    def _socket_of(self, device: np.ndarray) -> np.ndarray:
-        spec = self.spec
-        return device % spec.devices_per_node // (spec.devices_per_node // spec.sockets)
-
     def _socket_link(self, node: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """The link from socket ``a`` to socket ``b`` of ``node``, -1 where a == b."""
         assert self.socket_links is not None
@@ -368,10 +375,11 @@ class Fabric:
         spec = self.spec
         count, width = routes.shape
         node_s, node_d = self.node_of(src), self.node_of(dst)
-        sock_s, sock_d = self._socket_of(src), self._socket_of(dst)
+        local_s, local_d = src % spec.devices_per_node, dst % spec.devices_per_node
+        sock_s, sock_d = spec.device_socket(local_s), spec.device_socket(local_d)
         same = node_s == node_d
-        nic_socket_s = self.nic_of(src) % spec.nics_per_node * spec.sockets // spec.nics_per_node
-        nic_socket_d = self.nic_of(dst) % spec.nics_per_node * spec.sockets // spec.nics_per_node
+        nic_socket_s = spec.nic_socket(spec.device_nic(local_s))
+        nic_socket_d = spec.nic_socket(spec.device_nic(local_d))
         out = np.full((count, width + 2), -1, dtype=np.int64)
         rows = np.flatnonzero(same)
         if rows.size:  # peer up, socket link (peer traffic over PCIe only), peer down

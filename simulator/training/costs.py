@@ -89,8 +89,8 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
         core_latency, core_capacity = _core(spec, net)
         # the sender, the node's last device, reaches its NIC across sockets unless that NIC is on its
         # own socket; the receiver, device 0, shares socket 0 with NIC 0
-        nic = (spec.devices_per_node - 1) * spec.nics_per_node // spec.devices_per_node
-        crosses = socket is not None and nic * spec.sockets // spec.nics_per_node != spec.sockets - 1
+        last = spec.devices_per_node - 1
+        crosses = socket is not None and spec.nic_socket(spec.device_nic(last)) != spec.device_socket(last)
         latency = net.latency_s + core_latency + (host.latency_s if host else 0.0)
         latency += socket_latency if crosses else 0.0
         bottleneck = min(
