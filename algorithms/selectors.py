@@ -28,7 +28,9 @@ nccl (NCCL >= 2.4; approximate: NCCL picks per call from a latency/bandwidth mod
     allreduce       ring on one node; with N > 1 nodes double_binary_tree when S <= 256 KiB x N
                     (trees win while latency dominates, and their log2(N) latency gains more with N),
                     ring otherwise. NCCL's multi-node ring is hierarchy-aware; token ``ring`` stands
-                    for it. Pipelining: 512 KiB pieces (NCCL's 4 MiB buffer in 8 steps).
+                    for it. Pipelining: 512 KiB pieces (NCCL's 4 MiB buffer in 8 steps); a tree's
+                    pieces shrink to 256, 128, 64 and 32 KiB until each tree has 8, 4 and 1 x its
+                    depth of them (``nccl_tree_pieces``, NCCL's enqueue.cc chunk rule).
     allgather, reduce_scatter: ring. broadcast, reduce: chain (NCCL's pipelined ring), 512 KiB pieces.
 mlsl (Intel MLSL hands its allreduce to Intel MPI; a plausible rule, not taken from Intel's source):
     allreduce       recursive_doubling if S <= 2 KiB, halving_doubling if S <= 1 MiB, ring above.
@@ -96,13 +98,33 @@ def _mpich(collective: str, message_bytes: float, ranks: int, devices_per_node: 
     return "chain", {"chunks": ranks}
 
 
+# NCCL's tree chunk rule (src/enqueue.cc, NCCL 2.4-2.19, Simple protocol): start from the step size
+# (4 MiB buffer / 8 steps) and halve while a channel has fewer than depth x factor chunks and the chunk
+# is still above the floor, so small messages still pipeline through a deep tree
+NCCL_TREE_SHRINK = ((8, 128 * KiB), (4, 64 * KiB), (1, 32 * KiB))
+
+
+def nccl_tree_pieces(message_bytes: float, ranks: int, nodes: int) -> int:
+    """Pieces per tree of NCCL's double binary tree allreduce: each tree (a channel) carries half the
+    buffer, cut into chunks by NCCL's rule against its tree depth, ranks per node - 1 + log2(nodes)
+    (init.cc: the chain inside the node plus the tree across nodes). Two channels, one per tree: a
+    machine where NCCL opens more gets smaller chunks still."""
+    depth = ranks // nodes - 1 + int(math.log2(nodes))
+    per_tree = message_bytes / 2
+    chunk = 512 * KiB
+    for factor, floor_bytes in NCCL_TREE_SHRINK:
+        while per_tree // chunk < depth * factor and chunk > floor_bytes:
+            chunk //= 2
+    return _pieces(per_tree, chunk)
+
+
 @LIBRARIES.register("nccl")
 def _nccl(collective: str, message_bytes: float, ranks: int, devices_per_node: int) -> Choice:
     nodes = math.ceil(ranks / max(1, devices_per_node))
     chunks = _pieces(message_bytes, 512 * KiB)
     if collective == "allreduce":
         if nodes > 1 and message_bytes <= 256 * KiB * nodes and ranks % min(devices_per_node, ranks) == 0:
-            return "double_binary_tree", {"chunks": chunks}
+            return "double_binary_tree", {"chunks": nccl_tree_pieces(message_bytes, ranks, nodes)}
         return "ring", {}
     if collective in ("allgather", "reduce_scatter"):
         return "ring", {}

@@ -432,6 +432,38 @@ def test_selector_rules(library, collective, message_bytes, ranks, devices_per_n
     assert select(library, collective, message_bytes, ranks, devices_per_node)[0] == token
 
 
+@pytest.mark.parametrize(
+    ("message_bytes", "ranks", "devices_per_node", "pieces"),
+    [
+        # depth 8 - 1 + log2(2) = 8: 512 -> 128 KiB (fewer than 64 chunks), -> 64 KiB (fewer than 32),
+        # -> 32 KiB (fewer than 8): 200 kB per tree in ceil(200000 / 32768) = 7 pieces
+        (400_000, 16, 8, 7),
+        # depth 7 + 5 = 12: 4 MiB per tree, 512 -> 128 KiB (32 < 96 chunks) -> 64 KiB (32 < 48); 64
+        (8 * 1024 * 1024, 256, 8, 64),
+        # depth 0 + 10 = 10: 32 MiB per tree is 64 chunks of 512 KiB, fewer than 80 -> 256 KiB: 128
+        (64 * 1024 * 1024, 1024, 1, 128),
+        # 64 MiB per tree: 128 chunks of 512 KiB already reach 80, no shrink
+        (128 * 1024 * 1024, 1024, 1, 128),
+        (1e3, 16, 8, 1),
+    ],
+)
+def test_nccl_tree_pieces_follow_nccls_chunk_rule(message_bytes, ranks, devices_per_node, pieces):
+    """Hand-applied NCCL enqueue.cc rule (two channels, one per tree)."""
+    token, options = select("nccl", "allreduce", message_bytes, ranks, devices_per_node)
+    assert (token, options) == ("double_binary_tree", {"chunks": pieces})
+
+
+def test_nccl_tree_pipelines_small_messages():
+    """0.4 MB over 2 nodes of 8: the tree NCCL runs (7 pieces a tree) beats the same tree unpipelined
+    by most of its depth, and stays above one piece's trip plus the bytes over the slowest link."""
+    costs = FabricCosts(HopCost(1e-6, 10e9), HopCost(2e-6, 10e9), 8)
+    token, options = select("nccl", "allreduce", 400_000, 16, 8)
+    pipelined = closed(token, "allreduce", 16, 400_000, costs, **options)
+    whole = closed(token, "allreduce", 16, 400_000, costs)
+    assert pipelined < 0.5 * whole
+    assert pipelined > 2 * 200_000 / 10e9
+
+
 def test_every_selection_builds_a_schedule():
     for library in LIBRARIES.names():
         for collective in ("allreduce", "reduce_scatter", "allgather", "broadcast", "reduce"):
