@@ -36,6 +36,7 @@ import numpy as np
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
+from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
@@ -87,6 +88,52 @@ class _Structure:
     bytes: _RoundBytes | None = None
 
 
+@dataclass
+class _ArcStructure:
+    """A round routed as torus arcs (``round_arcs``): the proof and the timing per link and per flow.
+
+    Taken only where the in-round fluid needs no simulation: every link's flows have one equal share
+    (its capacity over its flow count, the smallest on their routes), which then is each contended
+    flow's max-min fair rate, and, checked per execution, start together with equal bytes, so they
+    end together as the fluid would have them (``round_fluid``: a component whose flows all start
+    together ends as it would from time zero, shifted).
+    """
+
+    src: np.ndarray
+    dst: np.ndarray
+    senders: np.ndarray
+    alpha_s: np.ndarray
+    overhead_s: np.ndarray
+    bottleneck_Bps: np.ndarray
+    identity_src: bool
+    permutation: bool
+    shift: int
+    participants: np.ndarray | None
+    arcs: ArcRound
+    used: np.ndarray  # ids of the links some flow crosses
+    contended: np.ndarray  # transfers that share a link with another (indices)
+    share_Bps: np.ndarray  # their rates: the smallest equal share on their routes
+    writer: np.ndarray  # per link: the highest-numbered transfer that crosses it (-1: none)
+    bytes: _RoundBytes | None = None
+
+
+@dataclass
+class _ArcPlaced:
+    """A round executed as arcs, as the next round's claims need it: per link the end of its last flow
+    there (-inf: none) and which transfer that is (all of a link's flows end together), per transfer
+    its flow start; and what rebuilds it as a ``Placed`` where flows of the next round overlap its own."""
+
+    serial: int
+    link_end: np.ndarray
+    writer: np.ndarray
+    flow_start: np.ndarray
+    round: Round
+    members: np.ndarray | None
+    entry: np.ndarray
+    duration: np.ndarray
+    bytes: _RoundBytes
+
+
 def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
     """How many runs from ``index`` form a relay: single rounds of one transfer each, each sent by the
     rank the round before delivered to, no rank delivered to twice (0 or 1 where none starts)."""
@@ -128,9 +175,15 @@ class VectorisedExecutor:
     buckets of a training run) cost little more than the rounds they execute.
     """
 
-    def __init__(self, fabric: Fabric, ranks: int | None = None, extrapolate: bool = True) -> None:
+    def __init__(
+        self, fabric: Fabric, ranks: int | None = None, extrapolate: bool = True, arcs: bool | None = None
+    ) -> None:
         self.fabric = fabric
         self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcuts to this)
+        # torus rounds as arcs (``_arc_structure``): None where a round makes at least as many torus hops
+        # as there are torus links (below that, hop lists are cheap); True / False: always / never
+        # (tests hold the two to each other)
+        self.arcs = arcs
         self._no_redundant_links = not fabric.redundant.any()
         links = fabric.capacity_Bps.size
         self.busy_until = np.full(links, -np.inf)
@@ -139,6 +192,7 @@ class VectorisedExecutor:
         self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
         self._shared_version = 0
         self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
+        self._arc_structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _ArcStructure | None]] = {}
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
         self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
         # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
@@ -147,11 +201,12 @@ class VectorisedExecutor:
         self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
         self._scratch = np.zeros(links, dtype=np.int64)
         self._serial = 0  # executed rounds so far
-        self._placed: Placed | None = None  # the round executed just before, in this call
+        self._placed: Placed | _ArcPlaced | None = None  # the round executed just before, in this call
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
         self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
+        self.arc_rounds = 0  # rounds executed as torus arcs (``_execute_arcs``)
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -205,6 +260,114 @@ class VectorisedExecutor:
             structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
             structure.version = self._shared_version
         return structure
+
+    def _arc_structure(
+        self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None
+    ) -> _ArcStructure | None:
+        """The round as torus arcs, or None where it is not such a round (``Fabric.torus_round``), is
+        too small to be worth it (``arcs``), is not a permutation, or has a link whose flows' shares
+        differ (their rates would then come from a fluid simulation). Claims its links when built."""
+        key = (id(rnd.src), id(rnd.dst), id(members))
+        cached = self._arc_structures.get(key)
+        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
+            return cached[3]
+        if len(self._arc_structures) > 256:
+            self._arc_structures.clear()
+        # hold references to the arrays so that their ids cannot be reused while cached
+        self._arc_structures[key] = (rnd.src, rnd.dst, members, None)
+        if self.arcs is False or not self._no_redundant_links:
+            return None
+        src = np.asarray(rnd.src, dtype=np.int64)
+        dst = np.asarray(rnd.dst, dtype=np.int64)
+        if not src.size or np.bincount(src).max() > 1 or np.bincount(dst).max() > 1:
+            return None
+        global_src = src if members is None else members[src]
+        global_dst = dst if members is None else members[dst]
+        torus = self.fabric.torus_round(global_src, global_dst)
+        if torus is None or (self.arcs is None and src.size * sum(torus.hops) < self.fabric.torus_links):
+            return None
+        arcs = ArcRound(self.fabric, torus)
+        count = arcs.covering(np.ones(src.size, dtype=np.int64), np.add, 0)
+        used = np.flatnonzero(count)
+        share = np.full(count.size, np.inf)
+        share[used] = self.fabric.capacity_Bps[used] / count[used]  # as max_min_fair_rates_flat divides
+        flow_share = arcs.along(share, np.minimum)
+        if not arcs.alike(flow_share, used):
+            return None
+        self._advance_clocks(t, members)  # as in _structure: the claims read the senders' clocks
+        self._claim_bounds(
+            arcs.covering(global_src, np.minimum, np.iinfo(np.int64).max), arcs.covering(global_src, np.maximum, -1)
+        )
+        contended = np.flatnonzero(arcs.along(count, np.maximum) > 1)
+        identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
+        shift = int((dst[0] - src[0]) % ranks) if identity else 0
+        if shift and not np.array_equal(dst, (src + shift) % ranks):
+            shift = 0
+        structure = _ArcStructure(
+            src,
+            dst,
+            global_src,
+            torus.alpha_s,
+            self.fabric.overheads(global_src, global_dst),
+            torus.bottleneck_Bps,
+            identity,
+            True,
+            shift,
+            None if identity else unique_ints(np.concatenate([src, dst])),
+            arcs,
+            used,
+            contended,
+            flow_share[contended],
+            arcs.covering(np.arange(src.size), np.maximum, -1),
+        )
+        self._arc_structures[key] = (rnd.src, rnd.dst, members, structure)
+        return structure
+
+    def _execute_arcs(
+        self, st: _ArcStructure, rnd: Round, rb: _RoundBytes, t: np.ndarray, members: np.ndarray | None
+    ) -> np.ndarray | None:
+        """``_execute`` for a round as arcs, to the bit: the per-rank times after it, or None (nothing
+        changed) where its contended flows do not start together with equal bytes on some link, or a
+        flow may meet an earlier one on a link several senders use (the hop lists then decide)."""
+        arcs = st.arcs
+        begin = t if st.identity_src else t[st.src]
+        flow_start = begin + st.overhead_s
+        flow_s = rb.flow_s
+        if st.contended.size:
+            flows = st.contended
+            starts = flow_start[flows]
+            nbytes = np.broadcast_to(rb.nbytes, st.src.shape)
+            for values in (flow_start, nbytes):
+                if values[flows].min() != values[flows].max() and not arcs.alike(values, st.used):
+                    return None
+            if rb.fluid_s is None:  # round_fluid.fluid_ends from time 0: at its share until its bytes are done
+                rb.fluid_s = nbytes[flows] / st.share_Bps
+            flow_s = flow_s.copy()
+            flow_s[flows] = (starts + rb.fluid_s) - starts  # Contention.end_times, less the start
+        checked = st.used[self.link_sender[st.used] == -2]
+        before = self.busy_until[checked]
+        if np.any(arcs.covering(flow_start, np.minimum, np.inf)[checked] < before):
+            return None
+        link_end = arcs.covering(flow_start + flow_s, np.maximum, -np.inf)
+        # _commit: busy until the last end there; the flows a link carries end together, so the last
+        # of them in transfer order is its writer, as in the hop lists
+        self.busy_until[checked] = np.maximum(before, link_end[checked])
+        self._writer_serial[checked] = self._serial
+        self._writer_index[checked] = st.writer[checked]
+        self._alone[checked] = before
+        self._placed = _ArcPlaced(self._serial, link_end, st.writer, flow_start, rnd, members, t, flow_s, rb)
+        return self._leave(st, t, begin + st.alpha_s + flow_s, rb.reduce_s)
+
+    def _hop_placed(self, placed: _ArcPlaced, t: np.ndarray) -> Placed:
+        """An arc round's ``Placed`` with its hop lists, for an overlap group: the structure the hop
+        lists would have had (its links are claimed already: claiming them again changes nothing)."""
+        rnd = placed.round
+        st = self._structure(rnd, t.size, t, placed.members)
+        rb = placed.bytes
+        return Placed(
+            placed.serial, st, placed.entry, placed.flow_start, placed.duration,
+            np.broadcast_to(rb.nbytes, st.src.shape), st.flat_links, st.flat_owner, st.contended_mask, rb.reduce_s,
+        )  # fmt: skip
 
     def _binding_hops(self, routes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(link, transfer index) of every hop that can bind: padding and redundant links dropped.
@@ -261,6 +424,10 @@ class VectorisedExecutor:
         high = np.full(self.link_sender.size, -1, dtype=np.int64)
         np.minimum.at(low, links, senders)
         np.maximum.at(high, links, senders)
+        self._claim_bounds(low, high)
+
+    def _claim_bounds(self, low: np.ndarray, high: np.ndarray) -> None:
+        """``_claim`` from each link's lowest and highest sender in the batch (-1 as highest: none)."""
         used = np.flatnonzero(high >= 0)
         previous = self.link_sender[used]
         first, last = low[used], high[used]
@@ -284,7 +451,16 @@ class VectorisedExecutor:
         recorded as the link's writer), else its clock (no earlier than the end of any of its flows)."""
         value = clock
         placed = self._placed
-        if placed is not None and links.size:
+        if isinstance(placed, _ArcPlaced) and links.size:
+            found = placed.link_end[links]
+            hit = np.isfinite(found)
+            written = links[hit]
+            writer = placed.writer[written]
+            self._writer_serial[written] = placed.serial
+            self._writer_index[written] = writer
+            self._alone[written] = placed.flow_start[writer]
+            value = np.where(hit, found, clock)
+        elif isinstance(placed, Placed) and links.size:
             hit = np.isin(placed.flat_links, links)
             if hit.any():
                 owner = placed.flat_owner[hit]
@@ -344,14 +520,19 @@ class VectorisedExecutor:
             previous_input: np.ndarray | None = None  # entry times of the previous identical round
             done = 0
             while done < count:
-                st = self._structure(rnd, ranks, t, members)
-                rb = st.bytes
-                if rb is None or not (
-                    rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
-                ):
-                    st.bytes = self._round_bytes(schedule, rnd, st, message_bytes)
                 self._serial += 1
-                new, overlapped = self._execute(st, t, log, members)
+                # a round run once may go as arcs (repeated ones keep the hop lists that their
+                # steady-state shortcut reads); where the arcs decline, hop by hop
+                arc = self._arc_structure(rnd, ranks, t, members) if count == 1 and log is None else None
+                arc_exit = None
+                if arc is not None:
+                    arc_exit = self._execute_arcs(arc, rnd, self._bytes(arc, schedule, rnd, message_bytes), t, members)
+                if arc_exit is not None:
+                    new, overlapped = arc_exit, False
+                    self.arc_rounds += 1
+                else:
+                    st = self._structure(rnd, ranks, t, members)
+                    new, overlapped = self._execute(st, t, log, members, self._bytes(st, schedule, rnd, message_bytes))
                 self.transfers += len(rnd)
                 done += 1
                 steady = None
@@ -470,7 +651,20 @@ class VectorisedExecutor:
             self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
         return runs
 
-    def _round_bytes(self, schedule: Schedule, rnd: Round, st: _Structure, message_bytes: float) -> _RoundBytes:
+    def _bytes(
+        self, st: _Structure | _ArcStructure, schedule: Schedule, rnd: Round, message_bytes: float
+    ) -> _RoundBytes:
+        """The round's byte counts, kept with its structure while the same arrays come back."""
+        rb = st.bytes
+        if rb is None or not (
+            rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
+        ):
+            st.bytes = rb = self._round_bytes(schedule, rnd, st, message_bytes)
+        return rb
+
+    def _round_bytes(
+        self, schedule: Schedule, rnd: Round, st: _Structure | _ArcStructure, message_bytes: float
+    ) -> _RoundBytes:
         """Bytes, reduction times and uncontended flow times of a round's transfers."""
         nbytes = schedule.transfer_bytes(rnd, message_bytes)
         # the in-round fluid depends on the structure and the bytes only: a round of the same pairs
@@ -490,7 +684,7 @@ class VectorisedExecutor:
         )
 
     def _execute(
-        self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None
+        self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None, rb: _RoundBytes
     ) -> tuple[np.ndarray, bool]:
         """(per-rank times after one round entered at ``t``, whether flows of the previous round
         had to be simulated with it); checks and updates the link state.
@@ -499,8 +693,6 @@ class VectorisedExecutor:
         flight is simulated together with it (``round_overlap``): the previous round's exit times
         (the ``t`` passed in) are then corrected before this round is timed again.
         """
-        rb = st.bytes
-        assert rb is not None
         group: OverlapGroup | None = None
         forced: tuple[np.ndarray, np.ndarray] | None = None  # (later flows, their end times)
         attempts = 0
@@ -518,7 +710,7 @@ class VectorisedExecutor:
                 break
             before = busy[links]  # the checked links' busy times (fresh each pass: an overlap group moves them)
             meets = flow_start[owners] < before
-            if group is not None and previous is not None:  # pairs simulated together may overlap
+            if group is not None and isinstance(previous, Placed):  # pairs simulated together may overlap
                 in_group = np.zeros(st.src.size, dtype=bool)
                 in_group[list(group.later)] = True
                 earlier = np.zeros(previous.duration.size, dtype=bool)
@@ -532,6 +724,8 @@ class VectorisedExecutor:
                 raise ContentionDetected(
                     "flows of non-consecutive rounds, or of another collective, may overlap on a link"
                 )
+            if isinstance(previous, _ArcPlaced):
+                previous = self._placed = self._hop_placed(previous, t)
             group = group or OverlapGroup()
             components = None
             if st.contention.flows.size:
@@ -648,7 +842,9 @@ class VectorisedExecutor:
         begin = previous.entry if st.identity_src else previous.entry[st.src]
         return self._leave(st, previous.entry, begin + st.alpha_s + duration, previous.reduce_s)
 
-    def _leave(self, st: _Structure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None) -> np.ndarray:
+    def _leave(
+        self, st: _Structure | _ArcStructure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None
+    ) -> np.ndarray:
         """Exit times of a round entered at ``t`` whose transfers arrive at ``end``: a sender leaves
         when its send arrived, a receiver when it has added in what it received."""
         received = end if reduce_s is None else end + reduce_s
@@ -717,7 +913,7 @@ class VectorisedExecutor:
         (the same flows, entered that much later), so the next round can still meet its flows."""
         placed = self._placed
         self._serial += rounds
-        if placed is None or placed.structure is not st:
+        if not isinstance(placed, Placed) or placed.structure is not st:
             self._placed = None
             return
         entry = placed.entry + shift

@@ -53,6 +53,24 @@ PLACEMENTS = ("block", "scatter")
 SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch port-to-port ~90-130 ns)
 
 
+@dataclass(frozen=True)
+class TorusRound:
+    """A batch of transfers that leave their nodes and make the same hops in each torus dimension,
+    routed as arcs rather than link by link (``Fabric.torus_round``).
+
+    Transfer i crosses the links ``edges[i]`` (NIC and host links), and in each dimension d with
+    ``hops[d]`` > 0 the ``hops[d]`` consecutive links of that dimension from node ``starts[d][i]``,
+    in direction + where ``plus[d][i]`` (link (node, d, 0) leads to the next coordinate), else -.
+    """
+
+    edges: np.ndarray
+    hops: tuple[int, ...]
+    starts: list[np.ndarray]
+    plus: list[np.ndarray]
+    alpha_s: np.ndarray
+    bottleneck_Bps: np.ndarray
+
+
 class FabricError(ValueError):
     """The fabric cannot be built as asked (message says what is allowed)."""
 
@@ -410,20 +428,8 @@ class Fabric:
         host = self.host_up is not None
         width = 2 if not cross.size else 2 + 2 * host + core.shape[1]
         if cross.size == src.size:  # every transfer leaves its node: whole columns, no row lists
-            assert self.nic_up is not None and self.nic_down is not None
-            out = np.empty((src.size, width), dtype=np.int64)
-            column = 0
-            if host:
-                assert self.host_up is not None
-                out[:, 0] = self.host_up[src]
-                column = 1
-            out[:, column] = self.nic_up[self.nic_of(src)]
-            out[:, column + 1 : column + 1 + core.shape[1]] = core
-            out[:, column + 1 + core.shape[1]] = self.nic_down[self.nic_of(dst)]
-            if host:
-                assert self.host_down is not None
-                out[:, -1] = self.host_down[dst]
-            return out, column + 1, hops
+            out, first = self._leaving_routes(src, dst, core)
+            return out, first, hops
         out = np.full((src.size, width), -1, dtype=np.int64)
         if cross.size < src.size:
             assert self.peer_up is not None and self.peer_down is not None
@@ -447,6 +453,25 @@ class Fabric:
                 assert self.host_down is not None
                 out[cross, column + 1] = self.host_down[t]
         return out, 0, None
+
+    def _leaving_routes(self, src: np.ndarray, dst: np.ndarray, core: np.ndarray) -> tuple[np.ndarray, int]:
+        """(routes, first core column) of transfers that all leave their nodes: [host up], NIC up,
+        ``core`` (links between the NICs, one row per transfer), NIC down, [host down]."""
+        assert self.nic_up is not None and self.nic_down is not None
+        host = self.host_up is not None
+        out = np.empty((src.size, 2 + 2 * host + core.shape[1]), dtype=np.int64)
+        column = 0
+        if host:
+            assert self.host_up is not None
+            out[:, 0] = self.host_up[src]
+            column = 1
+        out[:, column] = self.nic_up[self.nic_of(src)]
+        out[:, column + 1 : column + 1 + core.shape[1]] = core
+        out[:, column + 1 + core.shape[1]] = self.nic_down[self.nic_of(dst)]
+        if host:
+            assert self.host_down is not None
+            out[:, -1] = self.host_down[dst]
+        return out, column + 1
 
     def _core(self, a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
         """Links between the NICs of nodes a[i] and b[i] (a != b), padded with -1, and on a torus
@@ -501,15 +526,7 @@ class Fabric:
         """
         shape = self.shape
         dims = len(shape)
-        strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
-        coord_a = [(a // strides[d]) % shape[d] for d in range(dims)]
-        coord_b = [(b // strides[d]) % shape[d] for d in range(dims)]
-        hops, plus = [], []
-        for d, extent in enumerate(shape):
-            forward = (coord_b[d] - coord_a[d]) % extent
-            go_plus = forward <= extent - forward
-            hops.append(np.where(go_plus, forward, extent - forward))
-            plus.append(go_plus)
+        coord_a, coord_b, hops, plus, strides = self._torus_walk(a, b)
         total = np.sum(hops, axis=0)
         width = int(total.max()) if a.size else 0
         if a.size and all(count.min() == count.max() for count in hops):
@@ -538,6 +555,54 @@ class Fabric:
                 done += count
             current = current + (coord_b[d] - coord_a[d]) * strides[d]
         return out.reshape(a.size, width), total
+
+    def _torus_walk(self, a: np.ndarray, b: np.ndarray):
+        """(coordinates of a, of b, hops and whether they go + per dimension, strides) of
+        dimension-order routes from node a[i] to node b[i], the shorter way round (ties go +)."""
+        shape = self.shape
+        dims = len(shape)
+        strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
+        coord_a = [(a // strides[d]) % shape[d] for d in range(dims)]
+        coord_b = [(b // strides[d]) % shape[d] for d in range(dims)]
+        hops, plus = [], []
+        for d, extent in enumerate(shape):
+            forward = (coord_b[d] - coord_a[d]) % extent
+            go_plus = forward <= extent - forward
+            hops.append(np.where(go_plus, forward, extent - forward))
+            plus.append(go_plus)
+        return coord_a, coord_b, hops, plus, strides
+
+    def torus_round(self, src: np.ndarray, dst: np.ndarray) -> TorusRound | None:
+        """The routes of a batch of transfers (ranks) as arcs, without a link per hop, where every
+        transfer leaves its node and makes the same number of hops in each torus dimension (a round
+        of recursive doubling), the torus links are all alike and nodes have one socket; else None.
+
+        Costs are ``path_properties``' to the bit: counted where it counts (a batch with at least
+        as many hops as torus links), else from the routes (a small batch: cheap to build).
+        """
+        spec = self.spec
+        if spec.topology not in ("torus_2d", "torus_3d") or self.nic_up is None or self.socket_links is not None:
+            return None
+        uniform = self._uniform_torus()
+        devices_s, devices_d = self.devices_of(src), self.devices_of(dst)
+        a, b = self.node_of(devices_s), self.node_of(devices_d)
+        if uniform is None or not src.size or np.any(a == b):
+            return None
+        coord_a, coord_b, hops, plus, strides = self._torus_walk(a, b)
+        if any(count.min() != count.max() for count in hops):
+            return None
+        counts = tuple(int(count[0]) for count in hops)
+        starts, current = [], a
+        for d in range(len(self.shape)):
+            starts.append(current)  # the node this transfer's arc in dimension d leaves from
+            current = current + (coord_b[d] - coord_a[d]) * strides[d]
+        edges, _ = self._leaving_routes(devices_s, devices_d, np.empty((src.size, 0), dtype=np.int64))
+        if src.size * (edges.shape[1] + sum(counts)) >= self.torus_links:
+            bottleneck, latency = self._counted_costs(edges, np.full(src.size, sum(counts)), uniform)
+            alpha = self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
+        else:
+            _, alpha, bottleneck = self.path_properties(src, dst)
+        return TorusRound(edges, counts, starts, plus, alpha, bottleneck)
 
     def _torus_alike(self, a, coord_a, coord_b, hops, plus, strides, width: int) -> np.ndarray:
         """``_torus``'s routes when every transfer makes the same number of hops in each dimension (a
@@ -602,14 +667,19 @@ class Fabric:
             bottleneck = np.where(valid, self.capacity_Bps[np.where(valid, routes, 0)], np.inf).min(axis=1)
             latency = self.latencies(routes)
         else:  # torus links all alike: count them rather than look each up (131,072 ranks: 10^8 hops)
-            capacity, hop_latency = uniform
             core_width = routes.shape[1] - 2 * first
             edge = np.concatenate([routes[:, :first], routes[:, first + core_width :]], axis=1)
-            bottleneck = self.capacity_Bps[edge].min(axis=1)
-            bottleneck = np.where(hops > 0, np.minimum(bottleneck, capacity), bottleneck)
-            latency = self.latency_s[edge].sum(axis=1) + hops * hop_latency
+            bottleneck, latency = self._counted_costs(edge, hops, uniform)
         alpha = self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
         return routes, alpha, bottleneck
+
+    def _counted_costs(self, edge: np.ndarray, hops: np.ndarray, uniform: tuple[float, float]):
+        """(bottleneck, summed latency) of routes made of the links ``edge`` (a row per transfer)
+        and ``hops`` torus links of the one ``uniform`` (capacity, latency)."""
+        capacity, hop_latency = uniform
+        bottleneck = self.capacity_Bps[edge].min(axis=1)
+        bottleneck = np.where(hops > 0, np.minimum(bottleneck, capacity), bottleneck)
+        return bottleneck, self.latency_s[edge].sum(axis=1) + hops * hop_latency
 
     def _uniform_torus(self) -> tuple[float, float] | None:
         """(capacity, latency) shared by every torus link, or None where they differ."""
