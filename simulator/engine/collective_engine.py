@@ -18,8 +18,10 @@ latest such end over its received transfers), the sender's still at the arrival.
   several senders use (a rank's own flows cannot overlap: it sends round k+1 after round k
   arrived). Runs of identical rounds are extrapolated once their times advance in closed form
   (``steady_state.py``). Links whose constraint is implied by others (``Fabric.redundant``) are
-  left out of all of it. Where no proof applies it raises ``ContentionDetected`` and
-  ``run_collective`` re-runs the collective message by message.
+  left out of all of it. A large round on a torus whose transfers make the same hops in each
+  dimension (recursive doubling's) goes as arcs, per link and per flow rather than per hop
+  (``round_arcs.py``), where that gives the same result. Where no proof applies it raises
+  ``ContentionDetected`` and ``run_collective`` re-runs the collective message by message.
   ``tests/test_collective_engine.py`` holds the two paths to each other.
 
 Times are absolute seconds; ``start`` gives each rank's time of entering the collective.
