@@ -281,12 +281,12 @@ class VectorisedExecutor:
             return None
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
-        if not src.size or np.bincount(src).max() > 1 or np.bincount(dst).max() > 1:
-            return None
         global_src = src if members is None else members[src]
         global_dst = dst if members is None else members[dst]
-        torus = self.fabric.torus_round(global_src, global_dst)
+        torus = self.fabric.torus_round(global_src, global_dst)  # None at once off the tori
         if torus is None or (self.arcs is None and src.size * sum(torus.hops) < self.fabric.torus_links):
+            return None
+        if np.bincount(src).max() > 1 or np.bincount(dst).max() > 1:
             return None
         arcs = ArcRound(self.fabric, torus)
         count = arcs.covering(np.ones(src.size, dtype=np.int64), np.add, 0)
