@@ -6,7 +6,7 @@ import pytest
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.engine.collective_engine import MessageExecutor, VectorisedExecutor
+from ddlsim.simulator.engine.collective_engine import ContentionDetected, MessageExecutor, VectorisedExecutor
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.round_arcs import ArcRound
 
@@ -98,13 +98,41 @@ def test_only_alike_rounds_leaving_their_nodes_are_arcs():
 
 
 def _compare(fabric, schedule, start, nbytes=4e6):
-    """The round path with torus rounds as arcs and as hop lists (bit for bit), and the message path."""
+    """The round path with torus rounds as arcs, as hop lists and as it chooses (the large rounds as
+    arcs), bit for bit, and the message path."""
     arcs, hops = VectorisedExecutor(fabric, arcs=True), VectorisedExecutor(fabric, arcs=False)
     with_arcs, with_hops = arcs.run(schedule, nbytes, start), hops.run(schedule, nbytes, start)
     np.testing.assert_array_equal(with_arcs, with_hops)
+    np.testing.assert_array_equal(VectorisedExecutor(fabric).run(schedule, nbytes, start), with_hops)
     np.testing.assert_allclose(with_arcs, MessageExecutor(fabric).run(schedule, nbytes, start), rtol=1e-9)
     assert hops.arc_rounds == 0
     return arcs
+
+
+def test_groups_of_a_larger_run_share_the_link_state_as_arcs_too():
+    """Recursive doubling over the first four rows of an 8 x 8 torus, then over the last four, entered
+    at once or while the first still runs (one executor: the second group's flows are checked against
+    the first's), with arcs and with hop lists; over the even nodes then the odd ones, whose routes
+    cross each other's links, both refuse the overlap."""
+    fabric = _torus(64)
+    schedule = COLLECTIVE_ALGORITHMS.get("recursive_doubling").schedule("allreduce", 32)
+    for groups, later, refused in (
+        ((np.arange(32), np.arange(32, 64)), 0.0, False),
+        ((np.arange(32), np.arange(32, 64)), 0.5, False),
+        ((np.arange(0, 64, 2), np.arange(1, 64, 2)), 0.5, True),
+    ):
+        finishes = []
+        for arcs in (True, False):
+            executor = VectorisedExecutor(fabric, arcs=arcs)
+            first = executor.run(schedule, 4e6, 0.0, members=groups[0])
+            assert (executor.arc_rounds > 0) == arcs
+            if refused:
+                with pytest.raises(ContentionDetected):
+                    executor.run(schedule, 4e6, float(first.max()) * later, members=groups[1])
+                continue
+            finishes.append((first, executor.run(schedule, 4e6, float(first.max()) * later, members=groups[1])))
+        for with_arcs, with_hops in zip(*finishes, strict=True):
+            np.testing.assert_array_equal(with_arcs, with_hops)
 
 
 @pytest.mark.parametrize("algorithm", ["recursive_doubling", "halving_doubling"])
