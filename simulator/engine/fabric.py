@@ -599,7 +599,7 @@ class Fabric:
         edges, _ = self._leaving_routes(devices_s, devices_d, np.empty((src.size, 0), dtype=np.int64))
         if src.size * (edges.shape[1] + sum(counts)) >= self.torus_links:
             bottleneck, latency = self._counted_costs(edges, np.full(src.size, sum(counts)), uniform)
-            alpha = self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
+            alpha = self._alpha(src, dst, latency)
         else:
             _, alpha, bottleneck = self.path_properties(src, dst)
         return TorusRound(edges, counts, starts, plus, alpha, bottleneck)
@@ -670,8 +670,11 @@ class Fabric:
             core_width = routes.shape[1] - 2 * first
             edge = np.concatenate([routes[:, :first], routes[:, first + core_width :]], axis=1)
             bottleneck, latency = self._counted_costs(edge, hops, uniform)
-        alpha = self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
-        return routes, alpha, bottleneck
+        return routes, self._alpha(src, dst, latency), bottleneck
+
+    def _alpha(self, src: np.ndarray, dst: np.ndarray, latency: np.ndarray) -> np.ndarray:
+        """alpha of transfers whose routes sum to ``latency``: send overhead + latency + receive overhead."""
+        return self.overheads(src, dst) + latency + self.receive_overheads(src, dst)
 
     def _counted_costs(self, edge: np.ndarray, hops: np.ndarray, uniform: tuple[float, float]):
         """(bottleneck, summed latency) of routes made of the links ``edge`` (a row per transfer)
