@@ -16,6 +16,7 @@ stage of that stage's gradient bytes.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any
 
 from ddlsim.algorithms.comm import RoleProgram
@@ -60,7 +61,7 @@ class HybridParallelTraining(TrainingAlgorithm):
         stages = plan.options.stages
         stage, rank = comm.rank % stages, comm.rank
         nodes = plan.ranks // stages
-        group = tuple(node * stages + stage for node in range(nodes))
+        group = _stage_group(stage, stages, nodes)
         for _ in range(plan.steps):
             activation = None
             if stage > 0:
@@ -82,6 +83,12 @@ class HybridParallelTraining(TrainingAlgorithm):
                 )
             yield comm.compute(trainer.step(gradient, 1.0 / nodes))
         return {"role": "worker", "stage": stage}
+
+    def peers(self, plan: Plan) -> list[tuple[int, int]]:
+        """Each stage and the next of its node, both ways: the activations and their gradients."""
+        stages = plan.options.stages
+        return [pair for rank in range(plan.ranks) if rank % stages < stages - 1
+                for pair in ((rank, rank + 1), (rank + 1, rank))]  # fmt: skip
 
     def closed_form(self, costs: TrainingCosts, plan: Plan) -> tuple[float, float]:
         """Node 0's pipeline, step by step, as its program runs it (every node runs the same one): a
@@ -124,6 +131,13 @@ class HybridParallelTraining(TrainingAlgorithm):
     def samples_per_step(self, plan: Plan, per_device_batch: int) -> int:
         """One minibatch per pipeline (node) and step."""
         return plan.ranks // plan.options.stages * per_device_batch
+
+
+@lru_cache(maxsize=64)
+def _stage_group(stage: int, stages: int, nodes: int) -> tuple[int, ...]:
+    """The ranks of one stage on every node, built once: every rank of the stage (4096 at 4096
+    nodes) passes the same tuple, which a DES would otherwise hold 4096 copies of."""
+    return tuple(range(stage, nodes * stages, stages))
 
 
 TRAINING_ALGORITHMS.register("hybrid_parallel")(HybridParallelTraining())
