@@ -36,14 +36,16 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
+from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.lockstep import FINISH_TOLERANCE, LockstepRound, lockstep_exits
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
-__all__ = ["ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
+__all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
 
 _COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
 _COMPILED_SCHEDULES = 64
@@ -136,6 +138,41 @@ class _ArcPlaced:
     bytes: _RoundBytes
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """``VectorisedExecutor.checkpoint``: its operation count, link-state arrays and counters."""
+
+    operations: int
+    arrays: tuple[np.ndarray, ...]
+    counters: tuple[int, int, int, int, int]
+
+
+def _busy_before(links: np.ndarray, link_sender: np.ndarray, busy_until: np.ndarray, clock: np.ndarray) -> np.ndarray:
+    """Until when each of ``links`` may carry a flow already known (``VectorisedExecutor`` state):
+    its busy time where several senders use it, its one sender's clock where one does (no earlier
+    than the end of any flow it started)."""
+    sender = link_sender[links]
+    own = clock[np.maximum(sender, 0)]
+    return np.where(sender == -2, busy_until[links], np.where(sender >= 0, own, -np.inf))
+
+
+def _lockstep_round(st: _Structure, count: int) -> LockstepRound:
+    """A run of identical rounds as each rank of a collective in lockstep sees it (``lockstep``);
+    ``ContentionDetected`` unless the round is a shift whose transfers are all alike."""
+    rb = st.bytes
+    assert rb is not None
+    if not st.shift:
+        raise ContentionDetected("a collective in flight with another has a round that is not a shift")
+    values = [np.atleast_1d(rb.nbytes), st.alpha_s, st.overhead_s]
+    if rb.reduce_s is not None:
+        values.append(rb.reduce_s)
+    if any(value.size and np.any(value != value[0]) for value in values):
+        raise ContentionDetected("a collective in flight with another has a round of unlike transfers")
+    overhead, alpha = float(st.overhead_s[0]), float(st.alpha_s[0])
+    reduce_s = 0.0 if rb.reduce_s is None else float(rb.reduce_s[0])
+    return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
+
+
 def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
     """How many runs from ``index`` form a relay: single rounds of one transfer each, each sent by the
     rank the round before delivered to, no rank delivered to twice (0 or 1 where none starts)."""
@@ -209,6 +246,8 @@ class VectorisedExecutor:
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
         self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
         self.arc_rounds = 0  # rounds executed as torus arcs (``_execute_arcs``)
+        self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
+        # while nothing else ran after it (``restore``)
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
         key = (id(rnd.src), id(rnd.dst), id(members))
@@ -501,6 +540,7 @@ class VectorisedExecutor:
         ranks = schedule.ranks
         if members is not None and members.size != ranks:
             raise ValueError(f"members maps {members.size} ranks, the schedule has {ranks}")
+        self.operations += 1
         if members is None and self.clock.size < ranks:
             self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
@@ -930,6 +970,109 @@ class VectorisedExecutor:
             self._alone[moved] = flow_start[self._writer_index[moved]]  # not tracked: assume the worst
         self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
+    # --- collectives in flight together ------------------------------------------------------------
+    def checkpoint(self) -> Checkpoint:
+        """The link state and clocks as they are now, for ``restore``."""
+        counters = (
+            self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds, self.arc_rounds
+        )
+        arrays = (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index, self._alone)
+        return Checkpoint(self.operations, tuple(array.copy() for array in arrays), counters)
+
+    def restore(self, checkpoint: Checkpoint, calls: int) -> None:
+        """Undo the ``calls`` calls made since ``checkpoint`` (a collective and the one that met it);
+        ``ContentionDetected`` if anything else ran meanwhile, since that would be undone too."""
+        if self.operations - checkpoint.operations != calls:
+            raise ContentionDetected("another operation ran while a collective was in flight")
+        (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index,
+         self._alone) = (array.copy() for array in checkpoint.arrays)  # fmt: skip
+        (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
+         self.arc_rounds) = checkpoint.counters  # fmt: skip
+        self._placed = None
+        self._shared_version += 1  # the cached structures' checked links were found in the undone state
+
+    def run_concurrently(
+        self, calls: list[tuple[Schedule, float, np.ndarray, np.ndarray]], log: TransferLog | None = None
+    ) -> list[np.ndarray]:
+        """Per-rank finish times of collectives in flight at the same time, each given as (schedule,
+        message bytes, per-rank start times, members: see ``run``), where every collective moves in
+        lockstep (``lockstep``: one start time, shift rounds of equal transfers, equal rates), which
+        is then exact; ``ContentionDetected`` where that or the absence of other flows on their
+        links cannot be proved."""
+        if log is not None:
+            raise ContentionDetected("collectives in flight together keep no transfer log")
+        self.operations += 1
+        self._placed = None
+        # what is known of other flows, before looking up the rounds claims links and moves clocks
+        known = (self.link_sender.copy(), self.busy_until.copy(), self.clock.copy())
+        lanes: list[list[LockstepRound]] = []
+        starts: list[float] = []
+        used: list[list[_Structure]] = []  # each collective's distinct round structures
+        by_key: dict[int, _Structure] = {}  # a lockstep round's key: its structure's id
+        for schedule, message_bytes, start_s, members in calls:
+            first = float(start_s[0])
+            if np.any(start_s != first):
+                raise ContentionDetected("collectives in flight together whose members enter at different times")
+            t = np.full(schedule.ranks, first)
+            rounds, distinct = [], {}
+            for rnd, count in self._runs(schedule):
+                st = self._structure(rnd, schedule.ranks, t, members)
+                self._bytes(st, schedule, rnd, message_bytes)
+                rounds.append(_lockstep_round(st, count))
+                distinct[id(st)] = by_key[id(st)] = st
+            lanes.append(rounds)
+            starts.append(first)
+            used.append(list(distinct.values()))
+        links = [unique_ints(np.concatenate([st.flat_links for st in structures])) for structures in used]
+        for collective_links, start in zip(links, starts, strict=True):
+            if collective_links.size and _busy_before(collective_links, *known).max() > start:
+                raise ContentionDetected("a collective in flight with another meets a third flow on a link")
+        timed = lockstep_exits(
+            lanes, starts, lambda key: self._lockstep_rates(tuple(None if k is None else by_key[k] for k in key))
+        )
+        finish = []
+        for (schedule, _bytes, _start, members), (exit_s, _last) in zip(calls, timed, strict=True):
+            finish.append(np.full(schedule.ranks, exit_s))
+            self._advance_clocks(finish[-1], members)
+        for structures, rounds, collective_links, (_exit, last_end) in zip(used, lanes, links, timed, strict=True):
+            for st in structures:
+                self._claim(st.flat_links, st.senders[st.flat_owner])
+            self.busy_until[collective_links] = np.maximum(self.busy_until[collective_links], last_end)
+            self._writer_serial[collective_links] = -1  # no placed round wrote them
+            self.transfers += sum(rnd.count * by_key[rnd.flows].src.size for rnd in rounds)
+        self._serial += 1
+        return finish
+
+    def _lockstep_rates(self, key: tuple[_Structure | None, ...]) -> tuple[float, ...]:
+        """The max-min fair rate of each collective's flows in flight (``key``: its round's structure,
+        None where none), their paths' bottlenecks taking part as private links (as in the flow
+        network); ``ContentionDetected`` unless every flow of one collective gets the same rate."""
+        flowing = [st for st in key if st is not None]
+        if not flowing:
+            return (0.0,) * len(key)
+        sizes = [st.src.size for st in flowing]
+        flows = sum(sizes)
+        offsets = np.cumsum([0, *sizes])
+        distinct, local = np.unique(np.concatenate([st.flat_links for st in flowing]), return_inverse=True)
+        owner = np.concatenate([st.flat_owner + offset for st, offset in zip(flowing, offsets, strict=False)])
+        rates = max_min_fair_rates_flat(
+            np.concatenate([owner, np.arange(flows)]),
+            np.concatenate([local.ravel(), distinct.size + np.arange(flows)]),
+            flows,
+            np.concatenate([self.fabric.capacity_Bps[distinct], *(st.bottleneck_Bps for st in flowing)]),
+        )
+        result, position = [], 0
+        for st in key:
+            if st is None:
+                result.append(0.0)
+                continue
+            mine = rates[offsets[position] : offsets[position + 1]]
+            position += 1
+            if mine.max() - mine.min() > FINISH_TOLERANCE * mine.max():
+                raise ContentionDetected("flows of a collective in flight with another get unequal rates")
+            result.append(float(mine.min()))
+        return tuple(result)
+
     def route_pairs(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Route the point-to-point pairs (fabric ranks) ``transfer`` will be asked for, in one batch:
         one at a time, the 32,768 pipeline pairs of 16,384 ranks took a tenth of the run."""
@@ -951,6 +1094,7 @@ class VectorisedExecutor:
         (its clock is past ``start_s``: a collective it takes part in has not finished). Scalar
         arithmetic over the route's few links: a training run sends millions of these.
         """
+        self.operations += 1
         pair = self._pairs.get((src, dst))
         if pair is None:
             self.route_pairs(np.array([src]), np.array([dst]))

@@ -4,7 +4,9 @@
 gives each rank its simulated trainer (``simulator.training.trainers``), runs every rank's role
 program in the ``RoleExecutor`` and summarises the run (``TrainingResult``). ``mode="auto"`` runs the
 collectives a round at a time and re-runs the point message by message when the fast path cannot
-prove its times exact (``ContentionDetected``); ``vectorised`` or ``message`` force one path.
+prove its times exact (``ContentionDetected``); where a collective met another still in flight
+(``ConcurrentCollectives``), it first runs the round path again timing such pairs together.
+``vectorised`` or ``message`` force one path.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import numpy as np
 
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.executor.role_executor import MODES, OpRecord, RoleExecutor
+from ddlsim.simulator.executor.role_executor import MODES, ConcurrentCollectives, OpRecord, RoleExecutor
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import TrainingSetup, setup_of
@@ -75,17 +77,21 @@ def run_des(
         raise ScenarioError(f"unknown DES mode {mode!r}; valid: auto, {', '.join(MODES)}")
     setup = setup_of(scenario, nodes)
     fabric = Fabric(scenario.fabric_spec(setup.fabric_nodes))
-    modes = MODES if mode == "auto" else (mode,)
+    attempts = [(current, False) for current in (MODES if mode == "auto" else (mode,))]
     placement = setup.placement()
-    for attempt, current in enumerate(modes):
+    while attempts:
+        current, concurrent = attempts.pop(0)
         log = TransferLog(max_sender=traced_senders) if log_transfers else None
-        executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log)
+        executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log, concurrent=concurrent)
         trainers = build_trainers(setup)
         executor.route_peers(setup.algorithm.peers(setup.plan))
         try:
             returns = executor.run(partial(_program, setup, trainers))
+        except ConcurrentCollectives:
+            attempts.insert(0, (current, True))  # the round path again, timing such collectives together
+            continue
         except ContentionDetected as detected:
-            if attempt == len(modes) - 1:
+            if not attempts:
                 raise
             note(executor.ranks, str(detected), setup.algorithm.has_closed_form)
             continue

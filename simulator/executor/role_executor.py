@@ -23,6 +23,9 @@ Two execution modes, with the same semantics:
   a rank whose started collective is not done yet, a collective in which a rank would finish before
   the last one entered, or any possible contention raises ``ContentionDetected``: the caller then
   runs the whole point again in
+  the same mode with ``concurrent=True`` where a collective met one still in flight (``ConcurrentCollectives``:
+  both are then timed together where their ranks move in lockstep, ``VectorisedExecutor.run_concurrently``),
+  else in
 * ``message`` mode: every transfer of every collective and every message is a flow on one shared
   ``FlowNetwork`` (max-min fair), exact under any contention.
 
@@ -59,6 +62,7 @@ from ddlsim.algorithms.comm import (
 from ddlsim.algorithms.schedule import Schedule
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.simulator.engine.collective_engine import (
+    Checkpoint,
     ContentionDetected,
     MessageExecutor,
     TransferLog,
@@ -223,6 +227,24 @@ class _Group:
     position: dict[int, int]  # rank -> index in members
 
 
+@dataclass(eq=False)
+class _Ran:
+    """A collective timed on the round path, as long as its exits may still be revised: a later
+    collective that meets its flows is timed together with it from ``checkpoint`` on."""
+
+    instance: _Instance
+    start_s: np.ndarray
+    checkpoint: Checkpoint | None  # the link state before it (``concurrent`` only)
+    operations: int  # the round executor's operations once it ran
+    finish_s: np.ndarray
+    version: int = 0  # bumped when its exits are revised: a wake-up of an older version is stale
+
+
+class ConcurrentCollectives(ContentionDetected):
+    """A collective met one still in flight whose exits are already scheduled: with ``concurrent``
+    the two could be timed together."""
+
+
 @dataclass
 class _Instance:
     """One collective call over ``members`` (the group, then its helpers)."""
@@ -288,6 +310,7 @@ class RoleExecutor:
         *,
         record: bool = False,
         transfer_log: TransferLog | None = None,
+        concurrent: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown execution mode {mode!r}; valid: {', '.join(MODES)}")
@@ -299,6 +322,10 @@ class RoleExecutor:
         self.mode = mode
         self.env = simpy.Environment()
         self.vectorised = VectorisedExecutor(fabric) if mode == "vectorised" else None
+        # round path: keep each collective's exits revisable until its first member leaves (at the
+        # cost of a copy of the link state per collective), to time two in flight together
+        self.concurrent = concurrent
+        self._last: _Ran | None = None  # the last collective the round path timed
         self.network = FlowNetwork(self.env, fabric.capacity_Bps, fabric.redundant) if mode == "message" else None
         self.transfer_log = transfer_log
         self.mailboxes = [_Mailbox() for _ in range(self.ranks)]
@@ -641,17 +668,70 @@ class RoleExecutor:
             return
         if instance.entered < len(instance.members):
             return
-        assert self.vectorised is not None
+        vectorised = self.vectorised
+        assert vectorised is not None
         nbytes = float(instance.op.payload.nbytes)
         start = instance.entered_s + instance.launch_s if instance.launch_s else instance.entered_s
-        finish = self.vectorised.run(
-            instance.schedule, nbytes, start, self.transfer_log, members=instance.member_ranks
-        )
+        checkpoint = vectorised.checkpoint() if self.concurrent else None
+        try:
+            finish = vectorised.run(instance.schedule, nbytes, start, self.transfer_log, members=instance.member_ranks)
+        except ContentionDetected as detected:
+            finish = self._run_with_previous(instance, start, detected)
+            checkpoint = None  # a third collective meeting these two is not timed with them
         if float(finish.min()) < env.now - _CAUSALITY_SLACK_S:
             raise ContentionDetected("a rank would finish its collective before the last rank entered it")
-        now = env.now
-        for event, end in zip(instance.done, finish.tolist(), strict=True):
-            _succeed_after(env, event, max(end - now, 0.0))
+        ran = _Ran(instance, start, checkpoint, vectorised.operations, finish)
+        self._last = ran if checkpoint is not None or not self.concurrent else None
+        self._schedule_exits(ran)
+
+    def _run_with_previous(self, instance: _Instance, start: np.ndarray, detected: ContentionDetected) -> np.ndarray:
+        """Finish times of a collective that met flows on the round path (``detected``), timed
+        together with the collective before it if no member of that one has left yet and nothing
+        ran in between (its exits are then revised); else ``detected`` stands."""
+        vectorised, previous = self.vectorised, self._last
+        assert vectorised is not None
+        if (
+            previous is None
+            or float(previous.finish_s.min()) <= self.env.now  # a member left: it may have gone on
+            or vectorised.operations != previous.operations + 1  # only this collective's attempt since
+        ):
+            raise detected
+        if not self.concurrent:
+            raise ConcurrentCollectives(f"a collective meets another still in flight ({detected})") from detected
+        if previous.checkpoint is None:
+            raise detected
+        vectorised.restore(previous.checkpoint, calls=2)
+        first = previous.instance
+        calls = [
+            (call.schedule, float(call.op.payload.nbytes), call_start, call.member_ranks)
+            for call, call_start in ((first, previous.start_s), (instance, start))
+        ]
+        revised, finish = vectorised.run_concurrently(calls, self.transfer_log)
+        if float(revised.min()) < self.env.now - _CAUSALITY_SLACK_S:
+            raise ContentionDetected("a collective in flight would have ended before the one that met it entered")
+        previous.finish_s = revised
+        previous.version += 1
+        self._schedule_exits(previous)
+        return finish
+
+    def _schedule_exits(self, ran: _Ran) -> None:
+        """Wake each member when its collective is done. With ``concurrent``, one wake-up at the first
+        exit schedules them all, unless the exits were revised since (``_run_with_previous``)."""
+        env = self.env
+        if not self.concurrent:
+            self._exits_due(ran, ran.version)
+            return
+        wake = env.event()
+        version = ran.version
+        wake.callbacks.append(lambda _event: self._exits_due(ran, version))
+        _succeed_after(env, wake, max(float(ran.finish_s.min()) - env.now, 0.0))
+
+    def _exits_due(self, ran: _Ran, version: int) -> None:
+        if version != ran.version:  # revised: a later wake-up holds the new times
+            return
+        now = self.env.now
+        for event, end in zip(ran.instance.done, ran.finish_s.tolist(), strict=True):
+            _succeed_after(self.env, event, max(end - now, 0.0))
 
 
 def _run_interruptibly(env: simpy.Environment) -> None:
