@@ -22,8 +22,10 @@ each other across rounds. Whoever calls this proves that no other flow meets the
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of an event ends with it
 
@@ -51,55 +53,98 @@ def lockstep_exits(
 
     An event loop over the collectives' representatives, as the flow network runs it: between two
     events (a flow starts or ends, an overhead or a latency is over) rates stay fixed and bytes
-    drain at them.
+    drain at them. While no other collective can have a flow in flight, a collective goes on a
+    whole round at a time (``_Lane.go_alone``: the same arithmetic, without the events).
     """
-    count = len(collectives)
-    rounds = [list(collective) for collective in collectives]
-    index = [0] * count  # the run of rounds each is in
-    repeat = [0] * count  # rounds done of that run
-    flowing = [False] * count
-    until = list(starts)  # end of the overhead or latency each is in (when not flowing)
-    entering = [True] * count  # ``until`` is the entry of a round (not the end of its overhead)
-    remaining = [0.0] * count
-    last_end = [float("-inf")] * count
-    exits = [float("-inf")] * count
-    done = [not rounds[i] for i in range(count)]
-    for i in range(count):
-        if done[i]:
-            exits[i] = starts[i]
-    now = min(starts) if starts else 0.0
+    lanes = [_Lane(list(collective), start) for collective, start in zip(collectives, starts, strict=True)]
+    count = len(lanes)
     cached: dict[tuple[int | None, ...], tuple[float, ...]] = {}
-    while not all(done):
-        key = tuple(rounds[i][index[i]].flows if flowing[i] else None for i in range(count))
+
+    def rates_of(key: tuple[int | None, ...]) -> tuple[float, ...]:
         rate = cached.get(key)
         if rate is None:
             rate = cached[key] = rates(key)
-        due = [until[i] if not flowing[i] else now + remaining[i] / rate[i] for i in range(count)]
-        step_to = min(due[i] for i in range(count) if not done[i])
+        return rate
+
+    def alone(i: int, flows: int) -> float:
+        return rates_of(tuple(flows if j == i else None for j in range(count)))[i]
+
+    now = min(starts, default=0.0)
+    while True:
+        for i, lane in enumerate(lanes):
+            others = [other.next_start() for other in lanes if other is not lane and other.exit is None]
+            lane.go_alone(min(others, default=math.inf), partial(alone, i))
+        live = [lane for lane in lanes if lane.exit is None]
+        if not live:
+            break
+        rate = rates_of(tuple(lane.rounds[lane.index].flows if lane.flowing else None for lane in lanes))
+        due = [lane.due(now, rate[i]) for i, lane in enumerate(lanes)]
+        step_to = min(due[i] for i, lane in enumerate(lanes) if lane.exit is None)
         tolerance = FINISH_TOLERANCE * max(abs(step_to), 1e-9)
-        for i in range(count):
-            if flowing[i]:
-                remaining[i] -= rate[i] * (step_to - now)
+        for i, lane in enumerate(lanes):
+            if lane.flowing:
+                lane.remaining -= rate[i] * (step_to - now)
         now = step_to
-        for i in range(count):
-            if done[i] or due[i] > step_to + tolerance:
-                continue
-            if flowing[i]:  # the flow ended: the round ends at the arrival and the reduction
-                current = rounds[i][index[i]]
-                flowing[i] = False
-                last_end[i] = now
-                until[i] = now + current.latency_s + current.reduce_s
-                entering[i] = True
-                repeat[i] += 1
-                if repeat[i] == current.count:
-                    index[i], repeat[i] = index[i] + 1, 0
-            elif entering[i]:  # a round (or the collective) is over: the next one starts
-                if index[i] == len(rounds[i]):
-                    done[i], exits[i] = True, now
-                    continue
-                until[i] = now + rounds[i][index[i]].overhead_s
-                entering[i] = False
-            else:  # the overhead is over: the flow starts (zero bytes: it ends at the next pass)
-                flowing[i] = True
-                remaining[i] = rounds[i][index[i]].nbytes
-    return list(zip(exits, last_end, strict=True))
+        for i, lane in enumerate(lanes):
+            if lane.exit is None and due[i] <= step_to + tolerance:
+                lane.event(now)
+    return [(lane.exit, lane.last_end) for lane in lanes if lane.exit is not None]  # every one by now
+
+
+@dataclass(slots=True)
+class _Lane:
+    """One collective's representative rank."""
+
+    rounds: list[LockstepRound]
+    until: float  # the entry of its next round (``entering``), else the end of its overhead
+    index: int = 0  # the run of rounds it is in
+    repeat: int = 0  # rounds done of that run
+    entering: bool = True
+    flowing: bool = False
+    remaining: float = 0.0  # bytes of the flow in flight
+    last_end: float = -math.inf
+    exit: float | None = None
+
+    def due(self, now: float, rate: float) -> float:
+        return now + self.remaining / rate if self.flowing else self.until
+
+    def next_start(self) -> float:
+        """No flow of this collective starts before this (one is in flight: -inf)."""
+        return -math.inf if self.flowing else self.until
+
+    def event(self, now: float) -> None:
+        """What is due at ``now``: a flow ends, a round (or the collective) is over, or a flow starts."""
+        if self.flowing:  # the round ends at the arrival and the reduction
+            self.flowing = False
+            self._end_flow(now)
+        elif self.entering:
+            if self.index == len(self.rounds):
+                self.exit = now
+                return
+            self.until = now + self.rounds[self.index].overhead_s
+            self.entering = False
+        else:  # zero bytes: the flow ends at the next pass
+            self.flowing = True
+            self.remaining = self.rounds[self.index].nbytes
+
+    def _end_flow(self, end: float) -> None:
+        current = self.rounds[self.index]
+        self.last_end = end
+        self.until = end + current.latency_s + current.reduce_s
+        self.entering = True
+        self.repeat += 1
+        if self.repeat == current.count:
+            self.index, self.repeat = self.index + 1, 0
+
+    def go_alone(self, horizon: float, alone: Callable[[int], float]) -> None:
+        """Whole rounds from a round's entry whose flows end by ``horizon`` (no other collective's
+        flow starts before it): each flow at its rate alone, in the event loop's arithmetic."""
+        while self.entering and self.exit is None:
+            if self.index == len(self.rounds):
+                self.exit = self.until
+                return
+            current = self.rounds[self.index]
+            end = self.until + current.overhead_s + current.nbytes / alone(current.flows)
+            if end > horizon:
+                return
+            self._end_flow(end)
