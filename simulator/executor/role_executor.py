@@ -21,11 +21,12 @@ Two execution modes, with the same semantics:
   proving that no flow shares a link with another at the same time; point-to-point messages are
   proved the same way in the same link state (``VectorisedExecutor.transfer``). A message sent by
   a rank whose started collective is not done yet, a collective in which a rank would finish before
-  the last one entered, or any possible contention raises ``ContentionDetected``: the caller then
-  runs the whole point again in
-  the same mode with ``concurrent=True`` where a collective met one still in flight (``ConcurrentCollectives``:
-  both are then timed together where their ranks move in lockstep, ``VectorisedExecutor.run_concurrently``),
-  else in
+  the last one entered, or any possible contention raises ``ContentionDetected``. Where a
+  collective met the one timed just before it while that one was still in flight, the error is a
+  ``ConcurrentCollectives`` and the caller runs the point again with ``concurrent=True``: each
+  collective's exits stay revisable until its first member leaves, and such a pair is timed
+  together where both move in lockstep (``VectorisedExecutor.run_concurrently``). Otherwise the
+  caller runs the whole point again in
 * ``message`` mode: every transfer of every collective and every message is a flow on one shared
   ``FlowNetwork`` (max-min fair), exact under any contention.
 
