@@ -7,10 +7,14 @@ stage's enters, so the two share every NIC link for a while.
 
 import dataclasses
 
+import numpy as np
 import pytest
 
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.training_algorithm import make_options
-from ddlsim.simulator.engine.collective_engine import VectorisedExecutor
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.engine.collective_engine import ContentionDetected, VectorisedExecutor
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.lockstep import LockstepRound, lockstep_exits
 from ddlsim.simulator.executor.des import run_des
 from ddlsim.simulator.scenario import Scenario
@@ -94,3 +98,28 @@ def test_stage_all_reduces_not_in_lockstep_are_timed_as_the_message_path(change)
     fast = run_des(scenario, 8)
     _assert_same_run(fast, run_des(scenario, 8, mode="message"))
 
+
+
+def _two_socket_rings():
+    fabric = Fabric(FabricSpec(nodes=4, devices_per_node=2, peer_link=load_link("upi"), network=load_link("eth_25g")))
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 4)
+    return VectorisedExecutor(fabric), schedule, np.array([0, 2, 4, 6]), np.array([1, 3, 5, 7])
+
+
+def test_a_checkpoint_is_not_restored_over_another_operation():
+    """Undoing a collective and the one that met it would also undo a message sent in between."""
+    executor, schedule, first, second = _two_socket_rings()
+    checkpoint = executor.checkpoint()
+    executor.run(schedule, 1e6, 0.0, members=first)
+    executor.transfer(1, 3, 1e3, 100.0)  # long after the ring: it meets nothing
+    with pytest.raises(ContentionDetected):
+        executor.run(schedule, 1e6, 0.0, members=second)
+    with pytest.raises(ContentionDetected, match="another operation"):
+        executor.restore(checkpoint, calls=2)
+
+
+def test_members_entering_apart_are_not_in_lockstep():
+    executor, schedule, first, second = _two_socket_rings()
+    apart = np.array([0.0, 0.0, 1e-6, 0.0])
+    with pytest.raises(ContentionDetected, match="different times"):
+        executor.run_concurrently([(schedule, 1e6, np.zeros(4), first), (schedule, 1e6, apart, second)])
