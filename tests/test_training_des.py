@@ -1,12 +1,14 @@
 """The training DES against the closed form, and the directions scaling must take."""
 
 import dataclasses
+import gc
 
 import pytest
 
 from ddlsim.algorithms.training_algorithm import AlgorithmOptions
 from ddlsim.simulator.closed_form.training import closed_form_result
-from ddlsim.simulator.executor.des import run_des
+from ddlsim.simulator.executor.des import DES_GC_THRESHOLD, fewer_collections, run_des
+from ddlsim.simulator.executor.role_executor import RoleExecutor
 from ddlsim.simulator.parsing import parse_counts
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.sweep import run_sweep, simulate_point
@@ -36,6 +38,32 @@ def test_message_level_des_equals_vectorised():
     fast = run_des(scenario, 3, mode="vectorised").result
     exact = run_des(scenario, 3, mode="message").result
     assert fast.iteration_s == pytest.approx(exact.iteration_s, rel=1e-9)
+
+
+def test_the_simulation_collects_less_often_and_gives_the_thresholds_back(monkeypatch):
+    """While the role programs run the collector uses DES_GC_THRESHOLD; the caller's come back after
+    the run and after a run that raises."""
+    seen = []
+    real_run = RoleExecutor.run
+
+    def watching(self, program):
+        seen.append(gc.get_threshold())
+        return real_run(self, program)
+
+    monkeypatch.setattr(RoleExecutor, "run", watching)  # a spy: the real run still runs
+    caller = (1234, 7, 9)
+    before = gc.get_threshold()
+    try:
+        gc.set_threshold(*caller)
+        plain = run_des(dataclasses.replace(SMALL, updates=2), 2).result
+        assert seen == [DES_GC_THRESHOLD] and gc.get_threshold() == caller
+        with pytest.raises(RuntimeError), fewer_collections():
+            raise RuntimeError("a run that fails")
+        assert gc.get_threshold() == caller
+    finally:
+        gc.set_threshold(*before)
+    closed = closed_form_result(dataclasses.replace(SMALL, updates=2), 2)
+    assert plain.iteration_s == pytest.approx(closed.iteration_s, rel=1e-6)
 
 
 def test_single_device_has_no_communication():

@@ -12,9 +12,11 @@ prove its times exact (``ContentionDetected``); where a collective met another s
 from __future__ import annotations
 
 import dataclasses
+import gc
 import math
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -39,6 +41,25 @@ class DesRun:
     finish_s: np.ndarray  # when each rank finished its role program
 
 
+# The event simulation keeps millions of live objects (events, processes, per-rank state) and makes
+# many more short-lived ones; at CPython's default thresholds (700, 10, 10) the collector's full
+# passes over the live ones took 45 % of hybrid_parallel's 4096-node run (38 s -> 20 s) and 44 % of
+# sync_sgd's (29 s -> 17 s; peak memory 104 -> 139 MB and unchanged). Cycles are still collected.
+DES_GC_THRESHOLD = (100_000, 50, 100)
+
+
+@contextmanager
+def fewer_collections() -> Iterator[None]:
+    """Collect garbage less often while an event simulation runs (``DES_GC_THRESHOLD``); the
+    caller's thresholds come back afterwards."""
+    before = gc.get_threshold()
+    gc.set_threshold(*DES_GC_THRESHOLD)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*before)
+
+
 TRACED_SENDERS = 64  # ranks whose transfers a transfer log keeps (a trace draws a few ranks' sends)
 NOTE_RANKS = 64  # from this many ranks on, re-running a point message by message takes long enough to say so
 
@@ -59,6 +80,7 @@ def note_on_stderr(ranks: int, reason: str, closed_form: bool = True) -> None:
         print(fallback_note(ranks, reason, closed_form), file=sys.stderr, flush=True)
 
 
+@fewer_collections()  # the set-up (routes, trainers) and every attempt
 def run_des(
     scenario: Scenario,
     nodes: int,
