@@ -114,7 +114,7 @@ def test_flows_of_consecutive_rounds_that_overlap_run_together():
     """Round 1: 0 -> 2; round 2: 1 -> 2. Rank 1 takes no part in round 1, so it sends in round 2 at
     once, while 0's flow still streams into rank 2's port: the two flows share that port from the
     start, B/2 each, and both arrive at alpha + 2 MB / B, as if they had been one round."""
-    fabric = _fabric(3)
+    fabric = fabric_of(3)
     schedule = _rounds((0, 2), (1, 2), ranks=3)
     finish, path = run_collective(schedule, fabric, 1e6)
     assert path == "vectorised"
@@ -128,7 +128,7 @@ def test_flows_overlapping_a_flow_two_rounds_back_go_to_the_message_path():
     """Round 1: 0 -> 2; round 2: 3 -> 4; round 3: 1 -> 2, sent at once by rank 1 while round 1's flow
     still streams into rank 2's port. Only the round just before is simulated with a round, so the
     executor must refuse and ``auto`` must fall back to the message path."""
-    fabric = _fabric(5)
+    fabric = fabric_of(5)
     schedule = _rounds((0, 2), (3, 4), (1, 2), ranks=5)
     with pytest.raises(ContentionDetected):
         VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
@@ -320,7 +320,7 @@ def test_point_to_point_routes_batched_ahead_are_the_routes_found_one_at_a_time(
     """route_pairs (a program's pipeline pairs, routed in one batch before the run) leaves the
     executor as routing each pair at its first message would: the same links, alpha, bottleneck
     and overhead, and the same arrivals."""
-    fabric = _fabric(16, 4, topology=topology)
+    fabric = fabric_of(16, 4, topology=topology)
     rng = np.random.default_rng(3)
     src = rng.integers(0, 64, 40)
     dst = (src + rng.integers(1, 64, 40)) % 64
@@ -341,7 +341,7 @@ def test_point_to_point_from_a_rank_inside_a_collective_is_refused(switch_fabric
     assert executor.transfer(0, 1, 1e3, float(finish[0])) > finish[0]
 
 
-def _fabric(nodes, devices_per_node=1, **kwargs):
+def fabric_of(nodes, devices_per_node=1, **kwargs):
     return Fabric(
         FabricSpec(
             nodes=nodes,
@@ -368,7 +368,7 @@ def _fabric(nodes, devices_per_node=1, **kwargs):
 def test_skipped_rounds_give_the_message_level_times(algorithm, nodes, devices_per_node, topology, uneven):
     """Runs of identical rounds are extrapolated (uniform or affine advance), not executed, and the
     per-rank times still equal message-by-message execution, with even and uneven entry times."""
-    fabric = _fabric(nodes, devices_per_node, topology=topology, nodes_per_leaf=4)
+    fabric = fabric_of(nodes, devices_per_node, topology=topology, nodes_per_leaf=4)
     ranks = nodes * devices_per_node
     schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=devices_per_node)
     rng = np.random.default_rng(3)
@@ -385,7 +385,7 @@ def test_skipped_rounds_give_the_message_level_times(algorithm, nodes, devices_p
 def test_affine_advance_equals_round_by_round_on_a_long_transient():
     """512 ranks of top-k on a fat tree, 8 per node, 2 nodes per leaf: the transient lasts hundreds
     of rounds. Executing every round (no extrapolation) must give the same times."""
-    fabric = _fabric(64, 8, topology="fat_tree", nodes_per_leaf=2)
+    fabric = fabric_of(64, 8, topology="fat_tree", nodes_per_leaf=2)
     schedule = COLLECTIVE_ALGORITHMS.get("topk_sparse").schedule("allreduce", 512, devices_per_node=8)
     skipping = VectorisedExecutor(fabric)
     fast = skipping.run(schedule, 100e6, 0.0)
@@ -402,21 +402,21 @@ def test_full_bisection_leaf_links_left_out_change_nothing(algorithm):
     """On a fat tree with oversubscription 1 the leaf links are redundant (their constraint follows
     from the NICs'): leaving them out gives the times of the full computation (message path, every
     link in), and keeps the double binary tree and the 2D torus on the round path."""
-    fabric = _fabric(32, 2, topology="fat_tree", nodes_per_leaf=4)
+    fabric = fabric_of(32, 2, topology="fat_tree", nodes_per_leaf=4)
     assert fabric.redundant.sum() == 2 * 8  # up and down link of each of the 8 leaves
     schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", 64, devices_per_node=2)
     finish, path = run_collective(schedule, fabric, 20e6)
     assert path == "vectorised"
-    full = _fabric(32, 2, topology="fat_tree", nodes_per_leaf=4)
+    full = fabric_of(32, 2, topology="fat_tree", nodes_per_leaf=4)
     full.redundant[:] = False
     exact = MessageExecutor(full).run(schedule, 20e6, 0.0)
     np.testing.assert_allclose(finish, exact, rtol=1e-9)
 
 
 def test_oversubscribed_leaf_links_are_not_redundant():
-    assert not _fabric(32, 1, topology="fat_tree", nodes_per_leaf=4, oversubscription=2.0).redundant.any()
+    assert not fabric_of(32, 1, topology="fat_tree", nodes_per_leaf=4, oversubscription=2.0).redundant.any()
     # the last leaf holds 2 nodes only: its links are 4 NICs wide, still at least its NICs' sum
-    assert _fabric(10, 1, topology="fat_tree", nodes_per_leaf=4).redundant.sum() == 6
+    assert fabric_of(10, 1, topology="fat_tree", nodes_per_leaf=4).redundant.sum() == 6
 
 
 def test_contended_flows_starting_apart_run_as_a_fluid():
@@ -425,7 +425,7 @@ def test_contended_flows_starting_apart_run_as_a_fluid():
     0 streams alone until 1's flow starts, then both share rank 2's downlink at B/2, then 1 alone:
     0 moves x = B * 1e-5 bytes alone and its remaining 1e6 - x at B/2, so it ends at
     1e-5 + 2 (1e6 - x) / B after its flow start; 1 ends (1e6 + 1e6) / B after 0's flow start."""
-    fabric = _fabric(3)
+    fabric = fabric_of(3)
     b = fabric.spec.network.port_bandwidth_Bps
     schedule = _one_round([(0, 2), (1, 2)], 3)
     start = np.array([0.0, 1e-5, 0.0])
@@ -446,7 +446,7 @@ def test_rounds_overlapping_the_round_before_are_simulated_with_it(size):
     first flow into a port meets the last flow of the previous phase still streaming there. That
     round is simulated together with the round before (not handed to the message path), and every
     time equals message-by-message execution."""
-    fabric = _fabric(96, topology="fat_tree", nodes_per_leaf=16)
+    fabric = fabric_of(96, topology="fat_tree", nodes_per_leaf=16)
     schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 96, rows=8)
     executor = VectorisedExecutor(fabric)
     fast = executor.run(schedule, size, 0.0)
@@ -464,7 +464,7 @@ def test_random_rounds_on_random_fabrics_equal_message_level(seed):
     devices_per_node = int(rng.choice([1, 2]))
     nodes = int(rng.integers(3, 9))
     ranks = nodes * devices_per_node
-    fabric = _fabric(
+    fabric = fabric_of(
         nodes,
         devices_per_node,
         topology=str(rng.choice(["switch", "fat_tree", "torus_2d"])),
@@ -489,7 +489,7 @@ def test_a_transfer_log_keeps_the_traced_senders_and_counts_the_rest():
     """A 64-rank ring all-reduce: 2 x 63 rounds of 64 transfers. A log limited to senders 0..3 holds
     only theirs (4 per round, at most), yet counts all 8064; the steady-state shortcut still runs
     (the log is no reason to execute every round) and the skipped transfers are counted as such."""
-    fabric = _fabric(64)
+    fabric = fabric_of(64)
     schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 64)
     log = TransferLog(max_sender=4)
     executor = VectorisedExecutor(fabric)
@@ -536,7 +536,7 @@ def test_an_unpipelined_chain_runs_as_one_relay_with_the_round_by_round_times(
 ):
     """An unpipelined chain (one transfer per round, each sent on by the rank it reached) is executed
     as one relay: the same times to the bit as executing every round, and the message path's."""
-    fabric = _fabric(nodes, devices_per_node, topology=topology, **extra)
+    fabric = fabric_of(nodes, devices_per_node, topology=topology, **extra)
     ranks = nodes * devices_per_node
     schedule = COLLECTIVE_ALGORITHMS.get("chain").schedule(collective, ranks)
     rng = np.random.default_rng(5)
@@ -561,7 +561,7 @@ def test_a_relay_after_another_collective_keeps_the_link_state_and_its_proof():
     relays and gives the round-by-round times (and leaves the same state for a third collective; the
     rings' steady-state shortcut rounds differently in the last bits);
     entered while they are still in flight, neither path can prove it and both say so."""
-    fabric = _fabric(8, 4, topology="fat_tree", nodes_per_leaf=2)
+    fabric = fabric_of(8, 4, topology="fat_tree", nodes_per_leaf=2)
     ring = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 32, devices_per_node=4)
     chain = COLLECTIVE_ALGORITHMS.get("chain").schedule("broadcast", 32)
     order = np.random.default_rng(2).permutation(32)  # the chain visits the ranks out of order

@@ -5,23 +5,13 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
-from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, MessageExecutor, VectorisedExecutor
-from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.round_arcs import ArcRound
+from tests.test_collective_engine import fabric_of
 
 
 def _torus(nodes, topology="torus_2d", devices_per_node=1, **kwargs):
-    return Fabric(
-        FabricSpec(
-            nodes=nodes,
-            devices_per_node=devices_per_node,
-            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
-            network=load_link("ib_edr"),
-            topology=topology,
-            **kwargs,
-        )
-    )
+    return fabric_of(nodes, devices_per_node, topology=topology, **kwargs)
 
 
 def _alike_batches(fabric):

@@ -173,6 +173,15 @@ def _lockstep_round(st: _Structure, count: int) -> LockstepRound:
     return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
 
 
+def _identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bool, int]:
+    """(whether every rank sends once, in rank order; s where rank r sends to r + s mod ranks, else 0)."""
+    identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
+    shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
+    if shift and not np.array_equal(dst, (src + shift) % ranks):
+        shift = 0
+    return identity, shift
+
+
 def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
     """How many runs from ``index`` form a relay: single rounds of one transfer each, each sent by the
     rank the round before delivered to, no rank delivered to twice (0 or 1 where none starts)."""
@@ -266,15 +275,12 @@ class VectorisedExecutor:
             # the clocks up to now (they are otherwise refreshed per call, not per round)
             self._advance_clocks(t, members)
             self._claim(flat_links, global_src[owner])
-            identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
+            identity, shift = _identity_and_shift(src, dst, ranks)
             permutation = bool(np.bincount(src, minlength=1).max() <= 1 and np.bincount(dst, minlength=1).max() <= 1)
             if self.fabric.spec.loggp and not permutation:
                 # a rank's CPU would handle its several messages one after another
                 raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
             overhead = self.fabric.overheads(global_src, global_dst)
-            shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
-            if shift and not np.array_equal(dst, (src + shift) % ranks):
-                shift = 0
             structure = _Structure(
                 src,
                 dst,
@@ -340,10 +346,7 @@ class VectorisedExecutor:
             arcs.covering(global_src, np.minimum, np.iinfo(np.int64).max), arcs.covering(global_src, np.maximum, -1)
         )
         contended = np.flatnonzero(arcs.along(count, np.maximum) > 1)
-        identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
-        shift = int((dst[0] - src[0]) % ranks) if identity else 0
-        if shift and not np.array_equal(dst, (src + shift) % ranks):
-            shift = 0
+        identity, shift = _identity_and_shift(src, dst, ranks)
         structure = _ArcStructure(
             src,
             dst,
