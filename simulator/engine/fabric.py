@@ -526,14 +526,13 @@ class Fabric:
         """
         shape = self.shape
         dims = len(shape)
-        coord_a, coord_b, hops, plus, strides = self._torus_walk(a, b)
+        coord_a, hops, plus, strides, starts_at = self._torus_walk(a, b)
         total = np.sum(hops, axis=0)
         width = int(total.max()) if a.size else 0
         if a.size and all(count.min() == count.max() for count in hops):
-            return self._torus_alike(a, coord_a, coord_b, hops, plus, strides, width), total
+            return self._torus_alike(coord_a, hops, plus, strides, starts_at, width), total
         out = np.full(a.size * width, -1, dtype=np.int64)  # flat (transfer, hop) matrix
         done = np.arange(a.size, dtype=np.int64) * width  # where each transfer's next hop goes
-        current = a.copy()
         for d, extent in enumerate(shape):
             count = hops[d]
             rows = np.flatnonzero(count)
@@ -542,7 +541,7 @@ class Fabric:
                 index = np.arange(int(n.sum()), dtype=np.int64)  # hop k of row i is entry starts[i] + k
                 starts = np.cumsum(n) - n
                 sign = np.where(plus[d][rows], 1, -1)
-                base = current[rows] - coord_a[d][rows] * strides[d]  # the node with coordinate 0 here
+                base = starts_at[d][rows] - coord_a[d][rows] * strides[d]  # the node with coordinate 0 here
                 # per row: the link id at coordinate 0, the coordinate of hop 0 relative to the entry index
                 first = self.torus_base + 2 * d + np.where(plus[d][rows], 0, 1) + 2 * dims * base
                 coordinate = np.repeat(sign, n) * index
@@ -553,12 +552,12 @@ class Fabric:
                 index += np.repeat(done[rows] - starts, n)
                 out[index] = coordinate
                 done += count
-            current = current + (coord_b[d] - coord_a[d]) * strides[d]
         return out.reshape(a.size, width), total
 
     def _torus_walk(self, a: np.ndarray, b: np.ndarray):
-        """(coordinates of a, of b, hops and whether they go + per dimension, strides) of
-        dimension-order routes from node a[i] to node b[i], the shorter way round (ties go +)."""
+        """(coordinates of a, hops and whether they go + per dimension, strides, and per dimension
+        the node the route leaves from there: b's coordinates before that dimension, a's from it on)
+        of dimension-order routes from node a[i] to node b[i], the shorter way round (ties go +)."""
         shape = self.shape
         dims = len(shape)
         strides = [math.prod(shape[i + 1 :]) for i in range(dims)]
@@ -570,7 +569,11 @@ class Fabric:
             go_plus = forward <= extent - forward
             hops.append(np.where(go_plus, forward, extent - forward))
             plus.append(go_plus)
-        return coord_a, coord_b, hops, plus, strides
+        starts_at, current = [], a
+        for d in range(dims):
+            starts_at.append(current)
+            current = current + (coord_b[d] - coord_a[d]) * strides[d]
+        return coord_a, hops, plus, strides, starts_at
 
     def torus_round(self, src: np.ndarray, dst: np.ndarray) -> TorusRound | None:
         """The routes of a batch of transfers (ranks) as arcs, without a link per hop, where every
@@ -588,14 +591,10 @@ class Fabric:
         a, b = self.node_of(devices_s), self.node_of(devices_d)
         if uniform is None or not src.size or np.any(a == b):
             return None
-        coord_a, coord_b, hops, plus, strides = self._torus_walk(a, b)
+        _, hops, plus, _, starts = self._torus_walk(a, b)
         if any(count.min() != count.max() for count in hops):
             return None
         counts = tuple(int(count[0]) for count in hops)
-        starts, current = [], a
-        for d in range(len(self.shape)):
-            starts.append(current)  # the node this transfer's arc in dimension d leaves from
-            current = current + (coord_b[d] - coord_a[d]) * strides[d]
         edges, _ = self._leaving_routes(devices_s, devices_d, np.empty((src.size, 0), dtype=np.int64))
         if src.size * (edges.shape[1] + sum(counts)) >= self.torus_links:
             bottleneck, latency = self._counted_costs(edges, np.full(src.size, sum(counts)), uniform)
@@ -604,18 +603,17 @@ class Fabric:
             _, alpha, bottleneck = self.path_properties(src, dst)
         return TorusRound(edges, counts, starts, plus, alpha, bottleneck)
 
-    def _torus_alike(self, a, coord_a, coord_b, hops, plus, strides, width: int) -> np.ndarray:
+    def _torus_alike(self, coord_a, hops, plus, strides, starts_at, width: int) -> np.ndarray:
         """``_torus``'s routes when every transfer makes the same number of hops in each dimension (a
         shift on the torus, as in every round of recursive doubling): column blocks of a
         (transfers, hops) grid, no per-hop index arithmetic."""
         dims = len(self.shape)
-        out = np.empty((a.size, width), dtype=np.int64)
+        out = np.empty((coord_a[0].size, width), dtype=np.int64)
         column = 0
-        current = a
         for d, extent in enumerate(self.shape):
             n = int(hops[d][0])
             if n:
-                base = current - coord_a[d] * strides[d]  # the node with coordinate 0 here
+                base = starts_at[d] - coord_a[d] * strides[d]  # the node with coordinate 0 here
                 first = self.torus_base + 2 * d + np.where(plus[d], 0, 1) + 2 * dims * base
                 block = np.where(plus[d], 1, -1)[:, None] * np.arange(n, dtype=np.int64)
                 block += coord_a[d][:, None]
@@ -624,7 +622,6 @@ class Fabric:
                 block += first[:, None]
                 out[:, column : column + n] = block
                 column += n
-            current = current + (coord_b[d] - coord_a[d]) * strides[d]
         return out
 
     # --- costs -----------------------------------------------------------------------------------
