@@ -173,6 +173,27 @@ def _lockstep_round(st: _Structure, count: int) -> LockstepRound:
     return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
 
 
+class _RoundCache:
+    """What was built for a round's transfer arrays (and member ranks), while the same arrays come
+    back: keyed by their ids, holding references to them so that the ids cannot be reused while
+    cached; emptied past 256 entries."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[int, int, int], tuple[Any, Any, Any, Any]] = {}
+
+    def get(self, rnd: Round, members: np.ndarray | None) -> tuple[bool, Any]:
+        """(whether ``rnd`` with ``members`` is cached, what was built for it)."""
+        cached = self._entries.get((id(rnd.src), id(rnd.dst), id(members)))
+        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
+            return True, cached[3]
+        return False, None
+
+    def put(self, rnd: Round, members: np.ndarray | None, value: Any) -> None:
+        if len(self._entries) > 256:
+            self._entries.clear()
+        self._entries[(id(rnd.src), id(rnd.dst), id(members))] = (rnd.src, rnd.dst, members, value)
+
+
 def _identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bool, int]:
     """(whether every rank sends once, in rank order; s where rank r sends to r + s mod ranks, else 0)."""
     identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
@@ -239,8 +260,8 @@ class VectorisedExecutor:
         # latest known time of each fabric rank (no earlier than the end of any flow it started)
         self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
         self._shared_version = 0
-        self._structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _Structure]] = {}
-        self._arc_structures: dict[tuple[int, int, int], tuple[np.ndarray, np.ndarray, Any, _ArcStructure | None]] = {}
+        self._structures = _RoundCache()  # of _Structure
+        self._arc_structures = _RoundCache()  # of _ArcStructure, or None: not a round for arcs
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
         self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
         # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
@@ -259,11 +280,8 @@ class VectorisedExecutor:
         # while nothing else ran after it (``restore``)
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
-        key = (id(rnd.src), id(rnd.dst), id(members))
-        cached = self._structures.get(key)
-        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
-            structure = cached[3]
-        else:
+        found, structure = self._structures.get(rnd, members)
+        if not found:
             src = np.asarray(rnd.src, dtype=np.int64)
             dst = np.asarray(rnd.dst, dtype=np.int64)
             global_src = src if members is None else members[src]
@@ -299,10 +317,7 @@ class VectorisedExecutor:
                 np.isin(np.arange(src.size), contention.flows),
                 None if identity else unique_ints(np.concatenate([src, dst])),
             )
-            if len(self._structures) > 256:
-                self._structures.clear()
-            # hold references to the arrays so that their ids cannot be reused while cached
-            self._structures[key] = (rnd.src, rnd.dst, members, structure)
+            self._structures.put(rnd, members, structure)
         if structure.version != self._shared_version:
             structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
             structure.version = self._shared_version
@@ -314,14 +329,10 @@ class VectorisedExecutor:
         """The round as torus arcs, or None where it is not such a round (``Fabric.torus_round``), is
         too small to be worth it (``arcs``), is not a permutation, or has a link whose flows' shares
         differ (their rates would then come from a fluid simulation). Claims its links when built."""
-        key = (id(rnd.src), id(rnd.dst), id(members))
-        cached = self._arc_structures.get(key)
-        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
-            return cached[3]
-        if len(self._arc_structures) > 256:
-            self._arc_structures.clear()
-        # hold references to the arrays so that their ids cannot be reused while cached
-        self._arc_structures[key] = (rnd.src, rnd.dst, members, None)
+        found, cached = self._arc_structures.get(rnd, members)
+        if found:
+            return cached
+        self._arc_structures.put(rnd, members, None)  # until it proves to be one
         if self.arcs is False or not self._no_redundant_links:
             return None
         src = np.asarray(rnd.src, dtype=np.int64)
@@ -364,7 +375,7 @@ class VectorisedExecutor:
             flow_share[contended],
             arcs.covering(np.arange(src.size), np.maximum, -1),
         )
-        self._arc_structures[key] = (rnd.src, rnd.dst, members, structure)
+        self._arc_structures.put(rnd, members, structure)
         return structure
 
     def _execute_arcs(
