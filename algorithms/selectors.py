@@ -153,9 +153,10 @@ def _openmpi(collective: str, message_bytes: float, ranks: int, devices_per_node
     return "chain", {"chunks": _pieces(message_bytes, 128 * KiB)}
 
 
-def launch_s(algorithm: str) -> float:
-    """The launch latency of a call through ``algorithm`` (a library selector; 0 for an algorithm token)."""
-    return LAUNCH_S.get(algorithm, 0.0)
+def launch_s(algorithm: str, ranks: int) -> float:
+    """The launch latency of a call through ``algorithm`` over ``ranks`` ranks: the library's
+    (``LAUNCH_S``); 0 for an algorithm token, and for one rank (no call reaches the library)."""
+    return LAUNCH_S.get(algorithm, 0.0) if ranks > 1 else 0.0
 
 
 def select(

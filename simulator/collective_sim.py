@@ -148,7 +148,7 @@ def simulate_collective(
     schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)
     fabric = setup.fabric(schedule.ranks, message_bytes)
     started = time.perf_counter()
-    launch = launch_s(algorithm) if ranks > 1 else 0.0  # a library's call enters its schedule this late
+    launch = launch_s(algorithm, ranks)  # a library's call enters its schedule this late
     finish, path = run_collective(schedule, fabric, message_bytes, launch, mode)
     wall = time.perf_counter() - started
     elapsed = float(finish[: schedule.workers].max()) if ranks > 1 else 0.0

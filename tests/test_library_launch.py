@@ -25,8 +25,8 @@ def _spec() -> FabricSpec:
 
 
 def test_only_libraries_pay_a_launch():
-    assert launch_s("nccl") == NCCL_BASE_LATENCY_S
-    assert launch_s("ring") == launch_s("mpich") == 0.0
+    assert launch_s("nccl", 2) == NCCL_BASE_LATENCY_S
+    assert launch_s("ring", 2) == launch_s("mpich", 2) == launch_s("nccl", 1) == 0.0
 
 
 def _finish(algorithm: str, mode: str) -> list[float]:

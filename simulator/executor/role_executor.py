@@ -614,7 +614,7 @@ class RoleExecutor:
             )
         count = len(members)
         env = self.env
-        launch = launch_s(op.algorithm)
+        launch = launch_s(op.algorithm, ranks)
         if self.vectorised is not None:
             done = [env.event() for _ in range(count)]
             return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), launch_s=launch)

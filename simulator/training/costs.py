@@ -151,8 +151,7 @@ class GroupCosts:
             costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
-            if ranks > 1:
-                seconds += launch_s(algorithm)  # a library call's launch, before its first transfer
+            seconds += launch_s(algorithm, ranks)  # a library call's launch, before its first transfer
             if key is not None:
                 self._seconds[key] = seconds
         return seconds
