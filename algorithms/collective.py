@@ -39,6 +39,10 @@ def helper_ranks(algorithm: str, ranks: int, **options: Any) -> int:
     """Relay ranks a collective algorithm's schedule adds to ``ranks`` workers (a parameter server's
     dedicated servers), without building the schedule; 0 for library selectors and most algorithms,
     which declare no ``helper_ranks``."""
+    from ddlsim.algorithms.selectors import LIBRARIES
+
+    if algorithm in LIBRARIES:  # asked first: a library's token is no file's name, and would load every one
+        return 0
     impl = COLLECTIVE_ALGORITHMS.get(algorithm) if algorithm in COLLECTIVE_ALGORITHMS else None
     count = getattr(impl, "helper_ranks", None)
     return int(count(ranks, **options)) if count is not None else 0
@@ -48,7 +52,7 @@ def is_collective_token(token: str) -> bool:
     """A registered collective algorithm or a library selector (``nccl``, ``mpich``, ``mlsl``, ``openmpi``)."""
     from ddlsim.algorithms.selectors import LIBRARIES
 
-    return token in COLLECTIVE_ALGORITHMS or token in LIBRARIES
+    return token in LIBRARIES or token in COLLECTIVE_ALGORITHMS
 
 
 def collective_tokens() -> list[str]:

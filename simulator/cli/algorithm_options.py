@@ -72,10 +72,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "sync_sgd") -> None:
+    names = ", ".join(TRAINING_ALGORITHMS.names_from_files())  # without importing every algorithm
     parser.add_argument(
-        "--algorithm",
-        default=default,
-        help=f"training algorithm: {', '.join(TRAINING_ALGORITHMS.names())} (ddlsim list training-algorithms)",
+        "--algorithm", default=default, help=f"training algorithm: {names} (ddlsim list training-algorithms)"
     )
     group = parser.add_argument_group("algorithm options (each applies to the algorithms that read it)")
     group.add_argument(
