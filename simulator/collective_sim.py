@@ -18,7 +18,8 @@ from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import run_collective
-from ddlsim.simulator.engine.fabric import Fabric, FabricSpec, topology_of, torus_shape
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.fabric_spec import FabricSpec, topology_of, torus_shape
 from ddlsim.simulator.scenario import ScenarioError, check_sockets
 
 

@@ -28,7 +28,7 @@ from ddlsim.hardware_models.catalog import PEAK_PRECISIONS, PRECISIONS, Device, 
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.registry import UnknownNameError
-from ddlsim.simulator.engine.fabric import TOPOLOGIES, FabricSpec, topology_of
+from ddlsim.simulator.engine.fabric_spec import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 

@@ -206,7 +206,7 @@ def test_topology_fields_have_one_meaning_in_the_flags_the_configs_and_the_fabri
     from ddlsim.simulator.cli.common import topology_options
     from ddlsim.simulator.cli.main import build_parser
     from ddlsim.simulator.collective_sim import CollectiveSetup
-    from ddlsim.simulator.engine.fabric import TOPOLOGY_FIELDS, FabricSpec
+    from ddlsim.simulator.engine.fabric_spec import TOPOLOGY_FIELDS, FabricSpec
     from ddlsim.simulator.scenario import Scenario
 
     def defaults(cls):

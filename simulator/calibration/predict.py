@@ -41,7 +41,7 @@ from ddlsim.hardware_models.units import UnitError
 from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve_algorithm, simulate_collective
-from ddlsim.simulator.engine.fabric import FabricError
+from ddlsim.simulator.engine.fabric_spec import FabricError
 from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers, default_host_link
 from ddlsim.simulator.sweep import simulate_point
 

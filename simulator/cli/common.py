@@ -151,7 +151,7 @@ def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
 
 def add_topology_arguments(parser) -> None:
     """The fabric-shape options shared by ``simulate`` and ``collective``; read back with ``topology_options``."""
-    from ddlsim.simulator.engine.fabric import PLACEMENTS, TOPOLOGIES
+    from ddlsim.simulator.engine.fabric_spec import PLACEMENTS, TOPOLOGIES
     from ddlsim.simulator.parsing import bounded
 
     parser.add_argument(
@@ -193,6 +193,6 @@ def add_topology_arguments(parser) -> None:
 
 def topology_options(args) -> dict[str, Any]:
     """The ``add_topology_arguments`` options as Scenario / CollectiveSetup fields."""
-    from ddlsim.simulator.engine.fabric import topology_of
+    from ddlsim.simulator.engine.fabric_spec import topology_of
 
     return {**topology_of(args), "torus_dims": parse_torus_dims(args.torus_dims), "socket_link": args.socket_link}

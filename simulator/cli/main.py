@@ -66,7 +66,7 @@ USER_ERRORS = (
     ("ddlsim.registry", "UnknownNameError"),
     ("ddlsim.hardware_models.units", "UnitError"),
     ("ddlsim.algorithms.schedule", "ScheduleError"),
-    ("ddlsim.simulator.engine.fabric", "FabricError"),
+    ("ddlsim.simulator.engine.fabric_spec", "FabricError"),
     ("ddlsim.hardware_models.catalog", "CatalogError"),
 )
 

@@ -16,22 +16,16 @@ between two ranks. Both the closed-form executor and the simulated trainers of l
 
 from __future__ import annotations
 
+import itertools
 import math
+from collections import Counter
 from typing import Any
-
-import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import FabricCosts, HopCost
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link
-from ddlsim.simulator.engine.fabric import (
-    SWITCH_HOP_LATENCY_S,
-    Fabric,
-    FabricSpec,
-    peer_crosses_sockets,
-    torus_shape,
-)
+from ddlsim.simulator.engine.fabric_spec import SWITCH_HOP_LATENCY_S, FabricSpec, peer_crosses_sockets, torus_shape
 
 
 def _hop(overhead_s: float, latency_s: float, bottleneck_Bps: float, loggp: bool) -> HopCost:
@@ -69,6 +63,8 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
     if spec.placement != "block" or _partial_torus(spec) or spec.topology == "dragonfly":
         # a partial torus: its route's latencies summed as the fabric does; a dragonfly: its minimal
         # route between node 0 and the last node, as the fabric takes it
+        from ddlsim.simulator.engine.fabric import Fabric  # numpy's links: only these fabrics build them
+
         return Fabric(spec).fabric_costs()
     intra = inter = None
     # the slowest pairs, as Fabric.fabric_costs takes them: from the node's last device, on the last
@@ -123,11 +119,11 @@ class GroupCosts:
             return self.devices_per_node
         per = self._layouts.get(group)
         if per is None:
-            nodes = np.asarray(group, dtype=np.int64) // self.devices_per_node
-            counts = np.bincount(nodes)
-            counts = counts[counts > 0]
-            per = int(counts[0])
-            per = per if bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0)) else 1
+            nodes = [rank // self.devices_per_node for rank in group]
+            counts = Counter(nodes)
+            per = counts[min(nodes)]
+            in_order = all(a <= b for a, b in itertools.pairwise(nodes))
+            per = per if in_order and all(count == per for count in counts.values()) else 1
             self._layouts[group] = per
         return per
 
