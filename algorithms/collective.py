@@ -7,9 +7,8 @@ closed-form time of that schedule on an uncontended fabric. Register one per fil
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Protocol
-
-import numpy as np
 
 from ddlsim.algorithms.schedule import COLLECTIVES, FabricCosts, Schedule, ScheduleError
 from ddlsim.registry import Registry
@@ -100,6 +99,6 @@ def positive_int_option(algorithm: str, options: dict[str, Any], key: str, defau
     """``options[key]`` (``default`` when absent) as an int; anything but a positive integer (a bool
     included) is refused, naming the algorithm and the option."""
     value = options.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 1:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:  # numpy's ints included
         raise ScheduleError(f"{algorithm}: {key} must be a positive integer, got {value!r}")
     return int(value)

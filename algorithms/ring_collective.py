@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
 def _steps(ranks: int, first_chunk_offset: int, op: int, count: int):
     """``count`` ring steps; in step s rank r sends chunk (r + first_chunk_offset - s) mod P."""
+    import numpy as np  # here, not above: the closed form's path starts without numpy
+
     src = np.arange(ranks, dtype=np.int64)
     dst = (src + 1) % ranks
     ops = np.full(ranks, op, dtype=np.int64)

@@ -15,15 +15,19 @@ Execution semantics (shared by the symbolic check, the DES, the closed forms and
   a simultaneous exchange, as in MPI_Sendrecv).
 
 Rounds are produced lazily (``Schedule.rounds()``) as numpy arrays, so a 4096-rank ring's 33 M
-transfers never exist as Python objects at once.
+transfers never exist as Python objects at once. numpy is imported where rounds are built, not with
+this module: the closed forms (the hop costs below) start without it.
 """
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 REDUCE = 0
 COPY = 1
@@ -56,6 +60,8 @@ class Round:
         self._hi = chunk_hi
         self._lo_fn = chunk_lo_fn
         if chunk_count is None:
+            import numpy as np
+
             chunk_count = np.asarray(chunk_hi) - np.asarray(chunk_lo)
         self.chunk_count = chunk_count
 
@@ -79,6 +85,8 @@ class Round:
     @staticmethod
     def of(src, dst, chunk_lo, chunk_hi, op) -> Round:
         """Build a round from array-likes or scalars (scalars are broadcast to the transfer count)."""
+        import numpy as np
+
         src_a = np.atleast_1d(np.asarray(src, dtype=np.int64))
         dst_a = np.atleast_1d(np.asarray(dst, dtype=np.int64))
         count = max(src_a.size, dst_a.size)
@@ -177,7 +185,7 @@ class Schedule:
 
 
 def check_ranks(name: str, ranks: int) -> None:
-    if not isinstance(ranks, int | np.integer) or ranks < 1:
+    if not isinstance(ranks, numbers.Integral) or ranks < 1:  # numpy's integers are Integral
         raise ScheduleError(f"{name}: ranks must be a positive integer, got {ranks!r}")
 
 

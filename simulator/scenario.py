@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ddlsim.algorithms.training_algorithm import (
     OPTION_FIELDS,
@@ -26,11 +25,15 @@ from ddlsim.algorithms.training_algorithm import (
 )
 from ddlsim.hardware_models.catalog import PEAK_PRECISIONS, PRECISIONS, Device, Link, load_device, load_link
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
-from ddlsim.hardware_models.profile import Profile
 from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.engine.fabric_spec import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
+
+if TYPE_CHECKING:  # neither is needed to run a scenario without noise or a profile (the closed form's start-up)
+    import numpy as np
+
+    from ddlsim.hardware_models.profile import Profile
 
 EXECUTORS = ("des", "analytic")
 TRANSFORMER_CHANGES = ("seq_len", "vocabulary", "max_positions")  # what a published run may change
@@ -70,6 +73,7 @@ class Stragglers:
         largest of ``ranks`` standard normals (integrated on a grid; 1 without noise or for one rank)."""
         if self.sigma == 0 or ranks <= 1:
             return 1.0
+        import numpy as np
         from scipy.special import log_ndtr
 
         z = np.linspace(-12.0, 14.0, 40001)
@@ -80,6 +84,8 @@ class Stragglers:
 
     def sampler(self, rng: np.random.Generator, ranks: int = 1):
         """A function () -> next multiplier for one of ``ranks`` ranks."""
+        import numpy as np
+
         if self.sigma == 0:
             return lambda: 1.0
         if self.expected:
@@ -356,7 +362,7 @@ class Scenario:
             split = balanced_split(layer_times(self), self.devices_per_node)
         if len(split) != self.devices_per_node or sum(split) != len(layers):
             return None
-        bounds = np.cumsum((0, *split))
+        bounds = list(itertools.accumulate((0, *split)))
         return [layers[bounds[i] : bounds[i + 1]] for i in range(len(split))]
 
     def check_memory(self) -> None:

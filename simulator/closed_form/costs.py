@@ -13,7 +13,6 @@ from ddlsim.simulator.scenario import Stragglers
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.setup import TrainingSetup
 from ddlsim.simulator.training.trainers import SimTrainer, hybrid_stage_trainers, layer_times, transformer_costs
-from ddlsim.simulator.training.transformer_trainer import TransformerTrainer
 
 
 class ClosedFormCosts(GroupCosts):
@@ -50,6 +49,8 @@ class ClosedFormCosts(GroupCosts):
     def trainer(self, rank: int) -> Any:
         """Rank ``rank``'s trainer, without noise (layouts' ranks differ; the others' workers are alike)."""
         if self.setup.scenario.is_transformer:
+            from ddlsim.simulator.training.transformer_trainer import TransformerTrainer  # transformers only
+
             return TransformerTrainer(self._transformer, rank)
         if self._stage_trainer is not None:  # hybrid_parallel: a pipeline stage's layers
             return self._stage_trainer(rank % self.setup.plan.options.stages, None)

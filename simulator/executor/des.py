@@ -26,10 +26,48 @@ import numpy as np
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.executor.role_executor import MODES, ConcurrentCollectives, OpRecord, RoleExecutor
-from ddlsim.simulator.scenario import Scenario, ScenarioError
+from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers
+from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import TrainingSetup, setup_of
-from ddlsim.simulator.training.trainers import build_trainers, layout_figures, single_device_step_s
+from ddlsim.simulator.training.trainers import (
+    SimTrainer,
+    hybrid_stage_trainers,
+    layer_times,
+    layout_figures,
+    single_device_step_s,
+    transformer_costs,
+)
+from ddlsim.simulator.training.transformer_trainer import TransformerTrainer
+
+
+def build_trainers(setup: TrainingSetup) -> list[Any]:
+    """One trainer per rank of the setup's plan: workers and helpers hold the whole model (a hybrid
+    stage its layers), servers their shard (the EASGD master the whole center); a transformer
+    layout's ranks their pipeline stage's chunks."""
+    scenario, algorithm, plan = setup.scenario, setup.algorithm, setup.plan
+    streams = np.random.default_rng(scenario.seed).spawn(plan.ranks)
+    stragglers = Stragglers.parse(scenario.stragglers)
+    workers = len(plan.workers)  # a synchronous step waits for the slowest of them
+    if scenario.is_transformer:
+        costs = transformer_costs(setup, GroupCosts(scenario.fabric_spec(setup.fabric_nodes)))
+        return [
+            TransformerTrainer(costs, rank, stragglers.sampler(streams[rank], workers)) for rank in range(plan.ranks)
+        ]
+    if algorithm.name == "hybrid_parallel":
+        stage_trainer = hybrid_stage_trainers(setup)
+        return [
+            stage_trainer(rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
+            for rank in range(plan.ranks)
+        ]
+    layers = layer_times(scenario)
+    shards = max(len(plan.servers), 1)
+    return [
+        SimTrainer(scenario, layers, algorithm.momentum, shards=shards)
+        if plan.is_server(rank)
+        else SimTrainer(scenario, layers, algorithm.momentum, stragglers.sampler(streams[rank], workers))
+        for rank in range(plan.ranks)
+    ]
 
 
 @dataclass
@@ -151,6 +189,7 @@ def summarise(setup: TrainingSetup, executor: RoleExecutor, returns: dict, bucke
         buckets=buckets,
         executor="des",
         path=path,
+        staleness=np.zeros(0, dtype=np.int64),  # the servers' pushes below, where there are servers
         transfers=executor.transfers,
     )
     if scenario.is_transformer:

@@ -25,12 +25,13 @@ Every algorithm, synchronous or not, gives the same columns (SI units, suffixed 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ddlsim.simulator.records import SCALING_COLUMNS
+
+if TYPE_CHECKING:
+    import numpy as np
 
 RESULT_COLUMNS = (
     *SCALING_COLUMNS,
@@ -98,7 +99,9 @@ class TrainingResult:
     server_utilisation: float = math.nan
     server_queue_s: float = math.nan
     server_queue_peak: int = 0
-    staleness: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
+    # staleness of each push the servers applied (the event simulation's); None: none recorded (the
+    # closed form, which needs no numpy)
+    staleness: np.ndarray | None = None
     transfers: int = 0
     analytic_iteration_s: float | None = None  # the closed form beside a DES result, where one exists
     layout: dict[str, float] | None = None  # transformer layouts: per-iteration figures (see the docstring)
@@ -116,7 +119,8 @@ class TrainingResult:
         if self.layout is not None:
             return self._layout_row()
         speedup = self.throughput_samples_per_s / (per_device_batch / self.compute_s)
-        staleness = self.staleness
+        # a synchronous parameter server applies no stale gradient: 0, not "does not apply"
+        mean, p99, largest = _staleness_figures(self.staleness)
         has_servers = self.servers > 0
         return {
             "nodes": self.nodes,
@@ -139,10 +143,9 @@ class TrainingResult:
             "comm_share": self.comm_share,
             "server_utilisation": self.server_utilisation if has_servers else None,
             "server_queue_s": self.server_queue_s if has_servers else None,
-            # a synchronous parameter server applies no stale gradient: 0, not "does not apply"
-            "staleness_mean": (float(staleness.mean()) if staleness.size else 0.0) if has_servers else None,
-            "staleness_p99": (float(np.percentile(staleness, 99)) if staleness.size else 0.0) if has_servers else None,
-            "staleness_max": (int(staleness.max()) if staleness.size else 0) if has_servers else None,
+            "staleness_mean": mean if has_servers else None,
+            "staleness_p99": p99 if has_servers else None,
+            "staleness_max": largest if has_servers else None,
             "buckets": self.buckets,
             "executor": self.executor,
             "execution_path": self.path,
@@ -179,8 +182,19 @@ class TrainingResult:
         return row
 
     def staleness_histogram(self) -> list[dict[str, int]]:
-        values, counts = np.unique(self.staleness, return_counts=True)
+        import numpy as np
+
+        values, counts = np.unique(self.staleness if self.staleness is not None else [], return_counts=True)
         return [
             {"nodes": self.nodes, "staleness": int(v), "count": int(c)}
             for v, c in zip(values, counts, strict=True)
         ]
+
+
+def _staleness_figures(staleness: np.ndarray | None) -> tuple[float, float, int]:
+    """(mean, 99th percentile, largest) of the pushes' staleness; 0 where none was recorded."""
+    if staleness is None or not staleness.size:
+        return 0.0, 0.0, 0
+    import numpy as np
+
+    return float(staleness.mean()), float(np.percentile(staleness, 99)), int(staleness.max())

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.algorithms.training_algorithm import Plan, TrainingAlgorithm, check_server_placement
 from ddlsim.simulator.scenario import Scenario, ScenarioError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,9 @@ class TrainingSetup:
         return max(self.nodes, -(-(self.nodes * per_node + len(self.plan.helpers)) // per_node))
 
     def placement(self) -> np.ndarray:
-        """The fabric rank of each rank (built on demand: the closed form never needs it)."""
+        """The fabric rank of each rank (built on demand: the closed form never needs it, nor numpy)."""
+        import numpy as np
+
         per_node = self.scenario.devices_per_node
         devices = self.nodes * per_node
         servers = np.arange(len(self.plan.servers), dtype=np.int64) * per_node

@@ -16,17 +16,19 @@ roofline compute model of ``hardware_models.compute`` and whose results are size
   bytes at the device's STREAM bandwidth, like the optimizer update.
 * Stragglers (``Stragglers``): a multiplier on a worker's compute, drawn per step (or once per
   device) from a seeded ``numpy.random.Generator``, one child stream per rank, so the draws do not
-  depend on the order in which events happen.
+  depend on the order in which events happen (the event simulation's ``build_trainers`` draws them:
+  this module imports no numpy, nor a transformer's costs unless the workload is one, so that the
+  closed form starts at once).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from ddlsim.algorithms.comm import Sized
 from ddlsim.algorithms.gradient_buckets import StepProfile
@@ -38,10 +40,12 @@ from ddlsim.hardware_models.compute import (
     optimizer_update_time_s,
     parameter_tensors,
 )
-from ddlsim.simulator.scenario import Scenario, Stragglers
+from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.setup import TrainingSetup
-from ddlsim.simulator.training.transformer_trainer import Collectives, TransformerCosts, TransformerTrainer
+
+if TYPE_CHECKING:
+    from ddlsim.simulator.training.transformer_trainer import TransformerCosts
 
 
 @dataclass(frozen=True)
@@ -270,7 +274,7 @@ def stage_layers(layers: tuple[LayerTime, ...], split: tuple[int, ...]) -> list[
         raise TrainingAlgorithmError(
             f"hybrid split {','.join(map(str, split))} covers {sum(split)} layers; the workload has {len(layers)}"
         )
-    bounds = np.cumsum((0, *split))
+    bounds = list(itertools.accumulate((0, *split)))
     return [layers[bounds[i] : bounds[i + 1]] for i in range(len(split))]
 
 
@@ -278,11 +282,11 @@ def balanced_split(layers: tuple[LayerTime, ...], stages: int) -> tuple[int, ...
     """Contiguous split with near-equal forward + backward time per stage (each stage >= 1 layer)."""
     if stages > len(layers):
         raise TrainingAlgorithmError(f"hybrid_parallel: {stages} stages but only {len(layers)} layers")
-    cost = np.cumsum([layer.forward_s + layer.backward_s for layer in layers])
+    cost = list(itertools.accumulate(layer.forward_s + layer.backward_s for layer in layers))
     cuts = []
     previous = 0
     for stage in range(1, stages):
-        cut = int(np.searchsorted(cost, cost[-1] * stage / stages)) + 1
+        cut = bisect.bisect_left(cost, cost[-1] * stage / stages) + 1
         cut = min(max(cut, previous + 1), len(layers) - (stages - stage))
         cuts.append(cut)
         previous = cut
@@ -315,37 +319,10 @@ def hybrid_stage_trainers(setup: TrainingSetup) -> Callable[[int, Callable[[], f
     return make
 
 
-def build_trainers(setup: TrainingSetup) -> list[Any]:
-    """One trainer per rank of the setup's plan: workers and helpers hold the whole model (a hybrid
-    stage its layers), servers their shard (the EASGD master the whole center); a transformer
-    layout's ranks their pipeline stage's chunks."""
-    scenario, algorithm, plan = setup.scenario, setup.algorithm, setup.plan
-    streams = np.random.default_rng(scenario.seed).spawn(plan.ranks)
-    stragglers = Stragglers.parse(scenario.stragglers)
-    workers = len(plan.workers)  # a synchronous step waits for the slowest of them
-    if scenario.is_transformer:
-        costs = transformer_costs(setup, GroupCosts(scenario.fabric_spec(setup.fabric_nodes)))
-        return [
-            TransformerTrainer(costs, rank, stragglers.sampler(streams[rank], workers)) for rank in range(plan.ranks)
-        ]
-    if algorithm.name == "hybrid_parallel":
-        stage_trainer = hybrid_stage_trainers(setup)
-        return [
-            stage_trainer(rank % plan.options.stages, stragglers.sampler(streams[rank], workers))
-            for rank in range(plan.ranks)
-        ]
-    layers = layer_times(scenario)
-    shards = max(len(plan.servers), 1)
-    return [
-        SimTrainer(scenario, layers, algorithm.momentum, shards=shards)
-        if plan.is_server(rank)
-        else SimTrainer(scenario, layers, algorithm.momentum, stragglers.sampler(streams[rank], workers))
-        for rank in range(plan.ranks)
-    ]
-
-
 def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts) -> TransformerCosts:
     """The per-chunk costs of a ``megatron`` setup's ranks, with collectives timed by ``group_costs``."""
+    from ddlsim.simulator.training.transformer_trainer import Collectives, TransformerCosts
+
     scenario = setup.scenario
     options = setup.plan.options
     comm = Collectives(group_costs.collective_s, group_costs.message_s)
