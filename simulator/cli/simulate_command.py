@@ -17,11 +17,10 @@ import argparse
 import dataclasses
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ddlsim.algorithms.training_algorithm import make_options
 from ddlsim.hardware_models.catalog import load_device
-from ddlsim.hardware_models.profile import Profile, load_profile
 from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_values
 from ddlsim.simulator.cli.common import (
     InputError,
@@ -37,6 +36,9 @@ from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
 from ddlsim.simulator.scenario import EXECUTORS, STRAGGLER_FORMS, Scenario, ScenarioError
 from ddlsim.simulator.sweep import POOLS, run_sweep
 from ddlsim.simulator.training.result import RESULT_COLUMNS, SCALING_COLUMNS
+
+if TYPE_CHECKING:
+    from ddlsim.hardware_models.profile import Profile
 
 DEFAULT = Scenario()
 
@@ -185,6 +187,8 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         values["enforce_memory"] = False
     scenario = Scenario.from_dict(values)
     if args.profile is not None:
+        from ddlsim.hardware_models.profile import load_profile  # 650 lines the run without --profile skips
+
         scenario = with_profile(scenario, load_profile(args.profile), stragglers_given="stragglers" in given)
     return scenario
 
