@@ -442,6 +442,32 @@ def test_a_command_imports_only_its_own_module():
     assert not {"matplotlib", "ddlsim.simulator.cli.simulate_command", "ddlsim.simulator.cli.bench_command"} & loaded
 
 
+def test_the_closed_form_imports_no_numerical_library_nor_the_event_simulation(tmp_path):
+    loaded = _modules_after(
+        "from ddlsim.simulator.cli.main import main\n"
+        f"main(['simulate', '--executor', 'analytic', '--nodes', '1000000', '--out', {str(tmp_path)!r}])"
+    )
+    assert "ddlsim.simulator.closed_form.training" in loaded
+    heavy = {"numpy", "scipy", "simpy", "matplotlib", "torch", "ddlsim.simulator.engine.fabric",
+             "ddlsim.simulator.executor.des", "ddlsim.simulator.training.transformer_trainer",
+             "ddlsim.hardware_models.profile"}  # fmt: skip
+    assert not heavy & loaded, heavy & loaded
+    # the registries imported the one training algorithm and the one collective the run uses
+    plugins = {module for module in loaded if module.endswith(("_training", "_collective"))}
+    assert plugins == {"ddlsim.algorithms.sync_sgd_training", "ddlsim.algorithms.ring_collective"}
+
+
+def test_every_registered_token_is_its_files_name():
+    """What lets a registry import a token's file alone, and list the tokens without importing them."""
+    from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+    from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
+    from ddlsim.registry import Registry
+
+    for registry, suffix in ((TRAINING_ALGORITHMS, "_training"), (COLLECTIVE_ALGORITHMS, "_collective")):
+        unloaded = Registry(registry.kind, package="ddlsim.algorithms", suffix=suffix)
+        assert unloaded.names_from_files() == registry.names()
+
+
 def test_version(capsys):
     import ddlsim
 
