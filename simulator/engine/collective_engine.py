@@ -834,15 +834,21 @@ class VectorisedExecutor:
         contention = st.contention
         if contention.flows.size:
             flows = contention.flows
-            starts = flow_start[flows]
-            nbytes = np.broadcast_to(rb.nbytes, st.src.shape)[flows]
+            every = flows.size == st.src.size  # every transfer contends: flows is arange, no gathers
+            starts, nbytes = flow_start, np.broadcast_to(rb.nbytes, st.src.shape)
+            if not every:
+                starts, nbytes = starts[flows], nbytes[flows]
             if rb.fluid_s is None:  # durations when all start together (they then do not depend on when)
                 zero = np.zeros(flows.size)
                 rb.fluid_s = fluid_ends(
                     contention.owner, contention.link, contention.capacity_Bps, nbytes, zero, contention.component
                 )
-            flow_s = flow_s.copy()
-            flow_s[flows] = contention.end_times(nbytes, starts, rb.fluid_s) - starts
+            contended_s = contention.end_times(nbytes, starts, rb.fluid_s) - starts
+            if every:
+                flow_s = contended_s
+            else:
+                flow_s = flow_s.copy()
+                flow_s[flows] = contended_s
         if forced is not None:
             flow_s = flow_s.copy()
             flow_s[forced[0]] = forced[1] - flow_start[forced[0]]

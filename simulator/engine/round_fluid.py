@@ -25,6 +25,58 @@ FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of an ev
 
 
 @dataclass(frozen=True)
+class Runs:
+    """A sequence cut into consecutive non-empty runs (a round's flows, component by component, or
+    bundle by bundle), with per-run reductions: numpy's ``reduceat``, or where every run has the same
+    few elements, elementwise passes over the positions in a run, adjacent pairs first (at eight flows
+    a run a fifth of the time of ``reduceat`` or ``ufunc.at`` over 131,072 flows). Exact for minimum
+    and maximum, whose result does not depend on the order."""
+
+    bounds: np.ndarray  # where each run begins
+    sizes: np.ndarray  # how long each is
+    width: int  # the length of every run, or 0 where they differ (or are too long to go by position)
+
+    @staticmethod
+    def of_labels(labels: np.ndarray) -> Runs | None:
+        """The runs of equal ``labels``, or None where one label occurs in two runs (not sorted)."""
+        if not labels.size:
+            return None
+        step = np.diff(labels)
+        if np.any(step < 0):
+            return None
+        return Runs.of_bounds(np.concatenate(([0], np.flatnonzero(step) + 1)), labels.size)
+
+    @staticmethod
+    def of_bounds(bounds: np.ndarray, size: int) -> Runs:
+        """The runs that begin at ``bounds`` (increasing, the first 0) of a sequence of ``size``."""
+        sizes = np.diff(np.append(bounds, size))
+        width = int(sizes[0])
+        return Runs(bounds, sizes, width if width <= 64 and np.all(sizes == width) else 0)
+
+    def spread(self, per_run: np.ndarray) -> np.ndarray:
+        """Each run's value repeated over its positions."""
+        return np.repeat(per_run, self.width or self.sizes)
+
+    def reduce(self, values: np.ndarray, ufunc: np.ufunc) -> np.ndarray:
+        """``ufunc`` (minimum or maximum) over each run of ``values`` (a new array)."""
+        width = self.width
+        if not width:
+            return ufunc.reduceat(values, self.bounds)
+        table = values
+        while width % 2 == 0:  # adjacent pairs: a contiguous pass over half as many each time
+            pairs = table.reshape(-1, 2)
+            table = ufunc(pairs[:, 0], pairs[:, 1])
+            width //= 2
+        if width == 1:
+            return table if table is not values else values.copy()
+        columns = table.reshape(-1, width)
+        out = columns[:, 0].copy()
+        for position in range(1, width):
+            ufunc(out, columns[:, position], out=out)
+        return out
+
+
+@dataclass(frozen=True)
 class Contention:
     """The transfers of a round that share a link with another, and their routes.
 
@@ -39,6 +91,7 @@ class Contention:
     capacity_Bps: np.ndarray
     component: np.ndarray
     components: int
+    runs: Runs | None = None  # the components as runs of consecutive flows, where they are
 
     @staticmethod
     def of(flat_links: np.ndarray, owner: np.ndarray, capacity_Bps: np.ndarray) -> Contention:
@@ -75,7 +128,9 @@ class Contention:
             component, count = np.zeros(flows.size, dtype=np.int64), 1
         else:
             component, count = _components(local_owner, local_link, flows.size, links.size)
-        return Contention(flows, local_owner, local_link, capacity_Bps[links], component, count)
+        return Contention(
+            flows, local_owner, local_link, capacity_Bps[links], component, count, Runs.of_labels(component)
+        )
 
     def end_times(self, nbytes: np.ndarray, starts: np.ndarray, durations_from_zero: np.ndarray) -> np.ndarray:
         """End times of the contended flows (bytes ``nbytes``, starting at ``starts``, both per flow).
@@ -83,11 +138,16 @@ class Contention:
         ``durations_from_zero``: ``fluid_ends(...)`` of all of them started at time 0, which a
         component whose flows all start together only shifts.
         """
-        lo = np.full(self.components, np.inf)
-        hi = np.full(self.components, -np.inf)
-        np.minimum.at(lo, self.component, starts)
-        np.maximum.at(hi, self.component, starts)
+        if self.runs is not None:
+            lo, hi = self.runs.reduce(starts, np.minimum), self.runs.reduce(starts, np.maximum)
+        else:
+            lo = np.full(self.components, np.inf)
+            hi = np.full(self.components, -np.inf)
+            np.minimum.at(lo, self.component, starts)
+            np.maximum.at(hi, self.component, starts)
         ends = starts + durations_from_zero
+        if np.array_equal(lo, hi):  # every component's flows start together
+            return ends
         apart = (hi > lo)[self.component]
         if apart.any():
             index = np.cumsum(apart) - 1  # flow -> position among the flows that start apart
