@@ -20,7 +20,9 @@ latest such end over its received transfers), the sender's still at the arrival.
   (``steady_state.py``). Links whose constraint is implied by others (``Fabric.redundant``) are
   left out of all of it. A large round on a torus whose transfers make the same hops in each
   dimension (recursive doubling's) goes as arcs, per link and per flow rather than per hop
-  (``round_arcs.py``), where that gives the same result. Where no proof applies it raises
+  (``round_arcs.py``), where that gives the same result; a round whose contended transfers travel in
+  bundles of one route each (the devices of one node sending to those of another) is checked and
+  committed per bundle and link rather than per hop (``round_bundles.py``). Where no proof applies it raises
   ``ContentionDetected`` and ``run_collective`` re-runs the collective message by message.
   ``tests/test_collective_engine.py`` holds the two paths to each other.
 
@@ -41,6 +43,7 @@ from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.lockstep import FINISH_TOLERANCE, LockstepRound, lockstep_exits
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
+from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
@@ -89,6 +92,7 @@ class _Structure:
     contention: Contention
     contended_mask: np.ndarray  # bool per transfer: in ``contention.flows``
     participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
+    bundles: Bundles | None  # contended transfers in bundles of one route each (``round_bundles``)
     bytes: _RoundBytes | None = None
 
 
@@ -144,7 +148,7 @@ class Checkpoint:
 
     operations: int
     arrays: tuple[np.ndarray, ...]
-    counters: tuple[int, int, int, int, int]
+    counters: tuple[int, int, int, int, int, int]
 
 
 def _busy_before(links: np.ndarray, link_sender: np.ndarray, busy_until: np.ndarray, clock: np.ndarray) -> np.ndarray:
@@ -245,7 +249,12 @@ class VectorisedExecutor:
     """
 
     def __init__(
-        self, fabric: Fabric, ranks: int | None = None, extrapolate: bool = True, arcs: bool | None = None
+        self,
+        fabric: Fabric,
+        ranks: int | None = None,
+        extrapolate: bool = True,
+        arcs: bool | None = None,
+        bundles: bool | None = None,
     ) -> None:
         self.fabric = fabric
         self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcuts to this)
@@ -253,6 +262,9 @@ class VectorisedExecutor:
         # as there are torus links (below that, hop lists are cheap); True / False: always / never
         # (tests hold the two to each other)
         self.arcs = arcs
+        # a round's check and commit per bundle of same-route transfers (``round_bundles``): None where
+        # that halves the entries; True / False: wherever it applies / never
+        self.bundles = bundles
         self._no_redundant_links = not fabric.redundant.any()
         links = fabric.capacity_Bps.size
         self.busy_until = np.full(links, -np.inf)
@@ -276,6 +288,7 @@ class VectorisedExecutor:
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
         self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
         self.arc_rounds = 0  # rounds executed as torus arcs (``_execute_arcs``)
+        self.bundled_rounds = 0  # rounds checked and committed per bundle (``_commit_bundles``)
         self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
         # while nothing else ran after it (``restore``)
 
@@ -316,6 +329,9 @@ class VectorisedExecutor:
                 contention,
                 np.isin(np.arange(src.size), contention.flows),
                 None if identity else unique_ints(np.concatenate([src, dst])),
+                None
+                if self.bundles is False or not contention.flows.size
+                else Bundles.of(flat_links, owner, src.size, self.link_sender.size, halve=self.bundles is None),
             )
             self._structures.put(rnd, members, structure)
         if structure.version != self._shared_version:
@@ -762,6 +778,9 @@ class VectorisedExecutor:
             begin = t if st.identity_src else t[st.src]
             flow_start = begin + st.overhead_s
             flow_s = self._durations(st, rb, flow_start, forced)
+            if group is None and st.bundles is not None and self._commit_bundles(st.bundles, flow_start, flow_s):
+                owners = owners[:0]  # committed per bundle: nothing left for the hop lists
+                break
             if not owners.size:
                 break
             before = busy[links]  # the checked links' busy times (fresh each pass: an overlap group moves them)
@@ -853,6 +872,14 @@ class VectorisedExecutor:
             flow_s = flow_s.copy()
             flow_s[forced[0]] = forced[1] - flow_start[forced[0]]
         return flow_s
+
+    def _commit_bundles(self, bundles: Bundles, flow_start: np.ndarray, flow_s: np.ndarray) -> bool:
+        """``_commit`` per bundle (``round_bundles``), False where a flow would meet an earlier one."""
+        bundles.refresh(self.link_sender, self._shared_version)
+        state = (self.busy_until, self._writer_serial, self._writer_index, self._alone)
+        committed = bundles.commit(flow_start, flow_start + flow_s, *state, self._serial)
+        self.bundled_rounds += committed
+        return committed
 
     def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links, before) -> None:
         """Record this round's flows on its checked links (``before``: their busy times until now):
@@ -993,9 +1020,8 @@ class VectorisedExecutor:
     # --- collectives in flight together ------------------------------------------------------------
     def checkpoint(self) -> Checkpoint:
         """The link state and clocks as they are now, for ``restore``."""
-        counters = (
-            self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds, self.arc_rounds
-        )
+        counters = (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
+                    self.arc_rounds, self.bundled_rounds)  # fmt: skip
         arrays = (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index, self._alone)
         return Checkpoint(self.operations, tuple(array.copy() for array in arrays), counters)
 
@@ -1007,7 +1033,7 @@ class VectorisedExecutor:
         (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index,
          self._alone) = (array.copy() for array in checkpoint.arrays)  # fmt: skip
         (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
-         self.arc_rounds) = checkpoint.counters  # fmt: skip
+         self.arc_rounds, self.bundled_rounds) = checkpoint.counters  # fmt: skip
         self._placed = None
         self._shared_version += 1  # the cached structures' checked links were found in the undone state
 
