@@ -341,6 +341,17 @@ def test_point_to_point_from_a_rank_inside_a_collective_is_refused(switch_fabric
     assert executor.transfer(0, 1, 1e3, float(finish[0])) > finish[0]
 
 
+def schedule_of_rounds(*rounds, ranks):
+    """A schedule of one round per list of (src, dst) pairs, each moving chunk 0 and reducing it in."""
+
+    def make(pairs):
+        src, dst = np.array(pairs).T
+        return Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE))
+
+    built = [make(pairs) for pairs in rounds]
+    return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
+
+
 def fabric_of(nodes, devices_per_node=1, **kwargs):
     return Fabric(
         FabricSpec(

@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, MessageExecutor, VectorisedExecutor
 from ddlsim.simulator.engine.round_arcs import ArcRound
-from tests.test_collective_engine import fabric_of
+from tests.test_collective_engine import fabric_of, schedule_of_rounds
 
 
 def _torus(nodes, topology="torus_2d", devices_per_node=1, **kwargs):
@@ -140,22 +139,12 @@ def test_torus_rounds_as_arcs_time_as_the_hop_lists(algorithm, nodes, topology, 
         assert executor.arc_rounds > 0
 
 
-def _rounds(*rounds, ranks):
-    """A schedule of one round per list of (src, dst) pairs."""
-
-    def make(pairs):
-        src, dst = np.array(pairs).T
-        return Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE))
-
-    built = [make(pairs) for pairs in rounds]
-    return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
-
 
 def test_a_round_overlapping_an_arc_round_is_simulated_with_its_hops():
     """Round 1: 0 -> 2 (as arcs); round 2: 1 -> 2, sent at once while 0's flow still streams through
     link (1, +) and into rank 2's port: the overlap group needs round 1's hop lists, rebuilt."""
     fabric = _torus(16)
-    executor = _compare(fabric, _rounds([(0, 2)], [(1, 2)], ranks=16), 0.0, 1e6)
+    executor = _compare(fabric, schedule_of_rounds([(0, 2)], [(1, 2)], ranks=16), 0.0, 1e6)
     assert (executor.arc_rounds, executor.overlapping_rounds) == (1, 1)
 
 
@@ -164,8 +153,8 @@ def test_rounds_whose_links_carry_flows_of_different_shares_go_hop_by_hop():
     1 (at most 2 flows on its links: half a link) and 3 (3 flows on link 5: a third). The rates then
     come from the fluid, not from the shares: the round declines the arcs."""
     fabric = _torus(32, torus_dims=(2, 16))
-    schedule = _rounds([(0, 3), (1, 4), (3, 6), (4, 7), (5, 8)], ranks=32)
+    schedule = schedule_of_rounds([(0, 3), (1, 4), (3, 6), (4, 7), (5, 8)], ranks=32)
     executor = _compare(fabric, schedule, 0.0)
     assert executor.arc_rounds == 0
-    even = _rounds([(0, 3), (1, 4), (4, 7), (5, 8), (6, 9)], ranks=32)  # two groups apart: 1/2 and 1/3
+    even = schedule_of_rounds([(0, 3), (1, 4), (4, 7), (5, 8), (6, 9)], ranks=32)  # two groups apart: 1/2 and 1/3
     assert _compare(fabric, even, 0.0).arc_rounds == 1

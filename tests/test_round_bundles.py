@@ -5,11 +5,10 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, VectorisedExecutor
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Runs
-from tests.test_collective_engine import fabric_of
+from tests.test_collective_engine import fabric_of, schedule_of_rounds
 
 
 @pytest.mark.parametrize("sizes", [[1] * 5, [2] * 6, [3] * 4, [6] * 3, [8] * 5, [12] * 2, [80] * 2, [1, 3, 2, 8, 1]])
@@ -152,24 +151,18 @@ def test_node_to_node_rings_per_bundle_time_as_the_hop_lists(nodes, topology, de
         assert chosen.bundled_rounds > 0
 
 
-def _rounds(*rounds, ranks):
-    def make(pairs):
-        src, dst = np.array(pairs).T
-        return Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE))
-
-    built = [make(pairs) for pairs in rounds]
-    return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
-
 
 def test_a_bundle_meeting_the_previous_rounds_flow_goes_to_its_overlap_group():
     """Round 1: rank 0 to rank 8 alone (node 0 to node 1); round 2: ranks 1..7 to 9..15, one bundle on
     the same links, sent at once while 0's flow still streams there: the bundle declines, and the hop
     lists simulate the two rounds' flows together."""
     fabric = fabric_of(4, 8)
-    schedule = _rounds([(0, 8)], [(r, r + 8) for r in range(1, 8)], ranks=32)
+    schedule = schedule_of_rounds([(0, 8)], [(r, r + 8) for r in range(1, 8)], ranks=32)
     bundled, _ = _compare(fabric, schedule, 0.0, extrapolate=(True,))
     assert bundled.overlapping_rounds == 1
     assert bundled.bundled_rounds == 0
-    later = _rounds([(0, 8)], [(r, r + 8) for r in range(1, 8)], [(r + 8, r + 16) for r in range(8)], ranks=32)
+    later = schedule_of_rounds(
+        [(0, 8)], [(r, r + 8) for r in range(1, 8)], [(r + 8, r + 16) for r in range(8)], ranks=32
+    )
     bundled, _ = _compare(fabric, later, 0.0, extrapolate=(True,))
     assert (bundled.overlapping_rounds, bundled.bundled_rounds) == (1, 1)

@@ -108,7 +108,8 @@ def fallback_note(ranks: int, reason: str, closed_form: bool = True) -> str:
     instead = "--executor analytic gives the closed form at once" if closed_form else "fewer nodes run faster"
     return (
         f"ddlsim: note: {ranks:,} ranks: the round-at-a-time path cannot prove this point's times exact "
-        f"({reason}); re-running it message by message, which takes longer: its events grow with ranks x messages ({instead})"
+        f"({reason}); re-running it message by message, which takes longer: its events grow with ranks x "
+        f"messages ({instead})"
     )
 
 
