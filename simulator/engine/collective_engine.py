@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
@@ -46,6 +45,14 @@ from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
+from ddlsim.simulator.engine.round_structures import (
+    ArcPlaced,
+    ArcStructure,
+    RoundBytes,
+    RoundCache,
+    Structure,
+    identity_and_shift,
+)
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
@@ -58,88 +65,6 @@ _OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated wi
 
 class ContentionDetected(RuntimeError):
     """Two flows may share a link at the same time: the vectorised path does not apply."""
-
-
-@dataclass
-class _RoundBytes:
-    """What a round's byte counts give, kept with its structure while the same arrays come back."""
-
-    chunk_count: Any  # the round's arrays these were computed from (held, so compared by identity)
-    op: Any
-    message_bytes: float
-    nbytes: np.ndarray
-    reduce_s: np.ndarray | None
-    flow_s: np.ndarray  # uncontended: bytes / bottleneck
-    fluid_s: np.ndarray | None = None  # contended transfers' durations when they start together
-
-
-@dataclass
-class _Structure:
-    src: np.ndarray  # schedule ranks (index the per-rank time vector)
-    dst: np.ndarray
-    senders: np.ndarray  # fabric rank of each transfer's sender (keys the shared link state)
-    flat_links: np.ndarray  # link ids of all valid hops of all transfers, flattened
-    flat_owner: np.ndarray  # transfer index of each flat link
-    alpha_s: np.ndarray
-    overhead_s: np.ndarray
-    bottleneck_Bps: np.ndarray
-    identity_src: bool  # src == arange(ranks): every rank sends exactly once, in rank order
-    permutation: bool  # every rank sends at most once and receives at most once
-    shift: int  # dst == (src + shift) % ranks with identity src; 0 when not such a structure
-    checked: np.ndarray  # positions in flat_links whose link more than one sender uses
-    version: int  # shared-link version ``checked`` was computed for
-    # transfers that share a link with another transfer of the same round (in-round fluid simulation)
-    contention: Contention
-    contended_mask: np.ndarray  # bool per transfer: in ``contention.flows``
-    participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
-    bundles: Bundles | None  # contended transfers in bundles of one route each (``round_bundles``)
-    bytes: _RoundBytes | None = None
-
-
-@dataclass
-class _ArcStructure:
-    """A round routed as torus arcs (``round_arcs``): the proof and the timing per link and per flow.
-
-    Taken only where the in-round fluid needs no simulation: every link's flows have one equal share
-    (its capacity over its flow count, the smallest on their routes), which then is each contended
-    flow's max-min fair rate, and, checked per execution, start together with equal bytes, so they
-    end together as the fluid would have them (``round_fluid``: a component whose flows all start
-    together ends as it would from time zero, shifted).
-    """
-
-    src: np.ndarray
-    dst: np.ndarray
-    senders: np.ndarray
-    alpha_s: np.ndarray
-    overhead_s: np.ndarray
-    bottleneck_Bps: np.ndarray
-    identity_src: bool
-    permutation: bool
-    shift: int
-    participants: np.ndarray | None
-    arcs: ArcRound
-    used: np.ndarray  # ids of the links some flow crosses
-    contended: np.ndarray  # transfers that share a link with another (indices)
-    share_Bps: np.ndarray  # their rates: the smallest equal share on their routes
-    writer: np.ndarray  # per link: the highest-numbered transfer that crosses it (-1: none)
-    bytes: _RoundBytes | None = None
-
-
-@dataclass
-class _ArcPlaced:
-    """A round executed as arcs, as the next round's claims need it: per link the end of its last flow
-    there (-inf: none) and which transfer that is (all of a link's flows end together), per transfer
-    its flow start; and what rebuilds it as a ``Placed`` where flows of the next round overlap its own."""
-
-    serial: int
-    link_end: np.ndarray
-    writer: np.ndarray
-    flow_start: np.ndarray
-    round: Round
-    members: np.ndarray | None
-    entry: np.ndarray
-    duration: np.ndarray
-    bytes: _RoundBytes
 
 
 @dataclass(frozen=True)
@@ -160,7 +85,7 @@ def _busy_before(links: np.ndarray, link_sender: np.ndarray, busy_until: np.ndar
     return np.where(sender == -2, busy_until[links], np.where(sender >= 0, own, -np.inf))
 
 
-def _lockstep_round(st: _Structure, count: int) -> LockstepRound:
+def _lockstep_round(st: Structure, count: int) -> LockstepRound:
     """A run of identical rounds as each rank of a collective in lockstep sees it (``lockstep``);
     ``ContentionDetected`` unless the round is a shift whose transfers are all alike."""
     rb = st.bytes
@@ -175,36 +100,6 @@ def _lockstep_round(st: _Structure, count: int) -> LockstepRound:
     overhead, alpha = float(st.overhead_s[0]), float(st.alpha_s[0])
     reduce_s = 0.0 if rb.reduce_s is None else float(rb.reduce_s[0])
     return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
-
-
-class _RoundCache:
-    """What was built for a round's transfer arrays (and member ranks), while the same arrays come
-    back: keyed by their ids, holding references to them so that the ids cannot be reused while
-    cached; emptied past 256 entries."""
-
-    def __init__(self) -> None:
-        self._entries: dict[tuple[int, int, int], tuple[Any, Any, Any, Any]] = {}
-
-    def get(self, rnd: Round, members: np.ndarray | None) -> tuple[bool, Any]:
-        """(whether ``rnd`` with ``members`` is cached, what was built for it)."""
-        cached = self._entries.get((id(rnd.src), id(rnd.dst), id(members)))
-        if cached is not None and cached[0] is rnd.src and cached[1] is rnd.dst and cached[2] is members:
-            return True, cached[3]
-        return False, None
-
-    def put(self, rnd: Round, members: np.ndarray | None, value: Any) -> None:
-        if len(self._entries) > 256:
-            self._entries.clear()
-        self._entries[(id(rnd.src), id(rnd.dst), id(members))] = (rnd.src, rnd.dst, members, value)
-
-
-def _identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bool, int]:
-    """(whether every rank sends once, in rank order; s where rank r sends to r + s mod ranks, else 0)."""
-    identity = src.size == ranks and bool(np.array_equal(src, np.arange(ranks)))
-    shift = int((dst[0] - src[0]) % ranks) if identity and src.size else 0
-    if shift and not np.array_equal(dst, (src + shift) % ranks):
-        shift = 0
-    return identity, shift
 
 
 def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
@@ -272,8 +167,8 @@ class VectorisedExecutor:
         # latest known time of each fabric rank (no earlier than the end of any flow it started)
         self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
         self._shared_version = 0
-        self._structures = _RoundCache()  # of _Structure
-        self._arc_structures = _RoundCache()  # of _ArcStructure, or None: not a round for arcs
+        self._structures = RoundCache()  # of Structure
+        self._arc_structures = RoundCache()  # of ArcStructure, or None: not a round for arcs
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
         self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
         # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
@@ -282,7 +177,7 @@ class VectorisedExecutor:
         self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
         self._scratch = np.zeros(links, dtype=np.int64)
         self._serial = 0  # executed rounds so far
-        self._placed: Placed | _ArcPlaced | None = None  # the round executed just before, in this call
+        self._placed: Placed | ArcPlaced | None = None  # the round executed just before, in this call
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
@@ -292,7 +187,7 @@ class VectorisedExecutor:
         self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
         # while nothing else ran after it (``restore``)
 
-    def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> _Structure:
+    def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> Structure:
         found, structure = self._structures.get(rnd, members)
         if not found:
             src = np.asarray(rnd.src, dtype=np.int64)
@@ -306,13 +201,13 @@ class VectorisedExecutor:
             # the clocks up to now (they are otherwise refreshed per call, not per round)
             self._advance_clocks(t, members)
             self._claim(flat_links, global_src[owner])
-            identity, shift = _identity_and_shift(src, dst, ranks)
+            identity, shift = identity_and_shift(src, dst, ranks)
             permutation = bool(np.bincount(src, minlength=1).max() <= 1 and np.bincount(dst, minlength=1).max() <= 1)
             if self.fabric.spec.loggp and not permutation:
                 # a rank's CPU would handle its several messages one after another
                 raise ContentionDetected("LogGP overheads serialise a rank's messages within a round")
             overhead = self.fabric.overheads(global_src, global_dst)
-            structure = _Structure(
+            structure = Structure(
                 src,
                 dst,
                 global_src,
@@ -339,9 +234,7 @@ class VectorisedExecutor:
             structure.version = self._shared_version
         return structure
 
-    def _arc_structure(
-        self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None
-    ) -> _ArcStructure | None:
+    def _arc_structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> ArcStructure | None:
         """The round as torus arcs, or None where it is not such a round (``Fabric.torus_round``), is
         too small to be worth it (``arcs``), is not a permutation, or has a link whose flows' shares
         differ (their rates would then come from a fluid simulation). Claims its links when built."""
@@ -373,8 +266,8 @@ class VectorisedExecutor:
             arcs.covering(global_src, np.minimum, np.iinfo(np.int64).max), arcs.covering(global_src, np.maximum, -1)
         )
         contended = np.flatnonzero(arcs.along(count, np.maximum) > 1)
-        identity, shift = _identity_and_shift(src, dst, ranks)
-        structure = _ArcStructure(
+        identity, shift = identity_and_shift(src, dst, ranks)
+        structure = ArcStructure(
             src,
             dst,
             global_src,
@@ -395,7 +288,7 @@ class VectorisedExecutor:
         return structure
 
     def _execute_arcs(
-        self, st: _ArcStructure, rnd: Round, rb: _RoundBytes, t: np.ndarray, members: np.ndarray | None
+        self, st: ArcStructure, rnd: Round, rb: RoundBytes, t: np.ndarray, members: np.ndarray | None
     ) -> np.ndarray | None:
         """``_execute`` for a round as arcs, to the bit: the per-rank times after it, or None (nothing
         changed) where its contended flows do not start together with equal bytes on some link, or a
@@ -426,10 +319,10 @@ class VectorisedExecutor:
         self._writer_serial[checked] = self._serial
         self._writer_index[checked] = st.writer[checked]
         self._alone[checked] = before
-        self._placed = _ArcPlaced(self._serial, link_end, st.writer, flow_start, rnd, members, t, flow_s, rb)
+        self._placed = ArcPlaced(self._serial, link_end, st.writer, flow_start, rnd, members, t, flow_s, rb)
         return self._leave(st, t, begin + st.alpha_s + flow_s, rb.reduce_s)
 
-    def _hop_placed(self, placed: _ArcPlaced, t: np.ndarray) -> Placed:
+    def _hop_placed(self, placed: ArcPlaced, t: np.ndarray) -> Placed:
         """An arc round's ``Placed`` with its hop lists, for an overlap group: the structure the hop
         lists would have had (its links are claimed already: claiming them again changes nothing)."""
         rnd = placed.round
@@ -522,7 +415,7 @@ class VectorisedExecutor:
         recorded as the link's writer), else its clock (no earlier than the end of any of its flows)."""
         value = clock
         placed = self._placed
-        if isinstance(placed, _ArcPlaced) and links.size:
+        if isinstance(placed, ArcPlaced) and links.size:
             found = placed.link_end[links]
             hit = np.isfinite(found)
             written = links[hit]
@@ -723,9 +616,7 @@ class VectorisedExecutor:
             self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
         return runs
 
-    def _bytes(
-        self, st: _Structure | _ArcStructure, schedule: Schedule, rnd: Round, message_bytes: float
-    ) -> _RoundBytes:
+    def _bytes(self, st: Structure | ArcStructure, schedule: Schedule, rnd: Round, message_bytes: float) -> RoundBytes:
         """The round's byte counts, kept with its structure while the same arrays come back."""
         rb = st.bytes
         if rb is None or not (
@@ -735,8 +626,8 @@ class VectorisedExecutor:
         return rb
 
     def _round_bytes(
-        self, schedule: Schedule, rnd: Round, st: _Structure | _ArcStructure, message_bytes: float
-    ) -> _RoundBytes:
+        self, schedule: Schedule, rnd: Round, st: Structure | ArcStructure, message_bytes: float
+    ) -> RoundBytes:
         """Bytes, reduction times and uncontended flow times of a round's transfers."""
         nbytes = schedule.transfer_bytes(rnd, message_bytes)
         # the in-round fluid depends on the structure and the bytes only: a round of the same pairs
@@ -745,7 +636,7 @@ class VectorisedExecutor:
         previous, fluid_s = st.bytes, None
         if previous is not None and previous.fluid_s is not None and np.array_equal(previous.nbytes, nbytes):
             fluid_s = previous.fluid_s
-        return _RoundBytes(
+        return RoundBytes(
             rnd.chunk_count,
             rnd.op,
             message_bytes,
@@ -756,7 +647,7 @@ class VectorisedExecutor:
         )
 
     def _execute(
-        self, st: _Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None, rb: _RoundBytes
+        self, st: Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None, rb: RoundBytes
     ) -> tuple[np.ndarray, bool]:
         """(per-rank times after one round entered at ``t``, whether flows of the previous round
         had to be simulated with it); checks and updates the link state.
@@ -799,7 +690,7 @@ class VectorisedExecutor:
                 raise ContentionDetected(
                     "flows of non-consecutive rounds, or of another collective, may overlap on a link"
                 )
-            if isinstance(previous, _ArcPlaced):
+            if isinstance(previous, ArcPlaced):
                 previous = self._placed = self._hop_placed(previous, t)
             group = group or OverlapGroup()
             components = None
@@ -845,7 +736,7 @@ class VectorisedExecutor:
         return self._leave(st, t, end, rb.reduce_s), group is not None
 
     def _durations(
-        self, st: _Structure, rb: _RoundBytes, flow_start: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None
+        self, st: Structure, rb: RoundBytes, flow_start: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None
     ) -> np.ndarray:
         """Flow seconds of every transfer: bytes / bottleneck, the in-round fluid for contended ones,
         and ``forced`` (indices, end times) for flows simulated with the previous round's."""
@@ -881,7 +772,7 @@ class VectorisedExecutor:
         self.bundled_rounds += committed
         return committed
 
-    def _commit(self, st: _Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links, before) -> None:
+    def _commit(self, st: Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links, before) -> None:
         """Record this round's flows on its checked links (``before``: their busy times until now):
         busy until their end, and which flow."""
         busy = self.busy_until
@@ -906,7 +797,7 @@ class VectorisedExecutor:
     def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
         """The previous round's exit times if ``flows`` did not exist (their terms left out)."""
         st = previous.structure
-        assert isinstance(st, _Structure)
+        assert isinstance(st, Structure)
         begin = previous.entry if st.identity_src else previous.entry[st.src]
         end = begin + st.alpha_s + previous.duration
         end[flows] = -np.inf
@@ -915,7 +806,7 @@ class VectorisedExecutor:
     def _replace_previous(self, previous: Placed, flows: np.ndarray, seconds: np.ndarray) -> np.ndarray:
         """The previous round's exit times with ``flows`` lasting ``seconds``; their links' busy times follow."""
         st = previous.structure
-        assert isinstance(st, _Structure)
+        assert isinstance(st, Structure)
         duration = previous.duration.copy()
         duration[flows] = seconds
         # the links the previous round wrote and these flows cross: busy until the latest end there
@@ -932,7 +823,7 @@ class VectorisedExecutor:
         return self._leave(st, previous.entry, begin + st.alpha_s + duration, previous.reduce_s)
 
     def _leave(
-        self, st: _Structure | _ArcStructure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None
+        self, st: Structure | ArcStructure, t: np.ndarray, end: np.ndarray, reduce_s: np.ndarray | None
     ) -> np.ndarray:
         """Exit times of a round entered at ``t`` whose transfers arrive at ``end``: a sender leaves
         when its send arrived, a receiver when it has added in what it received."""
@@ -952,7 +843,7 @@ class VectorisedExecutor:
             np.maximum.at(new, st.dst, received)
         return new
 
-    def _steady_advance(self, st: _Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray) -> Steady | None:
+    def _steady_advance(self, st: Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray) -> Steady | None:
         """How the identical rounds after this one can be skipped (``steady_state``), if they can.
 
         ``before``, ``t``: entry times of the previous identical round and of this one; ``after``:
@@ -979,7 +870,7 @@ class VectorisedExecutor:
         if not rounds:
             return t
         st = steady.structure
-        assert isinstance(st, _Structure)
+        assert isinstance(st, Structure)
         shift = rounds * steady.advance_s
         if st.checked.size:
             assert np.ndim(shift) == 0
@@ -997,7 +888,7 @@ class VectorisedExecutor:
         self._place_skipped(st, rounds, moved - t, steady.advance_s)
         return moved
 
-    def _place_skipped(self, st: _Structure, rounds: int, shift: np.ndarray, advance_s) -> None:
+    def _place_skipped(self, st: Structure, rounds: int, shift: np.ndarray, advance_s) -> None:
         """Make the last skipped round the placed one, as the executed one shifted per rank by ``shift``
         (the same flows, entered that much later), so the next round can still meet its flows."""
         placed = self._placed
@@ -1053,8 +944,8 @@ class VectorisedExecutor:
         known = (self.link_sender.copy(), self.busy_until.copy(), self.clock.copy())
         lanes: list[list[LockstepRound]] = []
         starts: list[float] = []
-        used: list[list[_Structure]] = []  # each collective's distinct round structures
-        by_key: dict[int, _Structure] = {}  # a lockstep round's key: its structure's id
+        used: list[list[Structure]] = []  # each collective's distinct round structures
+        by_key: dict[int, Structure] = {}  # a lockstep round's key: its structure's id
         for schedule, message_bytes, start_s, members in calls:
             first = float(start_s[0])
             if np.any(start_s != first):
@@ -1089,7 +980,7 @@ class VectorisedExecutor:
         self._serial += 1
         return finish
 
-    def _lockstep_rates(self, key: tuple[_Structure | None, ...]) -> tuple[float, ...]:
+    def _lockstep_rates(self, key: tuple[Structure | None, ...]) -> tuple[float, ...]:
         """The max-min fair rate of each collective's flows in flight (``key``: its round's structure,
         None where none), their paths' bottlenecks taking part as private links (as in the flow
         network); ``ContentionDetected`` unless every flow of one collective gets the same rate."""

@@ -27,11 +27,11 @@ group keeps growing: ``ContentionDetected``).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from ddlsim.simulator.engine.round_fluid import After, fluid_ends
+from ddlsim.simulator.engine.round_structures import Structure
 
 
 @dataclass
@@ -39,7 +39,7 @@ class Placed:
     """A round as executed: what a later round needs to re-time it (transfer-indexed arrays)."""
 
     serial: int
-    structure: Any  # the round's collective_engine._Structure
+    structure: Structure  # the round's routes and timing terms
     entry: np.ndarray  # per-rank entry times
     flow_start: np.ndarray
     duration: np.ndarray  # flow seconds as executed
