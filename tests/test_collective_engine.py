@@ -14,6 +14,7 @@ from ddlsim.simulator.engine.collective_engine import (
     run_collective,
 )
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.link_state import LinkState
 
 
 def _paths(schedule, fabric, nbytes, start=0.0):
@@ -194,17 +195,17 @@ def test_claiming_links_per_link_equals_per_hop():
     link owners, shared links and busy times either way, batch after batch."""
     fabric = Fabric(FabricSpec(nodes=16, devices_per_node=1, network=load_link("ib_edr"), topology="torus_2d"))
     rng = np.random.default_rng(7)
-    per_hop, per_link = VectorisedExecutor(fabric), VectorisedExecutor(fabric)
-    for executor in (per_hop, per_link):
-        executor.clock[:] = np.arange(fabric.devices, dtype=float)
+    per_hop, per_link = (LinkState(fabric.capacity_Bps.size, fabric.devices) for _ in range(2))
+    for state in (per_hop, per_link):
+        state.clock[:] = np.arange(fabric.devices, dtype=float)
     for size in (40, 3, 200, 17, 90, 400):
         links = rng.integers(0, fabric.capacity_Bps.size, size)
         senders = rng.integers(0, fabric.devices, size)
-        per_hop._claim_per_hop(links, senders)
-        per_link._claim_per_link(links, senders)
+        per_hop.claim_per_hop(links, senders, None)
+        per_link.claim_per_link(links, senders, None)
         np.testing.assert_array_equal(per_hop.link_sender, per_link.link_sender)
         np.testing.assert_array_equal(per_hop.busy_until, per_link.busy_until)
-        assert per_hop._shared_version == per_link._shared_version
+        assert per_hop.shared_version == per_link.shared_version
     assert (per_link.link_sender == -2).any() and (per_link.link_sender >= 0).any()
 
 
@@ -512,9 +513,7 @@ def test_a_transfer_log_keeps_the_traced_senders_and_counts_the_rest():
     assert log.total + log.extrapolated == 2 * 63 * 64
 
 
-@pytest.mark.parametrize(
-    ("topology", "nodes", "longest"), [("torus_2d", 2048, 1), ("torus_3d", 512, 2)]
-)
+@pytest.mark.parametrize(("topology", "nodes", "longest"), [("torus_2d", 2048, 1), ("torus_3d", 512, 2)])
 def test_torus_2d_on_a_torus_of_single_device_nodes_steps_between_neighbours(topology, nodes, longest):
     """torus_2d's grid follows the torus (``grid_on_torus``; on a 2D torus it is the default grid,
     rows >= cols): every transfer of both rings crosses at most one node (2D: 64 x 32) or two (3D:

@@ -76,7 +76,7 @@ def _two_routes_bundles():
 
 
 def test_commit_per_bundle_equals_the_hop_lists():
-    """Against the hop lists' commit (``VectorisedExecutor._commit``, contended), checked links only,
+    """Against the hop lists' commit (``LinkState.commit``, contended), checked links only,
     on random times with ties (of ends with each other and with busy times); and a flow meeting a busy
     link changes nothing."""
     bundles, transfers = _two_routes_bundles()

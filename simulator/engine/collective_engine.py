@@ -39,6 +39,7 @@ import numpy as np
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.link_state import LinkState
 from ddlsim.simulator.engine.lockstep import FINISH_TOLERANCE, LockstepRound, lockstep_exits
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
@@ -69,20 +70,11 @@ class ContentionDetected(RuntimeError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """``VectorisedExecutor.checkpoint``: its operation count, link-state arrays and counters."""
+    """``VectorisedExecutor.checkpoint``: its operation count, link state and counters."""
 
     operations: int
-    arrays: tuple[np.ndarray, ...]
+    links: LinkState
     counters: tuple[int, int, int, int, int, int]
-
-
-def _busy_before(links: np.ndarray, link_sender: np.ndarray, busy_until: np.ndarray, clock: np.ndarray) -> np.ndarray:
-    """Until when each of ``links`` may carry a flow already known (``VectorisedExecutor`` state):
-    its busy time where several senders use it, its one sender's clock where one does (no earlier
-    than the end of any flow it started)."""
-    sender = link_sender[links]
-    own = clock[np.maximum(sender, 0)]
-    return np.where(sender == -2, busy_until[links], np.where(sender >= 0, own, -np.inf))
 
 
 def _lockstep_round(st: Structure, count: int) -> LockstepRound:
@@ -131,12 +123,8 @@ class VectorisedExecutor:
     Several collectives executed one after another through one executor (the buckets of an
     iteration) are checked against each other too, since their flows may overlap in time.
 
-    The overlap check only has to look at links that more than one sender uses: a rank's own
-    flows never overlap, because it sends round k+1 only after round k's transfers arrived (flows
-    of one round that share a link are simulated together). When a link first gets a second
-    sender, its busy time is the end of the first sender's flow there in the round just executed,
-    or else that sender's clock, which is no earlier than the end of any flow it started:
-    conservative, so the check can only err towards the fallback.
+    The overlap check only has to look at links that more than one sender uses; what it reads, and
+    what each round leaves for the next, is the executor's ``LinkState`` (``link_state``).
 
     ``run`` keeps per schedule object its runs of identical rounds, and per round arrays its
     routes and byte counts, so repeated calls with the same schedule and ``members`` array (the
@@ -161,21 +149,12 @@ class VectorisedExecutor:
         # that halves the entries; True / False: wherever it applies / never
         self.bundles = bundles
         self._no_redundant_links = not fabric.redundant.any()
-        links = fabric.capacity_Bps.size
-        self.busy_until = np.full(links, -np.inf)
-        self.link_sender = np.full(links, -1, dtype=np.int64)  # -1 unused, -2 several senders
-        # latest known time of each fabric rank (no earlier than the end of any flow it started)
-        self.clock = np.full(max(ranks or 0, fabric.devices), -np.inf)
-        self._shared_version = 0
+        # who sends over each link, until when it is busy, each fabric rank's clock (``link_state``)
+        self.links = LinkState(fabric.capacity_Bps.size, max(ranks or 0, fabric.devices))
         self._structures = RoundCache()  # of Structure
         self._arc_structures = RoundCache()  # of ArcStructure, or None: not a round for arcs
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
         self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
-        # which flow set each checked link's busy time: serial of its round (-1 none) and index in it
-        self._writer_serial = np.full(links, -1, dtype=np.int64)
-        self._writer_index = np.zeros(links, dtype=np.int64)
-        self._alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
-        self._scratch = np.zeros(links, dtype=np.int64)
         self._serial = 0  # executed rounds so far
         self._placed: Placed | ArcPlaced | None = None  # the round executed just before, in this call
         self.transfers = 0
@@ -183,7 +162,7 @@ class VectorisedExecutor:
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
         self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
         self.arc_rounds = 0  # rounds executed as torus arcs (``_execute_arcs``)
-        self.bundled_rounds = 0  # rounds checked and committed per bundle (``_commit_bundles``)
+        self.bundled_rounds = 0  # rounds checked and committed per bundle (``LinkState.commit_bundles``)
         self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
         # while nothing else ran after it (``restore``)
 
@@ -199,8 +178,8 @@ class VectorisedExecutor:
             contention = Contention.of(flat_links, owner, self.fabric.capacity_Bps)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
-            self._advance_clocks(t, members)
-            self._claim(flat_links, global_src[owner])
+            self.links.advance_clocks(t, members)
+            self.links.claim(flat_links, global_src[owner], self._placed)
             identity, shift = identity_and_shift(src, dst, ranks)
             permutation = bool(np.bincount(src, minlength=1).max() <= 1 and np.bincount(dst, minlength=1).max() <= 1)
             if self.fabric.spec.loggp and not permutation:
@@ -226,12 +205,12 @@ class VectorisedExecutor:
                 None if identity else unique_ints(np.concatenate([src, dst])),
                 None
                 if self.bundles is False or not contention.flows.size
-                else Bundles.of(flat_links, owner, src.size, self.link_sender.size, halve=self.bundles is None),
+                else Bundles.of(flat_links, owner, src.size, self.links.link_sender.size, halve=self.bundles is None),
             )
             self._structures.put(rnd, members, structure)
-        if structure.version != self._shared_version:
-            structure.checked = np.flatnonzero(self.link_sender[structure.flat_links] == -2)
-            structure.version = self._shared_version
+        if structure.version != self.links.shared_version:
+            structure.checked = np.flatnonzero(self.links.link_sender[structure.flat_links] == -2)
+            structure.version = self.links.shared_version
         return structure
 
     def _arc_structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> ArcStructure | None:
@@ -261,9 +240,11 @@ class VectorisedExecutor:
         flow_share = arcs.along(share, np.minimum)
         if not arcs.alike(flow_share, used):
             return None
-        self._advance_clocks(t, members)  # as in _structure: the claims read the senders' clocks
-        self._claim_bounds(
-            arcs.covering(global_src, np.minimum, np.iinfo(np.int64).max), arcs.covering(global_src, np.maximum, -1)
+        self.links.advance_clocks(t, members)  # as in _structure: the claims read the senders' clocks
+        self.links.claim_bounds(
+            arcs.covering(global_src, np.minimum, np.iinfo(np.int64).max),
+            arcs.covering(global_src, np.maximum, -1),
+            self._placed,
         )
         contended = np.flatnonzero(arcs.along(count, np.maximum) > 1)
         identity, shift = identity_and_shift(src, dst, ranks)
@@ -308,17 +289,14 @@ class VectorisedExecutor:
                 rb.fluid_s = nbytes[flows] / st.share_Bps
             flow_s = flow_s.copy()
             flow_s[flows] = (starts + rb.fluid_s) - starts  # Contention.end_times, less the start
-        checked = st.used[self.link_sender[st.used] == -2]
-        before = self.busy_until[checked]
+        checked = st.used[self.links.link_sender[st.used] == -2]
+        before = self.links.busy_until[checked]
         if np.any(arcs.covering(flow_start, np.minimum, np.inf)[checked] < before):
             return None
         link_end = arcs.covering(flow_start + flow_s, np.maximum, -np.inf)
-        # _commit: busy until the last end there; the flows a link carries end together, so the last
+        # LinkState.commit: busy until the last end there; the flows a link carries end together, so the last
         # of them in transfer order is its writer, as in the hop lists
-        self.busy_until[checked] = np.maximum(before, link_end[checked])
-        self._writer_serial[checked] = self._serial
-        self._writer_index[checked] = st.writer[checked]
-        self._alone[checked] = before
+        self.links.commit_per_link(self._serial, checked, before, link_end[checked], st.writer[checked])
         self._placed = ArcPlaced(self._serial, link_end, st.writer, flow_start, rnd, members, t, flow_s, rb)
         return self._leave(st, t, begin + st.alpha_s + flow_s, rb.reduce_s)
 
@@ -351,101 +329,6 @@ class VectorisedExecutor:
             keep = np.flatnonzero(valid)
         return flat[keep], keep // max(routes.shape[1], 1)
 
-    def _claim(self, links: np.ndarray, senders: np.ndarray) -> None:
-        """Record who sends over ``links``; links gaining a second sender become checked.
-
-        A link that had one sender before gets that sender's clock as its busy time (no earlier
-        than the end of any flow it started); two senders on one link within a round are
-        handled by the round itself (the contended path) and checked against later rounds.
-        """
-        if links.size * 4 >= self.link_sender.size:  # a large round: per link, not per hop
-            self._claim_per_link(links, senders)
-        else:
-            self._claim_per_hop(links, senders)
-
-    def _claim_per_hop(self, links: np.ndarray, senders: np.ndarray) -> None:
-        # links with two senders in this batch: some entry's sender differs from the one recorded
-        # last for its link (a scratch array over the fabric's links: linear, no sort)
-        scratch = self._scratch
-        scratch[links] = senders
-        within = links[scratch[links] != senders]
-        previous = self.link_sender[links]
-        across = links[(previous >= 0) & (previous != senders)]
-        shared = unique_ints(np.concatenate([across, within]), self.link_sender.size)
-        shared = shared[self.link_sender[shared] != -2]
-        before = self.link_sender[shared]  # the one earlier sender, or -1 for a link new to all
-        had_one = before >= 0
-        self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
-        fresh = previous == -1
-        self.link_sender[links[fresh]] = senders[fresh]
-        self._mark_shared(shared)
-
-    def _claim_per_link(self, links: np.ndarray, senders: np.ndarray) -> None:
-        """``_claim`` for a batch with hops on a good part of the fabric's links: each link's lowest
-        and highest sender in the batch (two reductions) say whether it has two, instead of a
-        dozen passes over the hops."""
-        low = np.full(self.link_sender.size, np.iinfo(np.int64).max)
-        high = np.full(self.link_sender.size, -1, dtype=np.int64)
-        np.minimum.at(low, links, senders)
-        np.maximum.at(high, links, senders)
-        self._claim_bounds(low, high)
-
-    def _claim_bounds(self, low: np.ndarray, high: np.ndarray) -> None:
-        """``_claim`` from each link's lowest and highest sender in the batch (-1 as highest: none)."""
-        used = np.flatnonzero(high >= 0)
-        previous = self.link_sender[used]
-        first, last = low[used], high[used]
-        shared_mask = (previous != -2) & ((first != last) | ((previous >= 0) & (previous != first)))
-        shared = used[shared_mask]
-        before = previous[shared_mask]  # the one earlier sender, or -1 for a link new to all
-        had_one = before >= 0
-        self._busy_from_first_sender(shared[had_one], self.clock[before[had_one]])
-        fresh = previous == -1
-        self.link_sender[used[fresh]] = first[fresh]
-        self._mark_shared(shared)
-
-    def _mark_shared(self, shared: np.ndarray) -> None:
-        if shared.size:
-            self.link_sender[shared] = -2
-            self._shared_version += 1
-
-    def _busy_from_first_sender(self, links: np.ndarray, clock: np.ndarray) -> None:
-        """Busy times of ``links`` (sorted) as they gain a second sender: the end of the first sender's
-        flow there in the round just executed, if it sent one (then that flow is its last there, and
-        recorded as the link's writer), else its clock (no earlier than the end of any of its flows)."""
-        value = clock
-        placed = self._placed
-        if isinstance(placed, ArcPlaced) and links.size:
-            found = placed.link_end[links]
-            hit = np.isfinite(found)
-            written = links[hit]
-            writer = placed.writer[written]
-            self._writer_serial[written] = placed.serial
-            self._writer_index[written] = writer
-            self._alone[written] = placed.flow_start[writer]
-            value = np.where(hit, found, clock)
-        elif isinstance(placed, Placed) and links.size:
-            hit = np.isin(placed.flat_links, links)
-            if hit.any():
-                owner = placed.flat_owner[hit]
-                position = np.searchsorted(links, placed.flat_links[hit])
-                ends = placed.flow_start[owner] + placed.duration[owner]
-                found = np.full(links.size, -np.inf)
-                np.maximum.at(found, position, ends)
-                last = ends >= found[position]
-                self._writer_serial[links[position[last]]] = placed.serial
-                self._writer_index[links[position[last]]] = owner[last]
-                # the first sender's earlier flows there ended before this one started
-                self._alone[links[position[last]]] = placed.flow_start[owner[last]]
-                value = np.where(np.isfinite(found), found, clock)
-        self.busy_until[links] = np.maximum(self.busy_until[links], value)
-
-    def _advance_clocks(self, t: np.ndarray, members: np.ndarray | None) -> None:
-        if members is None:
-            self.clock[: t.size] = np.maximum(self.clock[: t.size], t)
-        else:
-            self.clock[members] = np.maximum(self.clock[members], t)
-
     def run(
         self,
         schedule: Schedule,
@@ -464,10 +347,10 @@ class VectorisedExecutor:
         if members is not None and members.size != ranks:
             raise ValueError(f"members maps {members.size} ranks, the schedule has {ranks}")
         self.operations += 1
-        if members is None and self.clock.size < ranks:
-            self.clock = np.concatenate([self.clock, np.full(ranks - self.clock.size, -np.inf)])
+        if members is None:
+            self.links.cover_ranks(ranks)
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
-        self._advance_clocks(t, members)
+        self.links.advance_clocks(t, members)
         self._placed = None
         runs = self._runs(schedule)
         index = relay_from = 0
@@ -514,7 +397,7 @@ class VectorisedExecutor:
                     if log is not None:
                         log.extrapolated += skip * len(rnd)
                     previous_input = None  # the rounds before were skipped: detect afresh
-        self._advance_clocks(t, members)
+        self.links.advance_clocks(t, members)
         return t
 
     def _relay(
@@ -564,25 +447,25 @@ class VectorisedExecutor:
         begin = np.asarray(entries)
         start = begin + overhead
         links, owner = self._binding_hops(routes)
-        self._advance_clocks(t, members)
+        self.links.advance_clocks(t, members)
         starts = start[owner]
-        if np.any(starts < self.busy_until[links]):
+        if np.any(starts < self.links.busy_until[links]):
             return None
-        prior = self.link_sender[links]
+        prior = self.links.link_sender[links]
         other = (prior >= 0) & (prior != global_src[owner])
-        if np.any(starts[other] < self.clock[prior[other]]):
+        if np.any(starts[other] < self.links.clock[prior[other]]):
             return None
         self._placed = None
-        self._claim(links, global_src[owner])
-        np.maximum.at(self.busy_until, links, (start + flow)[owner])
-        self._writer_serial[links] = -1  # no round of this call wrote them last
+        self.links.claim(links, global_src[owner], None)
+        np.maximum.at(self.links.busy_until, links, (start + flow)[owner])
+        self.links.writer_serial[links] = -1  # no round of this call wrote them last
         self._serial += count
         self.transfers += count
         self.relayed_rounds += count
         out = t.copy()
         out[src] = ends
         out[dst[-1]] = clock
-        self._advance_clocks(out, members)
+        self.links.advance_clocks(out, members)
         if log is not None:
             log.add(global_src, global_dst, nbytes, begin, np.asarray(ends))
         return out
@@ -660,7 +543,8 @@ class VectorisedExecutor:
         forced: tuple[np.ndarray, np.ndarray] | None = None  # (later flows, their end times)
         attempts = 0
         previous = self._placed
-        busy, serial, writer = self.busy_until, self._writer_serial, self._writer_index
+        state = self.links  # its arrays, read in every pass
+        busy, serial, writer, alone = state.busy_until, state.writer_serial, state.writer_index, state.alone
         if st.checked.size == st.flat_links.size:  # every hop is on a checked link: no copies
             owners, links = st.flat_owner, st.flat_links
         else:
@@ -669,7 +553,12 @@ class VectorisedExecutor:
             begin = t if st.identity_src else t[st.src]
             flow_start = begin + st.overhead_s
             flow_s = self._durations(st, rb, flow_start, forced)
-            if group is None and st.bundles is not None and self._commit_bundles(st.bundles, flow_start, flow_s):
+            if (
+                group is None
+                and st.bundles is not None
+                and self.links.commit_bundles(self._serial, st.bundles, flow_start, flow_start + flow_s)
+            ):
+                self.bundled_rounds += 1
                 owners = owners[:0]  # committed per bundle: nothing left for the hop lists
                 break
             if not owners.size:
@@ -698,7 +587,7 @@ class VectorisedExecutor:
                 components = np.full(st.src.size, -1)
                 components[st.contention.flows] = st.contention.component
             reason = group.add(
-                previous, owners[meets], writer[links[meets]], flow_start[owners[meets]] < self._alone[links[meets]],
+                previous, owners[meets], writer[links[meets]], flow_start[owners[meets]] < alone[links[meets]],
                 components,
             )  # fmt: skip
             if reason is not None or attempts == _OVERLAP_ATTEMPTS:
@@ -716,7 +605,8 @@ class VectorisedExecutor:
             forced = (later_flows, later_end)
             t = self._replace_previous(previous, earlier_flows, earlier_s)
         if owners.size:
-            self._commit(st, flow_start, flow_s, owners, links, before)
+            ends = (flow_start + flow_s)[owners]
+            self.links.commit(self._serial, ends, owners, links, before, bool(st.contention.flows.size))
         self._placed = Placed(
             self._serial,
             st,
@@ -764,36 +654,6 @@ class VectorisedExecutor:
             flow_s[forced[0]] = forced[1] - flow_start[forced[0]]
         return flow_s
 
-    def _commit_bundles(self, bundles: Bundles, flow_start: np.ndarray, flow_s: np.ndarray) -> bool:
-        """``_commit`` per bundle (``round_bundles``), False where a flow would meet an earlier one."""
-        bundles.refresh(self.link_sender, self._shared_version)
-        state = (self.busy_until, self._writer_serial, self._writer_index, self._alone)
-        committed = bundles.commit(flow_start, flow_start + flow_s, *state, self._serial)
-        self.bundled_rounds += committed
-        return committed
-
-    def _commit(self, st: Structure, flow_start: np.ndarray, flow_s: np.ndarray, owners, links, before) -> None:
-        """Record this round's flows on its checked links (``before``: their busy times until now):
-        busy until their end, and which flow."""
-        busy = self.busy_until
-        ends = (flow_start + flow_s)[owners]
-        if st.contention.flows.size:  # flows of the round share links: a link may appear twice
-            np.maximum.at(busy, links, ends)
-            last = ends >= busy[links]
-        else:  # every checked link once: no unbuffered max needed, and a flow is last where it ends later
-            busy[links] = np.maximum(before, ends)
-            last = ends >= before
-        written, who, was = (links, owners, before) if last.all() else (links[last], owners[last], before[last])
-        if written.size >= 2 * self._scratch.size:  # many hops per link: one entry per link first
-            entry = np.full(self._scratch.size, -1, dtype=np.int64)
-            entry[written] = np.arange(written.size)  # of a repeated link the last entry stays, as below
-            written = np.flatnonzero(entry >= 0)
-            entry = entry[written]
-            who, was = who[entry], was[entry]
-        self._writer_serial[written] = self._serial
-        self._writer_index[written] = who
-        self._alone[written] = was
-
     def _previous_without(self, previous: Placed, flows: np.ndarray) -> np.ndarray:
         """The previous round's exit times if ``flows`` did not exist (their terms left out)."""
         st = previous.structure
@@ -811,14 +671,14 @@ class VectorisedExecutor:
         duration[flows] = seconds
         # the links the previous round wrote and these flows cross: busy until the latest end there
         touched = np.isin(previous.flat_owner, flows)
-        mine = self._writer_serial[previous.flat_links] == previous.serial
+        mine = self.links.writer_serial[previous.flat_links] == previous.serial
         on = np.isin(previous.flat_links, previous.flat_links[touched]) & mine
         links, owner = previous.flat_links[on], previous.flat_owner[on]
         ends = previous.flow_start[owner] + duration[owner]
-        self.busy_until[links] = -np.inf
-        np.maximum.at(self.busy_until, links, ends)
-        last = ends >= self.busy_until[links]
-        self._writer_index[links[last]] = owner[last]
+        self.links.busy_until[links] = -np.inf
+        np.maximum.at(self.links.busy_until, links, ends)
+        last = ends >= self.links.busy_until[links]
+        self.links.writer_index[links[last]] = owner[last]
         begin = previous.entry if st.identity_src else previous.entry[st.src]
         return self._leave(st, previous.entry, begin + st.alpha_s + duration, previous.reduce_s)
 
@@ -874,7 +734,7 @@ class VectorisedExecutor:
         shift = rounds * steady.advance_s
         if st.checked.size:
             assert np.ndim(shift) == 0
-            self.busy_until[unique_ints(st.flat_links[st.checked])] += shift
+            self.links.busy_until[unique_ints(st.flat_links[st.checked])] += shift
         self.transfers += rounds * st.src.size
         self.extrapolated_rounds += rounds
         if np.ndim(shift):
@@ -898,14 +758,14 @@ class VectorisedExecutor:
             return
         entry = placed.entry + shift
         begin = entry if st.identity_src else entry[st.src]
-        moved = self._writer_serial == placed.serial
-        self._writer_serial[moved] = self._serial
+        moved = self.links.writer_serial == placed.serial
+        self.links.writer_serial[moved] = self._serial
         flow_start = begin + st.overhead_s
         if np.ndim(advance_s) == 0:
             # uniform advance: the flow there before was the same flow one round (c) earlier
-            self._alone[moved] = self.busy_until[moved] - advance_s
+            self.links.alone[moved] = self.links.busy_until[moved] - advance_s
         else:
-            self._alone[moved] = flow_start[self._writer_index[moved]]  # not tracked: assume the worst
+            self.links.alone[moved] = flow_start[self.links.writer_index[moved]]  # not tracked: assume the worst
         self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
     # --- collectives in flight together ------------------------------------------------------------
@@ -913,20 +773,17 @@ class VectorisedExecutor:
         """The link state and clocks as they are now, for ``restore``."""
         counters = (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
                     self.arc_rounds, self.bundled_rounds)  # fmt: skip
-        arrays = (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index, self._alone)
-        return Checkpoint(self.operations, tuple(array.copy() for array in arrays), counters)
+        return Checkpoint(self.operations, self.links.copy(), counters)
 
     def restore(self, checkpoint: Checkpoint, calls: int) -> None:
         """Undo the ``calls`` calls made since ``checkpoint`` (a collective and the one that met it);
         ``ContentionDetected`` if anything else ran meanwhile, since that would be undone too."""
         if self.operations - checkpoint.operations != calls:
             raise ContentionDetected("another operation ran while a collective was in flight")
-        (self.busy_until, self.link_sender, self.clock, self._writer_serial, self._writer_index,
-         self._alone) = (array.copy() for array in checkpoint.arrays)  # fmt: skip
+        self.links.restore(checkpoint.links)
         (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
          self.arc_rounds, self.bundled_rounds) = checkpoint.counters  # fmt: skip
         self._placed = None
-        self._shared_version += 1  # the cached structures' checked links were found in the undone state
 
     def run_concurrently(
         self, calls: list[tuple[Schedule, float, np.ndarray, np.ndarray]], log: TransferLog | None = None
@@ -941,7 +798,7 @@ class VectorisedExecutor:
         self.operations += 1
         self._placed = None
         # what is known of other flows, before looking up the rounds claims links and moves clocks
-        known = (self.link_sender.copy(), self.busy_until.copy(), self.clock.copy())
+        known = self.links.copy()
         lanes: list[list[LockstepRound]] = []
         starts: list[float] = []
         used: list[list[Structure]] = []  # each collective's distinct round structures
@@ -962,7 +819,7 @@ class VectorisedExecutor:
             used.append(list(distinct.values()))
         links = [unique_ints(np.concatenate([st.flat_links for st in structures])) for structures in used]
         for collective_links, start in zip(links, starts, strict=True):
-            if collective_links.size and _busy_before(collective_links, *known).max() > start:
+            if collective_links.size and known.busy_before(collective_links).max() > start:
                 raise ContentionDetected("a collective in flight with another meets a third flow on a link")
         timed = lockstep_exits(
             lanes, starts, lambda key: self._lockstep_rates(tuple(None if k is None else by_key[k] for k in key))
@@ -970,12 +827,12 @@ class VectorisedExecutor:
         finish = []
         for (schedule, _bytes, _start, members), (exit_s, _last) in zip(calls, timed, strict=True):
             finish.append(np.full(schedule.ranks, exit_s))
-            self._advance_clocks(finish[-1], members)
+            self.links.advance_clocks(finish[-1], members)
         for structures, rounds, collective_links, (_exit, last_end) in zip(used, lanes, links, timed, strict=True):
             for st in structures:
-                self._claim(st.flat_links, st.senders[st.flat_owner])
-            self.busy_until[collective_links] = np.maximum(self.busy_until[collective_links], last_end)
-            self._writer_serial[collective_links] = -1  # no placed round wrote them
+                self.links.claim(st.flat_links, st.senders[st.flat_owner], None)  # nothing placed: see above
+            self.links.busy_until[collective_links] = np.maximum(self.links.busy_until[collective_links], last_end)
+            self.links.writer_serial[collective_links] = -1  # no placed round wrote them
             self.transfers += sum(rnd.count * by_key[rnd.flows].src.size for rnd in rounds)
         self._serial += 1
         return finish
@@ -1037,24 +894,24 @@ class VectorisedExecutor:
             self.route_pairs(np.array([src]), np.array([dst]))
             pair = self._pairs[(src, dst)]
         links, alpha, bottleneck, overhead = pair
-        clock, busy, senders = self.clock, self.busy_until, self.link_sender
+        clock, busy, senders = self.links.clock, self.links.busy_until, self.links.link_sender
         if start_s < clock[src]:
             raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
         self._placed = None  # this flow is not in the last round: busy times must come from clocks
         clock[src] = start_s
         begin = start_s + overhead
         flow = nbytes / bottleneck if nbytes > 0 else 0.0
-        writer = self._writer_serial
+        writer = self.links.writer_serial
         for link in links:  # scalar loop: a message crosses a few links, numpy calls would dominate
             sender = int(senders[link])
             if sender != -2:
                 # the link's busy time becomes exact from here on: a one-sender link's clock bound
-                # (see _claim) would make a pipeline's receiver look busy while its sender runs a
+                # (see LinkState.claim) would make a pipeline's receiver look busy while its sender runs a
                 # collective of its own elsewhere (Llama 3 405B: every DP reduce-scatter fell back)
                 if sender >= 0:
                     busy[link] = max(busy[link], clock[sender])  # clock[src] is start_s by now
                 senders[link] = -2
-                self._shared_version += 1
+                self.links.shared_version += 1
             if begin < busy[link]:
                 raise ContentionDetected("a point-to-point message may overlap another flow on a link")
             busy[link] = begin + flow
