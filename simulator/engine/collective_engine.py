@@ -46,12 +46,14 @@ from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
+from ddlsim.simulator.engine.round_relay import RELAY_MIN, relay_exits, relay_length
 from ddlsim.simulator.engine.round_structures import (
     ArcPlaced,
     ArcStructure,
     RoundBytes,
     RoundCache,
     Structure,
+    binding_hops,
     identity_and_shift,
 )
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
@@ -60,7 +62,6 @@ __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog",
 
 _COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
 _COMPILED_SCHEDULES = 64
-_RELAY_MIN = 8  # shorter relays run round by round (the batch's set-up costs about as much)
 _OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated with the previous round
 
 
@@ -94,29 +95,6 @@ def _lockstep_round(st: Structure, count: int) -> LockstepRound:
     return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
 
 
-def _relay_length(runs: list[tuple[Round, int]], index: int) -> int:
-    """How many runs from ``index`` form a relay: single rounds of one transfer each, each sent by the
-    rank the round before delivered to, no rank delivered to twice (0 or 1 where none starts)."""
-    length = 0
-    visited: set[int] = set()
-    previous = -1
-    for position in range(index, len(runs)):
-        rnd, count = runs[position]
-        if count != 1 or len(rnd) != 1:
-            break
-        src, dst = int(rnd.src[0]), int(rnd.dst[0])
-        if length == 0:
-            visited.add(src)
-        elif src != previous:
-            break
-        if dst in visited:
-            break
-        visited.add(dst)
-        previous = dst
-        length += 1
-    return length
-
-
 class VectorisedExecutor:
     """Round-at-a-time execution with a proof check; keeps link state across calls.
 
@@ -148,7 +126,7 @@ class VectorisedExecutor:
         # a round's check and commit per bundle of same-route transfers (``round_bundles``): None where
         # that halves the entries; True / False: wherever it applies / never
         self.bundles = bundles
-        self._no_redundant_links = not fabric.redundant.any()
+        self._redundant = fabric.redundant if fabric.redundant.any() else None  # see binding_hops
         # who sends over each link, until when it is busy, each fabric rank's clock (``link_state``)
         self.links = LinkState(fabric.capacity_Bps.size, max(ranks or 0, fabric.devices))
         self._structures = RoundCache()  # of Structure
@@ -160,7 +138,7 @@ class VectorisedExecutor:
         self.transfers = 0
         self.extrapolated_rounds = 0  # rounds advanced by the steady-state shortcut, not executed
         self.overlapping_rounds = 0  # rounds simulated together with flows of the round before
-        self.relayed_rounds = 0  # rounds of one transfer each executed together (``_relay``)
+        self.relayed_rounds = 0  # rounds of one transfer each executed together (``round_relay``)
         self.arc_rounds = 0  # rounds executed as torus arcs (``_execute_arcs``)
         self.bundled_rounds = 0  # rounds checked and committed per bundle (``LinkState.commit_bundles``)
         self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
@@ -174,7 +152,7 @@ class VectorisedExecutor:
             global_src = src if members is None else members[src]
             global_dst = dst if members is None else members[dst]
             routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
-            flat_links, owner = self._binding_hops(routes)
+            flat_links, owner = binding_hops(routes, self._redundant)
             contention = Contention.of(flat_links, owner, self.fabric.capacity_Bps)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
@@ -221,7 +199,7 @@ class VectorisedExecutor:
         if found:
             return cached
         self._arc_structures.put(rnd, members, None)  # until it proves to be one
-        if self.arcs is False or not self._no_redundant_links:
+        if self.arcs is False or self._redundant is not None:
             return None
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
@@ -311,24 +289,6 @@ class VectorisedExecutor:
             np.broadcast_to(rb.nbytes, st.src.shape), st.flat_links, st.flat_owner, st.contended_mask, rb.reduce_s,
         )  # fmt: skip
 
-    def _binding_hops(self, routes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(link, transfer index) of every hop that can bind: padding and redundant links dropped.
-
-        A redundant link (``Fabric.redundant``: its constraint is implied by other links') changes
-        no rate and never makes two flows contend, so it needs neither the overlap check nor a place
-        in the in-round max-min computation.
-        """
-        flat = routes.ravel()
-        if self._no_redundant_links:
-            if routes.size and flat.min() >= 0:  # every route as long as the longest: no padding
-                return flat, np.repeat(np.arange(routes.shape[0]), routes.shape[1])
-            keep = np.flatnonzero(flat >= 0)
-        else:
-            valid = flat >= 0
-            valid[valid] = ~self.fabric.redundant[flat[valid]]
-            keep = np.flatnonzero(valid)
-        return flat[keep], keep // max(routes.shape[1], 1)
-
     def run(
         self,
         schedule: Schedule,
@@ -355,10 +315,17 @@ class VectorisedExecutor:
         runs = self._runs(schedule)
         index = relay_from = 0
         while index < len(runs):
-            relay = _relay_length(runs, index) if self.extrapolate and index >= relay_from else 0
-            if relay >= _RELAY_MIN:
-                relayed = self._relay(schedule, runs[index : index + relay], message_bytes, t, log, members)
+            relay = relay_length(runs, index) if self.extrapolate and index >= relay_from else 0
+            if relay >= RELAY_MIN:
+                chain = runs[index : index + relay]
+                relayed = relay_exits(
+                    self.fabric, self._redundant, self.links, schedule, chain, message_bytes, t, log, members
+                )
                 if relayed is not None:
+                    self._placed = None
+                    self._serial += relay
+                    self.transfers += relay
+                    self.relayed_rounds += relay
                     t = relayed
                     index += relay
                     continue
@@ -399,76 +366,6 @@ class VectorisedExecutor:
                     previous_input = None  # the rounds before were skipped: detect afresh
         self.links.advance_clocks(t, members)
         return t
-
-    def _relay(
-        self,
-        schedule: Schedule,
-        rounds: list[tuple[Round, int]],
-        message_bytes: float,
-        t: np.ndarray,
-        log: TransferLog | None,
-        members: np.ndarray | None,
-    ) -> np.ndarray | None:
-        """Exit times after a relay: rounds of one transfer each, every one sent by the rank the one
-        before delivered to (an unpipelined chain), executed together; None where the proof fails.
-
-        Each transfer starts only after the one before arrived (its sender's entry is no earlier
-        than that arrival, and send overheads are part of alpha), so relay flows never meet each
-        other; where they also start no earlier than every link they cross was last busy (and than
-        the clock of any other rank that sent there), each runs alone at its route's bottleneck,
-        which is what the round-at-a-time path would find round by round, to the bit (the same
-        floating-point operations in the same order).
-        """
-        count = len(rounds)
-        src = np.fromiter((int(rnd.src[0]) for rnd, _ in rounds), np.int64, count)
-        dst = np.fromiter((int(rnd.dst[0]) for rnd, _ in rounds), np.int64, count)
-        chunks = np.fromiter((rnd.chunk_count[0] if np.ndim(rnd.chunk_count) else rnd.chunk_count
-                              for rnd, _ in rounds), np.float64, count)  # fmt: skip
-        ops = np.fromiter((int(rnd.op[0]) for rnd, _ in rounds), np.int64, count)
-        global_src = src if members is None else members[src]
-        global_dst = dst if members is None else members[dst]
-        routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
-        overhead = self.fabric.overheads(global_src, global_dst)
-        if np.any(overhead > alpha):
-            return None
-        nbytes = schedule.transfer_bytes(Round(src, dst, op=ops, chunk_count=chunks), message_bytes)
-        flow = nbytes / bottleneck
-        reduce_s = self.fabric.reduce_times(nbytes, ops)
-        entries, ends = [], []
-        clock = float(t[src[0]])
-        receivers = t[dst].tolist()
-        reduce_list = None if reduce_s is None else reduce_s.tolist()
-        for k, (a, f) in enumerate(zip(alpha.tolist(), flow.tolist(), strict=True)):
-            entries.append(clock)
-            end = clock + a + f  # the sender leaves when its send arrived
-            ends.append(end)
-            received = end if reduce_list is None else end + reduce_list[k]
-            clock = max(receivers[k], received)  # the receiver, who sends next
-        begin = np.asarray(entries)
-        start = begin + overhead
-        links, owner = self._binding_hops(routes)
-        self.links.advance_clocks(t, members)
-        starts = start[owner]
-        if np.any(starts < self.links.busy_until[links]):
-            return None
-        prior = self.links.link_sender[links]
-        other = (prior >= 0) & (prior != global_src[owner])
-        if np.any(starts[other] < self.links.clock[prior[other]]):
-            return None
-        self._placed = None
-        self.links.claim(links, global_src[owner], None)
-        np.maximum.at(self.links.busy_until, links, (start + flow)[owner])
-        self.links.writer_serial[links] = -1  # no round of this call wrote them last
-        self._serial += count
-        self.transfers += count
-        self.relayed_rounds += count
-        out = t.copy()
-        out[src] = ends
-        out[dst[-1]] = clock
-        self.links.advance_clocks(out, members)
-        if log is not None:
-            log.add(global_src, global_dst, nbytes, begin, np.asarray(ends))
-        return out
 
     def _runs(self, schedule: Schedule) -> list[tuple[Round, int]]:
         """The schedule's non-empty rounds as (round, repeats): consecutive rounds sharing their src,
@@ -872,7 +769,7 @@ class VectorisedExecutor:
         one at a time, the 32,768 pipeline pairs of 16,384 ranks took a tenth of the run."""
         routes, alpha, bottleneck = self.fabric.path_properties(src, dst)
         overheads = self.fabric.overheads(src, dst)
-        hops, index = self._binding_hops(routes)
+        hops, index = binding_hops(routes, self._redundant)
         starts = np.searchsorted(index, np.arange(src.size + 1))
         hop_list = hops.tolist()
         for i, (a, b) in enumerate(zip(src.tolist(), dst.tolist(), strict=True)):

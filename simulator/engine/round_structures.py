@@ -28,7 +28,15 @@ from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention
 
-__all__ = ["ArcPlaced", "ArcStructure", "RoundBytes", "RoundCache", "Structure", "identity_and_shift"]
+__all__ = [
+    "ArcPlaced",
+    "ArcStructure",
+    "RoundBytes",
+    "RoundCache",
+    "Structure",
+    "binding_hops",
+    "identity_and_shift",
+]
 
 
 @dataclass
@@ -143,3 +151,23 @@ def identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bo
     if shift and not np.array_equal(dst, (src + shift) % ranks):
         shift = 0
     return identity, shift
+
+
+def binding_hops(routes: np.ndarray, redundant: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """(link, transfer index) of every hop of ``routes`` (rows padded with -1) that can bind: padding
+    and ``redundant`` links (``Fabric.redundant``, None where the fabric has none) dropped.
+
+    A redundant link (its constraint is implied by other links') changes no rate and never makes two
+    flows contend, so it needs neither the overlap check nor a place in the in-round max-min
+    computation.
+    """
+    flat = routes.ravel()
+    if redundant is None:
+        if routes.size and flat.min() >= 0:  # every route as long as the longest: no padding
+            return flat, np.repeat(np.arange(routes.shape[0]), routes.shape[1])
+        keep = np.flatnonzero(flat >= 0)
+    else:
+        valid = flat >= 0
+        valid[valid] = ~redundant[flat[valid]]
+        keep = np.flatnonzero(valid)
+    return flat[keep], keep // max(routes.shape[1], 1)
