@@ -11,20 +11,30 @@ latest such end over its received transfers), the sender's still at the arrival.
 * ``MessageExecutor`` (``message_executor.py``): every transfer a chain of SimPy events over a
   ``FlowNetwork``. Exact under any contention; the reference.
 * ``VectorisedExecutor``: a whole round at once with numpy, each flow at its route's bottleneck
-  rate, with a proof that this is what the message path would do. Flows of one round that share
-  a link run as a small fluid simulation (``round_fluid.py``); flows that would start on a link
-  while the previous round's flow there is still in flight are simulated together with it
-  (``round_overlap.py``); every other flow is checked never to overlap another on a link that
-  several senders use (a rank's own flows cannot overlap: it sends round k+1 after round k
-  arrived). Runs of identical rounds are extrapolated once their times advance in closed form
-  (``steady_state.py``). Links whose constraint is implied by others (``Fabric.redundant``) are
-  left out of all of it. A large round on a torus whose transfers make the same hops in each
-  dimension (recursive doubling's) goes as arcs, per link and per flow rather than per hop
-  (``round_arcs.py``), where that gives the same result; a round whose contended transfers travel in
-  bundles of one route each (the devices of one node sending to those of another) is checked and
-  committed per bundle and link rather than per hop (``round_bundles.py``). Where no proof applies it raises
+  rate, with a proof that this is what the message path would do; where no proof applies it raises
   ``ContentionDetected`` and ``run_collective`` re-runs the collective message by message.
   ``tests/test_collective_engine.py`` holds the two paths to each other.
+
+This module holds the round path's loop: per round, look up what its arrays imply, time it, check
+and record its flows, and decide what the next round may skip. Its pieces live apart:
+
+* what it builds per round and keeps while the same arrays come back (``round_structures.py``);
+* what it knows of the links and ranks across rounds and calls (``link_state.py``): who sends
+  where, until when a link that several senders use is busy, each rank's clock; the overlap check
+  reads it (no flow may meet another on such a link; a rank's own flows cannot overlap, since it
+  sends round k+1 after round k arrived);
+* flows of one round that share a link, as a small fluid simulation (``round_fluid.py``);
+* flows that would start on a link while the previous round's flow there is still in flight,
+  simulated together with it (``round_overlap.py``);
+* runs of identical rounds extrapolated once their times advance in closed form (``steady_state.py``);
+* a large torus round whose transfers make the same hops in each dimension (recursive doubling's)
+  as arcs, per link and per flow rather than per hop (``round_arcs.py``), where that gives the same
+  result; a round whose contended transfers travel in bundles of one route each (the devices of one
+  node sending to those of another) checked and committed per bundle and link (``round_bundles.py``);
+* an unpipelined chain of single-transfer rounds timed in one batch (``round_relay.py``);
+* collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``).
+
+Links whose constraint is implied by others (``Fabric.redundant``) are left out of all of it.
 
 Times are absolute seconds; ``start`` gives each rank's time of entering the collective.
 """
@@ -37,14 +47,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.link_state import LinkState
-from ddlsim.simulator.engine.lockstep import FINISH_TOLERANCE, LockstepRound, lockstep_exits
+from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
+from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.round_lockstep import lockstep_round, time_in_lockstep
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.round_relay import RELAY_MIN, relay_exits, relay_length
 from ddlsim.simulator.engine.round_structures import (
@@ -52,21 +62,17 @@ from ddlsim.simulator.engine.round_structures import (
     ArcStructure,
     RoundBytes,
     RoundCache,
+    ScheduleRuns,
     Structure,
     binding_hops,
     identity_and_shift,
+    round_bytes,
 )
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
 
-_COMPILED_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
-_COMPILED_SCHEDULES = 64
 _OVERLAP_ATTEMPTS = 16  # times a round may grow its group of flows simulated with the previous round
-
-
-class ContentionDetected(RuntimeError):
-    """Two flows may share a link at the same time: the vectorised path does not apply."""
 
 
 @dataclass(frozen=True)
@@ -76,23 +82,6 @@ class Checkpoint:
     operations: int
     links: LinkState
     counters: tuple[int, int, int, int, int, int]
-
-
-def _lockstep_round(st: Structure, count: int) -> LockstepRound:
-    """A run of identical rounds as each rank of a collective in lockstep sees it (``lockstep``);
-    ``ContentionDetected`` unless the round is a shift whose transfers are all alike."""
-    rb = st.bytes
-    assert rb is not None
-    if not st.shift:
-        raise ContentionDetected("a collective in flight with another has a round that is not a shift")
-    values = [np.atleast_1d(rb.nbytes), st.alpha_s, st.overhead_s]
-    if rb.reduce_s is not None:
-        values.append(rb.reduce_s)
-    if any(value.size and np.any(value != value[0]) for value in values):
-        raise ContentionDetected("a collective in flight with another has a round of unlike transfers")
-    overhead, alpha = float(st.overhead_s[0]), float(st.alpha_s[0])
-    reduce_s = 0.0 if rb.reduce_s is None else float(rb.reduce_s[0])
-    return LockstepRound(id(st), overhead, alpha - overhead, float(np.atleast_1d(rb.nbytes)[0]), reduce_s, count)
 
 
 class VectorisedExecutor:
@@ -132,7 +121,7 @@ class VectorisedExecutor:
         self._structures = RoundCache()  # of Structure
         self._arc_structures = RoundCache()  # of ArcStructure, or None: not a round for arcs
         self._pairs: dict[tuple[int, int], tuple[tuple[int, ...], float, float, float]] = {}
-        self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
+        self._runs = ScheduleRuns()  # per schedule object its runs of identical rounds
         self._serial = 0  # executed rounds so far
         self._placed: Placed | ArcPlaced | None = None  # the round executed just before, in this call
         self.transfers = 0
@@ -272,8 +261,8 @@ class VectorisedExecutor:
         if np.any(arcs.covering(flow_start, np.minimum, np.inf)[checked] < before):
             return None
         link_end = arcs.covering(flow_start + flow_s, np.maximum, -np.inf)
-        # LinkState.commit: busy until the last end there; the flows a link carries end together, so the last
-        # of them in transfer order is its writer, as in the hop lists
+        # as LinkState.commit: busy until the last end there; the flows a link carries end together, so
+        # the last of them in transfer order is its writer, as in the hop lists
         self.links.commit_per_link(self._serial, checked, before, link_end[checked], st.writer[checked])
         self._placed = ArcPlaced(self._serial, link_end, st.writer, flow_start, rnd, members, t, flow_s, rb)
         return self._leave(st, t, begin + st.alpha_s + flow_s, rb.reduce_s)
@@ -312,7 +301,7 @@ class VectorisedExecutor:
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self.links.advance_clocks(t, members)
         self._placed = None
-        runs = self._runs(schedule)
+        runs = self._runs.get(schedule)
         index = relay_from = 0
         while index < len(runs):
             relay = relay_length(runs, index) if self.extrapolate and index >= relay_from else 0
@@ -341,13 +330,17 @@ class VectorisedExecutor:
                 arc = self._arc_structure(rnd, ranks, t, members) if count == 1 and log is None else None
                 arc_exit = None
                 if arc is not None:
-                    arc_exit = self._execute_arcs(arc, rnd, self._bytes(arc, schedule, rnd, message_bytes), t, members)
+                    arc_exit = self._execute_arcs(
+                        arc, rnd, round_bytes(self.fabric, arc, schedule, rnd, message_bytes), t, members
+                    )
                 if arc_exit is not None:
                     new, overlapped = arc_exit, False
                     self.arc_rounds += 1
                 else:
                     st = self._structure(rnd, ranks, t, members)
-                    new, overlapped = self._execute(st, t, log, members, self._bytes(st, schedule, rnd, message_bytes))
+                    new, overlapped = self._execute(
+                        st, t, log, members, round_bytes(self.fabric, st, schedule, rnd, message_bytes)
+                    )
                 self.transfers += len(rnd)
                 done += 1
                 steady = None
@@ -366,65 +359,6 @@ class VectorisedExecutor:
                     previous_input = None  # the rounds before were skipped: detect afresh
         self.links.advance_clocks(t, members)
         return t
-
-    def _runs(self, schedule: Schedule) -> list[tuple[Round, int]]:
-        """The schedule's non-empty rounds as (round, repeats): consecutive rounds sharing their src,
-        dst, chunk count and op arrays are one run. Kept per schedule object (up to a size), so a
-        schedule run again and again (the buckets of a training run) neither walks its round
-        generator again nor hands the structure cache fresh arrays."""
-        cached = self._compiled.get(id(schedule))
-        if cached is not None and cached[0] is schedule:
-            return cached[1]
-        runs: list[tuple[Round, int]] = []
-        for rnd in schedule.rounds():
-            if not len(rnd):
-                continue
-            if runs:
-                last = runs[-1][0]
-                if (
-                    rnd.src is last.src
-                    and rnd.dst is last.dst
-                    and rnd.chunk_count is last.chunk_count
-                    and rnd.op is last.op
-                ):
-                    runs[-1] = (last, runs[-1][1] + 1)
-                    continue
-            runs.append((rnd, 1))
-        if len(runs) <= _COMPILED_RUNS:
-            if len(self._compiled) >= _COMPILED_SCHEDULES:
-                self._compiled.clear()
-            self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
-        return runs
-
-    def _bytes(self, st: Structure | ArcStructure, schedule: Schedule, rnd: Round, message_bytes: float) -> RoundBytes:
-        """The round's byte counts, kept with its structure while the same arrays come back."""
-        rb = st.bytes
-        if rb is None or not (
-            rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes
-        ):
-            st.bytes = rb = self._round_bytes(schedule, rnd, st, message_bytes)
-        return rb
-
-    def _round_bytes(
-        self, schedule: Schedule, rnd: Round, st: Structure | ArcStructure, message_bytes: float
-    ) -> RoundBytes:
-        """Bytes, reduction times and uncontended flow times of a round's transfers."""
-        nbytes = schedule.transfer_bytes(rnd, message_bytes)
-        # the in-round fluid depends on the structure and the bytes only: a round of the same pairs
-        # and sizes with another operation (halving-doubling's all-gather mirroring its
-        # reduce-scatter) keeps it
-        previous, fluid_s = st.bytes, None
-        if previous is not None and previous.fluid_s is not None and np.array_equal(previous.nbytes, nbytes):
-            fluid_s = previous.fluid_s
-        return RoundBytes(
-            rnd.chunk_count,
-            rnd.op,
-            message_bytes,
-            nbytes,
-            self.fabric.reduce_times(nbytes, rnd.op),
-            nbytes / st.bottleneck_Bps,
-            fluid_s,
-        )
 
     def _execute(
         self, st: Structure, t: np.ndarray, log: TransferLog | None, members: np.ndarray | None, rb: RoundBytes
@@ -699,70 +633,35 @@ class VectorisedExecutor:
         lanes: list[list[LockstepRound]] = []
         starts: list[float] = []
         used: list[list[Structure]] = []  # each collective's distinct round structures
-        by_key: dict[int, Structure] = {}  # a lockstep round's key: its structure's id
+        transfers = 0
         for schedule, message_bytes, start_s, members in calls:
             first = float(start_s[0])
             if np.any(start_s != first):
                 raise ContentionDetected("collectives in flight together whose members enter at different times")
             t = np.full(schedule.ranks, first)
             rounds, distinct = [], {}
-            for rnd, count in self._runs(schedule):
+            for rnd, count in self._runs.get(schedule):
                 st = self._structure(rnd, schedule.ranks, t, members)
-                self._bytes(st, schedule, rnd, message_bytes)
-                rounds.append(_lockstep_round(st, count))
-                distinct[id(st)] = by_key[id(st)] = st
+                round_bytes(self.fabric, st, schedule, rnd, message_bytes)
+                rounds.append(lockstep_round(st, count))
+                distinct[id(st)] = st
+                transfers += count * st.src.size
             lanes.append(rounds)
             starts.append(first)
             used.append(list(distinct.values()))
-        links = [unique_ints(np.concatenate([st.flat_links for st in structures])) for structures in used]
-        for collective_links, start in zip(links, starts, strict=True):
-            if collective_links.size and known.busy_before(collective_links).max() > start:
-                raise ContentionDetected("a collective in flight with another meets a third flow on a link")
-        timed = lockstep_exits(
-            lanes, starts, lambda key: self._lockstep_rates(tuple(None if k is None else by_key[k] for k in key))
-        )
+        links, timed = time_in_lockstep(self.fabric.capacity_Bps, known, used, lanes, starts)
         finish = []
         for (schedule, _bytes, _start, members), (exit_s, _last) in zip(calls, timed, strict=True):
             finish.append(np.full(schedule.ranks, exit_s))
             self.links.advance_clocks(finish[-1], members)
-        for structures, rounds, collective_links, (_exit, last_end) in zip(used, lanes, links, timed, strict=True):
+        for structures, collective_links, (_exit, last_end) in zip(used, links, timed, strict=True):
             for st in structures:
                 self.links.claim(st.flat_links, st.senders[st.flat_owner], None)  # nothing placed: see above
             self.links.busy_until[collective_links] = np.maximum(self.links.busy_until[collective_links], last_end)
             self.links.writer_serial[collective_links] = -1  # no placed round wrote them
-            self.transfers += sum(rnd.count * by_key[rnd.flows].src.size for rnd in rounds)
+        self.transfers += transfers
         self._serial += 1
         return finish
-
-    def _lockstep_rates(self, key: tuple[Structure | None, ...]) -> tuple[float, ...]:
-        """The max-min fair rate of each collective's flows in flight (``key``: its round's structure,
-        None where none), their paths' bottlenecks taking part as private links (as in the flow
-        network); ``ContentionDetected`` unless every flow of one collective gets the same rate."""
-        flowing = [st for st in key if st is not None]
-        if not flowing:
-            return (0.0,) * len(key)
-        sizes = [st.src.size for st in flowing]
-        flows = sum(sizes)
-        offsets = np.cumsum([0, *sizes])
-        distinct, local = np.unique(np.concatenate([st.flat_links for st in flowing]), return_inverse=True)
-        owner = np.concatenate([st.flat_owner + offset for st, offset in zip(flowing, offsets, strict=False)])
-        rates = max_min_fair_rates_flat(
-            np.concatenate([owner, np.arange(flows)]),
-            np.concatenate([local.ravel(), distinct.size + np.arange(flows)]),
-            flows,
-            np.concatenate([self.fabric.capacity_Bps[distinct], *(st.bottleneck_Bps for st in flowing)]),
-        )
-        result, position = [], 0
-        for st in key:
-            if st is None:
-                result.append(0.0)
-                continue
-            mine = rates[offsets[position] : offsets[position + 1]]
-            position += 1
-            if mine.max() - mine.min() > FINISH_TOLERANCE * mine.max():
-                raise ContentionDetected("flows of a collective in flight with another get unequal rates")
-            result.append(float(mine.min()))
-        return tuple(result)
 
     def route_pairs(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Route the point-to-point pairs (fabric ranks) ``transfer`` will be asked for, in one batch:
@@ -791,29 +690,9 @@ class VectorisedExecutor:
             self.route_pairs(np.array([src]), np.array([dst]))
             pair = self._pairs[(src, dst)]
         links, alpha, bottleneck, overhead = pair
-        clock, busy, senders = self.links.clock, self.links.busy_until, self.links.link_sender
-        if start_s < clock[src]:
-            raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
-        self._placed = None  # this flow is not in the last round: busy times must come from clocks
-        clock[src] = start_s
-        begin = start_s + overhead
         flow = nbytes / bottleneck if nbytes > 0 else 0.0
-        writer = self.links.writer_serial
-        for link in links:  # scalar loop: a message crosses a few links, numpy calls would dominate
-            sender = int(senders[link])
-            if sender != -2:
-                # the link's busy time becomes exact from here on: a one-sender link's clock bound
-                # (see LinkState.claim) would make a pipeline's receiver look busy while its sender runs a
-                # collective of its own elsewhere (Llama 3 405B: every DP reduce-scatter fell back)
-                if sender >= 0:
-                    busy[link] = max(busy[link], clock[sender])  # clock[src] is start_s by now
-                senders[link] = -2
-                self.links.shared_version += 1
-            if begin < busy[link]:
-                raise ContentionDetected("a point-to-point message may overlap another flow on a link")
-            busy[link] = begin + flow
-            writer[link] = -1
-        clock[src] = begin + flow
+        self._placed = None  # this flow is not in the last round: busy times must come from clocks
+        self.links.send(src, links, start_s, start_s + overhead, flow)
         self.transfers += 1
         return start_s + alpha + flow
 

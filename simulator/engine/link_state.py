@@ -35,7 +35,11 @@ from ddlsim.simulator.engine.round_fluid import unique_ints
 from ddlsim.simulator.engine.round_overlap import Placed
 from ddlsim.simulator.engine.round_structures import ArcPlaced
 
-__all__ = ["LinkState"]
+__all__ = ["ContentionDetected", "LinkState"]
+
+
+class ContentionDetected(RuntimeError):
+    """Two flows may share a link at the same time: the vectorised path does not apply."""
 
 
 class LinkState:
@@ -230,3 +234,30 @@ class LinkState:
         bundles.refresh(self.link_sender, self.shared_version)
         state = (self.busy_until, self.writer_serial, self.writer_index, self.alone)
         return bundles.commit(flow_start, flow_end, *state, serial)
+
+    # --- a point-to-point message --------------------------------------------------------------------
+    def send(self, src: int, links: tuple[int, ...], start_s: float, begin: float, flow: float) -> None:
+        """Record a point-to-point flow of fabric rank ``src`` over ``links``, sent at ``start_s`` and
+        streaming from ``begin`` for ``flow`` seconds: each link it crosses is checked from then on.
+        ``ContentionDetected`` when it may share a link with another flow, or when the sender may
+        still have flows of its own in flight (its clock is past ``start_s``: a collective it takes
+        part in has not finished). Scalar arithmetic: a training run sends millions of these."""
+        clock, busy, senders, writer = self.clock, self.busy_until, self.link_sender, self.writer_serial
+        if start_s < clock[src]:
+            raise ContentionDetected("a point-to-point message may overlap its sender's own flows")
+        clock[src] = start_s
+        for link in links:  # scalar loop: a message crosses a few links, numpy calls would dominate
+            sender = int(senders[link])
+            if sender != -2:
+                # the link's busy time becomes exact from here on: a one-sender link's clock bound
+                # (see claim) would make a pipeline's receiver look busy while its sender runs a
+                # collective of its own elsewhere (Llama 3 405B: every DP reduce-scatter fell back)
+                if sender >= 0:
+                    busy[link] = max(busy[link], clock[sender])  # clock[src] is start_s by now
+                senders[link] = -2
+                self.shared_version += 1
+            if begin < busy[link]:
+                raise ContentionDetected("a point-to-point message may overlap another flow on a link")
+            busy[link] = begin + flow
+            writer[link] = -1
+        clock[src] = begin + flow

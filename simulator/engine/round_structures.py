@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.algorithms.schedule import Round
+from ddlsim.algorithms.schedule import Round, Schedule
+from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
 from ddlsim.simulator.engine.round_fluid import Contention
@@ -33,9 +34,11 @@ __all__ = [
     "ArcStructure",
     "RoundBytes",
     "RoundCache",
+    "ScheduleRuns",
     "Structure",
     "binding_hops",
     "identity_and_shift",
+    "round_bytes",
 ]
 
 
@@ -123,6 +126,44 @@ class ArcPlaced:
     bytes: RoundBytes
 
 
+class ScheduleRuns:
+    """Per schedule object its non-empty rounds as (round, repeats): consecutive rounds sharing their
+    src, dst, chunk count and op arrays are one run. Kept (up to a size), so a schedule run again and
+    again (the buckets of a training run) neither walks its round generator again nor hands the
+    structure cache fresh arrays."""
+
+    MAX_RUNS = 4096  # schedules with more runs of rounds than this are walked afresh each call
+    MAX_SCHEDULES = 64
+
+    def __init__(self) -> None:
+        self._compiled: dict[int, tuple[Schedule, list[tuple[Round, int]]]] = {}
+
+    def get(self, schedule: Schedule) -> list[tuple[Round, int]]:
+        cached = self._compiled.get(id(schedule))
+        if cached is not None and cached[0] is schedule:
+            return cached[1]
+        runs: list[tuple[Round, int]] = []
+        for rnd in schedule.rounds():
+            if not len(rnd):
+                continue
+            if runs:
+                last = runs[-1][0]
+                if (
+                    rnd.src is last.src
+                    and rnd.dst is last.dst
+                    and rnd.chunk_count is last.chunk_count
+                    and rnd.op is last.op
+                ):
+                    runs[-1] = (last, runs[-1][1] + 1)
+                    continue
+            runs.append((rnd, 1))
+        if len(runs) <= self.MAX_RUNS:
+            if len(self._compiled) >= self.MAX_SCHEDULES:
+                self._compiled.clear()
+            self._compiled[id(schedule)] = (schedule, runs)  # the schedule held: its id stays valid
+        return runs
+
+
 class RoundCache:
     """What was built for a round's transfer arrays (and member ranks), while the same arrays come
     back: keyed by their ids, holding references to them so that the ids cannot be reused while
@@ -171,3 +212,22 @@ def binding_hops(routes: np.ndarray, redundant: np.ndarray | None) -> tuple[np.n
         valid[valid] = ~redundant[flat[valid]]
         keep = np.flatnonzero(valid)
     return flat[keep], keep // max(routes.shape[1], 1)
+
+
+def round_bytes(
+    fabric: Fabric, st: Structure | ArcStructure, schedule: Schedule, rnd: Round, message_bytes: float
+) -> RoundBytes:
+    """The round's byte counts, reduction times and uncontended flow times, kept with its structure
+    while the same arrays come back."""
+    rb = st.bytes
+    if rb is not None and rb.chunk_count is rnd.chunk_count and rb.op is rnd.op and rb.message_bytes == message_bytes:
+        return rb
+    nbytes = schedule.transfer_bytes(rnd, message_bytes)
+    # the in-round fluid depends on the structure and the bytes only: a round of the same pairs and
+    # sizes with another operation (halving-doubling's all-gather mirroring its reduce-scatter) keeps it
+    fluid_s = None
+    if rb is not None and rb.fluid_s is not None and np.array_equal(rb.nbytes, nbytes):
+        fluid_s = rb.fluid_s
+    reduce_s = fabric.reduce_times(nbytes, rnd.op)
+    st.bytes = RoundBytes(rnd.chunk_count, rnd.op, message_bytes, nbytes, reduce_s, nbytes / st.bottleneck_Bps, fluid_s)
+    return st.bytes
