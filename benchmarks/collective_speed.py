@@ -2,8 +2,9 @@
 
 Three tables:
 
-1. every registered collective algorithm x topology (switch, fat_tree, torus_2d, torus_3d) x one or
-   eight devices per node, at 4096 and 131,072 ranks, 100 MB all-reduce (``chain`` has no
+1. every registered collective algorithm x every topology (switch, fat_tree, torus_2d, torus_3d,
+   dragonfly: ``fabric_spec.TOPOLOGIES``) x one or eight devices per node, at 4096 and 131,072
+   ranks, 100 MB all-reduce (``chain`` has no
    all-reduce: its broadcast is timed instead). Each cell runs ``python -m ddlsim collective ...``
    in a fresh process: the wall seconds of the whole command (interpreter start included), its CPU
    seconds (user + system: what the wall time would be on an idle machine), its peak resident
@@ -33,7 +34,6 @@ import sys
 import tempfile
 import time
 
-TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d")
 TARGET_S = {4096: 2.0, 131072: 10.0}
 
 MESSAGE_PATH = """
@@ -124,13 +124,15 @@ def path_of(out: str) -> str:
     return "error: " + (out.strip().splitlines() or ["no output"])[-1][:60]
 
 
-def collective_table(algorithms: list[str], ranks_list: list[int], repeat: int, timeout_s: float) -> bool:
+def collective_table(
+    algorithms: list[str], topologies: list[str], ranks_list: list[int], repeat: int, timeout_s: float
+) -> bool:
     print("# 1. ddlsim collective, 100 MB all-reduce (chain: broadcast), whole command")
     header = f"{'algorithm':19} {'topology':9} {'dpn':>3} {'ranks':>7} {'min_s':>7} {'median_s':>8} {'cpu_s':>6}"
     print(f"{header} {'peak_MB':>7}  {'path':11} target")
     ok_all = True
     for algorithm in algorithms:
-        for topology in TOPOLOGIES:
+        for topology in topologies:
             for dpn in (1, 8):
                 for ranks in ranks_list:
                     walls, cpus, peaks, path, timed_out = [], [], [], "", False
@@ -187,6 +189,7 @@ def main() -> int:
     parser.add_argument("--tables", default="1,2,3", help="which tables to print: 1, 2, 3 or a list")
     parser.add_argument("--ranks", default="4096,131072", help="rank counts of table 1")
     parser.add_argument("--algorithms", default=None, help="algorithms of table 1 (default: every registered one)")
+    parser.add_argument("--topologies", default=None, help="topologies of table 1 (default: every one the fabric has)")
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds before a case is killed")
     args = parser.parse_args()
@@ -200,7 +203,11 @@ def main() -> int:
             from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 
             algorithms = list(COLLECTIVE_ALGORITHMS.names())
-        ok = collective_table(algorithms, [int(r) for r in args.ranks.split(",")], args.repeat, args.timeout)
+        from ddlsim.simulator.engine.fabric_spec import TOPOLOGIES
+
+        topologies = args.topologies.split(",") if args.topologies else list(TOPOLOGIES)
+        ranks = [int(r) for r in args.ranks.split(",")]
+        ok = collective_table(algorithms, topologies, ranks, args.repeat, args.timeout)
     if 2 in tables:
         child_table(
             "# 2. message path alone: ring all-reduce of 100 MB, message by message (before: 1 s / 6 s / 74 s)",
