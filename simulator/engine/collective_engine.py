@@ -81,7 +81,7 @@ class Checkpoint:
 
     operations: int
     links: LinkState
-    counters: tuple[int, int, int, int, int, int]
+    counters: tuple[int, ...]  # ``VectorisedExecutor._COUNTERS``
 
 
 class VectorisedExecutor:
@@ -600,10 +600,19 @@ class VectorisedExecutor:
         self._placed = dataclasses.replace(placed, serial=self._serial, entry=entry, flow_start=flow_start)
 
     # --- collectives in flight together ------------------------------------------------------------
+    # the counters a ``restore`` takes back with the link state
+    _COUNTERS = (
+        "transfers",
+        "extrapolated_rounds",
+        "overlapping_rounds",
+        "relayed_rounds",
+        "arc_rounds",
+        "bundled_rounds",
+    )
+
     def checkpoint(self) -> Checkpoint:
         """The link state and clocks as they are now, for ``restore``."""
-        counters = (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
-                    self.arc_rounds, self.bundled_rounds)  # fmt: skip
+        counters = tuple(getattr(self, name) for name in self._COUNTERS)
         return Checkpoint(self.operations, self.links.copy(), counters)
 
     def restore(self, checkpoint: Checkpoint, calls: int) -> None:
@@ -612,8 +621,8 @@ class VectorisedExecutor:
         if self.operations - checkpoint.operations != calls:
             raise ContentionDetected("another operation ran while a collective was in flight")
         self.links.restore(checkpoint.links)
-        (self.transfers, self.extrapolated_rounds, self.overlapping_rounds, self.relayed_rounds,
-         self.arc_rounds, self.bundled_rounds) = checkpoint.counters  # fmt: skip
+        for name, value in zip(self._COUNTERS, checkpoint.counters, strict=True):
+            setattr(self, name, value)
         self._placed = None
 
     def run_concurrently(

@@ -57,21 +57,21 @@ class LinkState:
         self.alone = np.full(links, np.inf)  # from when the writer's flow is the only one there
         self._scratch = np.zeros(links, dtype=np.int64)
 
+    # the arrays ``copy`` and ``restore`` carry (the scratch array is copied too, but holds nothing to undo)
+    _SAVED = ("busy_until", "link_sender", "clock", "writer_serial", "writer_index", "alone")
+
     def copy(self) -> LinkState:
         """The state as it is now (its arrays copied), for ``restore`` or to read while this one moves on."""
         saved = copy.copy(self)
-        (saved.busy_until, saved.link_sender, saved.clock, saved.writer_serial, saved.writer_index,
-         saved.alone, saved._scratch) = (array.copy() for array in (self.busy_until, self.link_sender, self.clock,
-                                                                    self.writer_serial, self.writer_index,
-                                                                    self.alone, self._scratch))  # fmt: skip
+        for name in (*self._SAVED, "_scratch"):
+            setattr(saved, name, getattr(self, name).copy())
         return saved
 
     def restore(self, saved: LinkState) -> None:
         """Go back to ``saved`` (a ``copy``), with a new shared-link version: checked links found since
         were found in the state undone."""
-        (self.busy_until, self.link_sender, self.clock, self.writer_serial, self.writer_index,
-         self.alone) = (array.copy() for array in (saved.busy_until, saved.link_sender, saved.clock,
-                                                   saved.writer_serial, saved.writer_index, saved.alone))  # fmt: skip
+        for name in self._SAVED:
+            setattr(self, name, getattr(saved, name).copy())
         self.shared_version += 1
 
     def cover_ranks(self, ranks: int) -> None:
