@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 import math
 import re
 from dataclasses import dataclass, field
@@ -352,7 +351,7 @@ class Scenario:
         match the node or the model (the algorithm's plan reports that)."""
         if self.algorithm != "hybrid_parallel" or self.devices_per_node == 1:
             return None
-        from ddlsim.simulator.training.trainers import balanced_split, layer_times
+        from ddlsim.simulator.training.trainers import balanced_split, layer_times, stage_layers
 
         layers = self.workload_spec.layers
         split = self.options.split
@@ -362,8 +361,7 @@ class Scenario:
             split = balanced_split(layer_times(self), self.devices_per_node)
         if len(split) != self.devices_per_node or sum(split) != len(layers):
             return None
-        bounds = list(itertools.accumulate((0, *split)))
-        return [layers[bounds[i] : bounds[i + 1]] for i in range(len(split))]
+        return stage_layers(layers, split)
 
     def check_memory(self) -> None:
         device = self.device_spec

@@ -28,7 +28,7 @@ import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ddlsim.algorithms.comm import Sized
 from ddlsim.algorithms.gradient_buckets import StepProfile
@@ -269,7 +269,11 @@ class SimTrainer:
 # --- hybrid parallelism: contiguous layer ranges per pipeline stage ------------------------------
 
 
-def stage_layers(layers: tuple[LayerTime, ...], split: tuple[int, ...]) -> list[tuple[LayerTime, ...]]:
+L = TypeVar("L")  # a layer as the caller holds it (``LayerTime``, a workload's ``Layer``)
+
+
+def stage_layers(layers: tuple[L, ...], split: tuple[int, ...]) -> list[tuple[L, ...]]:
+    """``layers`` cut into consecutive stages of ``split[i]`` layers each."""
     if sum(split) != len(layers):
         raise TrainingAlgorithmError(
             f"hybrid split {','.join(map(str, split))} covers {sum(split)} layers; the workload has {len(layers)}"
