@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.crossings import binomial_broadcast_paths, binomial_reduce_paths, heaviest_path_s
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
@@ -51,27 +52,15 @@ def broadcast_pairs(ranks: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield src, src + mask
 
 
-def hop_times_s(costs: FabricCosts, src: np.ndarray, dst: np.ndarray, nbytes: float) -> np.ndarray:
-    """Uncontended seconds of each transfer src[i] -> dst[i] of ``nbytes`` (block placement)."""
-    d = costs.devices_per_node
-    return np.where(src // d != dst // d, costs.inter.time(nbytes), costs.intra.time(nbytes))
-
-
 def reduce_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
     """Heaviest path to the root: rank r climbs one edge per set bit of r, lowest bit first.
 
     Uniform fabric: floor(log2 P) (alpha + S/beta). E.g. P=5, S=1 MB, alpha=1 us, beta=1 GB/s: the
     paths 3 -> 2 -> 0 and 1 -> 0, 4 -> 0 give 2 * 1.001e-3 = 2.002e-3 s (not 3 rounds: rank 4 sends
-    in round 2 but was ready at time 0).
+    in round 2 but was ready at time 0). Two-level fabrics: each edge at its own hop
+    (``crossings.binomial_reduce_paths``).
     """
-    rank = np.arange(ranks, dtype=np.int64)
-    total = np.zeros(ranks)
-    step = 1
-    while step < ranks:
-        at = rank & ~(step - 1)  # where r's path stands before climbing bit ``step``
-        total += np.where(rank & step, hop_times_s(costs, at, at - step, nbytes), 0.0)
-        step <<= 1
-    return float(total.max())
+    return heaviest_path_s(binomial_reduce_paths(ranks, costs.devices_per_node), costs, nbytes)
 
 
 def broadcast_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
@@ -80,13 +69,7 @@ def broadcast_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
     Uniform fabric: ceil(log2 P) (alpha + S/beta), the root sending in every round. E.g. P=5:
     3 * 1.001e-3 = 3.003e-3 s for S=1 MB, alpha=1 us, beta=1 GB/s.
     """
-    rank = np.arange(ranks, dtype=np.int64)
-    total = np.zeros(ranks)
-    for mask in broadcast_masks(ranks):
-        holder = rank & ~(2 * mask - 1)  # who holds r's data when ``mask`` is sent
-        sends = holder + mask < ranks
-        total += np.where(sends, hop_times_s(costs, holder, holder + mask, nbytes), 0.0)
-    return float(total.max())
+    return heaviest_path_s(binomial_broadcast_paths(ranks, costs.devices_per_node), costs, nbytes)
 
 
 class BinomialTreeCollective:

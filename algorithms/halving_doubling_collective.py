@@ -33,15 +33,14 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
+from ddlsim.algorithms.crossings import exchange_crosses, fold_crosses, hop
 from ddlsim.algorithms.recursive_doubling_collective import (
     allgather_rounds,
     allgather_time_s,
-    exchange_partners,
     first_chunk,
     fold,
     fold_pairs,
     rank_of,
-    slowest_hop,
 )
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
@@ -105,7 +104,7 @@ def _halving_time_s(pof2: int, rem: int, costs: FabricCosts, bytes_of_round) -> 
     total = 0.0
     step = 1
     while step < pof2:
-        total += slowest_hop(costs, *exchange_partners(pof2, rem, step)).time(bytes_of_round(step))
+        total += hop(costs, exchange_crosses(pof2, rem, step, costs.devices_per_node)).time(bytes_of_round(step))
         step <<= 1
     return total
 
@@ -144,7 +143,7 @@ class HalvingDoublingCollective:
         reject_options(self.name, options)
         check_ranks(self.name, ranks)
         pof2, rem = fold(ranks)
-        fold_hop = slowest_hop(costs, *fold_pairs(rem)) if rem else costs.intra
+        fold_hop = hop(costs, fold_crosses(rem, costs.devices_per_node))
         if collective == "allgather":
             return allgather_time_s(ranks, message_bytes, costs)
         if collective == "allreduce":
@@ -171,16 +170,16 @@ def reduce_scatter_core_s(pof2: int, rem: int, chunk_bytes: float, costs: Fabric
     costs_of_round = []
     step = pof2 // 2
     while step >= 1:
-        hop = slowest_hop(costs, *exchange_partners(pof2, rem, step))
-        upper = hop.time((step + min(rem, step)) * chunk_bytes)
-        lower = hop.time((step + min(max(rem - step, 0), step)) * chunk_bytes)
+        round_hop = hop(costs, exchange_crosses(pof2, rem, step, costs.devices_per_node))
+        upper = round_hop.time((step + min(rem, step)) * chunk_bytes)
+        lower = round_hop.time((step + min(max(rem - step, 0), step)) * chunk_bytes)
         costs_of_round.append((step, upper, lower))
         step >>= 1
 
     def path(x: int) -> float:
         return sum(upper if x & step else lower for step, upper, lower in costs_of_round)
 
-    fold_hop = slowest_hop(costs, *fold_pairs(rem))
+    fold_hop = hop(costs, fold_crosses(rem, costs.devices_per_node))
     pre = fold_hop.time(chunk_bytes * (pof2 + rem))
     top = rem - 1
     starts = [top] + [(top & ~bit) | (bit - 1) for bit in (1 << k for k in range(top.bit_length())) if top & bit]

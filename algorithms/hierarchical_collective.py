@@ -74,6 +74,23 @@ def _inner_schedule(inner_name: str, inner: CollectiveAlgorithm, nodes: int, opt
     return schedule
 
 
+_CHECKED_INNER: set[tuple] = set()  # (inner, nodes, options) whose schedule _inner_schedule accepted
+
+
+def _check_inner(inner_name: str, inner: CollectiveAlgorithm, nodes: int, options: dict[str, Any]) -> None:
+    """``_inner_schedule``'s checks, remembered: the closed form is asked once per gradient bucket,
+    and an inner schedule over a million nodes costs a tenth of a second to build."""
+    try:
+        key: tuple | None = (inner_name, nodes, tuple(sorted(options.items())))
+        if key in _CHECKED_INNER:
+            return
+    except TypeError:  # an unhashable option value: check every time
+        key = None
+    _inner_schedule(inner_name, inner, nodes, options)
+    if key is not None:
+        _CHECKED_INNER.add(key)
+
+
 def _per_node(pairs: Iterator[tuple[np.ndarray, np.ndarray]], ranks: int, local: int):
     """Repeat local (src, dst) pairs on every node."""
     base = np.arange(0, ranks, local, dtype=np.int64)[:, None]
@@ -188,7 +205,7 @@ class HierarchicalCollective:
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
         inner_name, inner, inner_options, intra, local, nodes = _settings(ranks, costs.devices_per_node, options)
-        _inner_schedule(inner_name, inner, nodes, inner_options)
+        _check_inner(inner_name, inner, nodes, inner_options)
         between_nodes = FabricCosts(costs.inter, costs.inter, 1)
         if intra == "reduce":
             hops = (local.bit_length() - 1) + (local - 1).bit_length()  # floor + ceil of log2(D)

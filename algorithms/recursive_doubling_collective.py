@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, HopCost, Round, Schedule, check_ranks
+from ddlsim.algorithms.crossings import exchange_crosses, fold_crosses, hop
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
 def fold(ranks: int) -> tuple[int, int]:
@@ -44,13 +45,6 @@ def first_chunk(newrank: np.ndarray | int, rem: int) -> np.ndarray:
     """First chunk of a new rank's block when rank r owns chunk r: new rank n < rem owns 2n, 2n+1."""
     n = np.asarray(newrank, dtype=np.int64)
     return n + np.minimum(n, rem)
-
-
-def slowest_hop(costs: FabricCosts, src: np.ndarray, dst: np.ndarray) -> HopCost:
-    """The slowest hop among transfers src[i] -> dst[i] (inter-node as soon as one crosses nodes)."""
-    d = costs.devices_per_node
-    crosses = bool(np.any(np.asarray(src) // d != np.asarray(dst) // d))
-    return costs.inter if crosses else costs.intra
 
 
 def fold_pairs(rem: int) -> tuple[np.ndarray, np.ndarray]:
@@ -102,14 +96,13 @@ def allgather_time_s(ranks: int, message_bytes: float, costs: FabricCosts) -> fl
     pof2, rem = fold(ranks)
     chunk = message_bytes / ranks
     total = 0.0
+    d = costs.devices_per_node
     if rem:
-        even, odd = fold_pairs(rem)
-        hop = slowest_hop(costs, even, odd)
-        total += hop.time(chunk) + hop.time(message_bytes)
+        fold_hop = hop(costs, fold_crosses(rem, d))
+        total += fold_hop.time(chunk) + fold_hop.time(message_bytes)
     step = 1
     while step < pof2:
-        src, dst = exchange_partners(pof2, rem, step)
-        total += slowest_hop(costs, src, dst).time((step + min(rem, step)) * chunk)
+        total += hop(costs, exchange_crosses(pof2, rem, step, d)).time((step + min(rem, step)) * chunk)
         step <<= 1
     return total
 
@@ -159,11 +152,12 @@ class RecursiveDoublingCollective:
             return allgather_time_s(ranks, message_bytes, costs)
         pof2, rem = fold(ranks)
         total = 0.0
+        d = costs.devices_per_node
         if rem:
-            total += 2 * slowest_hop(costs, *fold_pairs(rem)).time(message_bytes)
+            total += 2 * hop(costs, fold_crosses(rem, d)).time(message_bytes)
         step = 1
         while step < pof2:
-            total += slowest_hop(costs, *exchange_partners(pof2, rem, step)).time(message_bytes)
+            total += hop(costs, exchange_crosses(pof2, rem, step, d)).time(message_bytes)
             step <<= 1
         return total
 

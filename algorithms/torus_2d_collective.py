@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.recursive_doubling_collective import slowest_hop
+from ddlsim.algorithms.crossings import column_ring_crosses, hop, row_ring_crosses
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 
@@ -99,12 +99,12 @@ class Torus2dCollective:
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
         rows, cols = grid(ranks, costs.devices_per_node, options)
-        rank, right, down, _, _ = _links(rows, cols)
+        d = costs.devices_per_node
         total = 0.0
         if cols > 1:
-            total += 2 * (cols - 1) * slowest_hop(costs, rank, right).time(message_bytes / cols)
+            total += 2 * (cols - 1) * hop(costs, row_ring_crosses(rows, cols, d)).time(message_bytes / cols)
         if rows > 1:
-            total += 2 * (rows - 1) * slowest_hop(costs, rank, down).time(message_bytes / ranks)
+            total += 2 * (rows - 1) * hop(costs, column_ring_crosses(rows, cols, d)).time(message_bytes / ranks)
         return total
 
 
