@@ -48,7 +48,7 @@ REQUIRED_INTRA_NODE = [
 ]  # fmt: skip
 REQUIRED_NETWORKS = [
     "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr", "ib_xdr",
-    "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g", "roce_200g", "roce_400g",
+    "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g", "roce_200g", "roce_400g", "aries",
 ]  # fmt: skip
 
 DEVICE_QUANTITIES = {"memory_bandwidth", "memory_capacity", "on_chip_memory", "compute_efficiency",
@@ -129,6 +129,17 @@ def test_ib_edr_line_rate() -> None:
     assert link.bandwidth_Bps == 12.5e9
     assert link.port_bandwidth_Bps == pytest.approx(12.125e9)
     assert link.latency_s == pytest.approx(0.9e-6)
+
+
+def test_aries_is_its_nic() -> None:
+    """64 B every 5 cycles at 800 MHz = 10.24e9 B/s; x 0.73 = 7.4752e9 B/s, the Cray white paper's measured
+    7.5 GB/s each way within 0.4 %; 0.8 us (8-byte put) + 0.5 us (MPI software) = its 1.3 us MPI message."""
+    link = load_link("aries")
+    assert link.kind == "network" and link.links_per_device == 1
+    assert link.bandwidth_Bps == pytest.approx(64 * 800e6 / 5)
+    assert link.port_bandwidth_Bps == pytest.approx(7.4752e9)
+    assert link.port_bandwidth_Bps == pytest.approx(7.5e9, rel=0.004)
+    assert link.latency_s + link.per_message_overhead_s == pytest.approx(1.3e-6)
 
 
 def test_ib_fdr_data_rate() -> None:

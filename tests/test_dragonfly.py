@@ -9,10 +9,12 @@ from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.cli.main import main
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
 from ddlsim.simulator.engine.fabric import SWITCH_HOP_LATENCY_S, Fabric, FabricSpec
+from ddlsim.simulator.engine.fabric_spec import THETA_DRAGONFLY
 from ddlsim.simulator.training.costs import fabric_costs
 from tests.test_sockets import concurrent_ends
 
 EDR = load_link("ib_edr")
+ARIES = load_link("aries")
 
 
 def _fabric(nodes: int = 64, **changes) -> Fabric:
@@ -91,3 +93,44 @@ def test_collective_command_takes_a_dragonfly(capsys):
         main([*argv, "--routers-per-group", "0"])
     assert exit_.value.code == 2
     assert "--routers-per-group must be in [1, 4096]" in capsys.readouterr().err
+
+
+# --- Theta: the `aries` network on THETA_DRAGONFLY (docs/hardware.md, "Theta's dragonfly") ---------------
+
+
+def _theta(nodes: int) -> Fabric:
+    return Fabric(FabricSpec(nodes=nodes, devices_per_node=1, network=ARIES, **THETA_DRAGONFLY))
+
+
+def test_theta_blades_and_groups():
+    """Four nodes share an Aries (a blade); 384 nodes (two cabinets) share a group; 2048 nodes take six."""
+    assert _theta(2048).dragonfly_groups == 6
+    fabric = _theta(768)
+    assert _names(fabric, 0, 3) == ["nic_up[0]", "nic_down[3]"]
+    assert _names(fabric, 0, 4) == ["nic_up[0]", "local[1]", "nic_down[4]"]
+    kinds = [name.split("[")[0] for name in _names(fabric, 383, 767)]
+    assert kinds == ["nic_up", "local", "global", "local", "nic_down"]
+    assert not any(name.startswith("global") for name in _names(fabric, 0, 383))
+
+
+def test_a_theta_group_pair_carries_what_its_optical_cables_do():
+    """All 384 nodes of group 0 send to group 1 at once: together they get 19 links at aries' port rate,
+    142 GB/s, within 2 % of Theta's 48 optical links x 4.6875 GB/s x 64 % payload (144 GB/s); one flow
+    alone runs at its NIC's 10.24 GB/s x 0.73."""
+    fabric = _theta(768)
+    ends = concurrent_ends(fabric, fabric.routes(np.arange(384), np.arange(384) + 384), 10e6)
+    assert 384 * 10e6 / max(ends) == pytest.approx(19 * ARIES.port_bandwidth_Bps, rel=1e-9)
+    assert 384 * 10e6 / max(ends) == pytest.approx(48 * 3 * 12.5e9 / 8 * 0.64, rel=0.02)
+    (alone,) = concurrent_ends(fabric, fabric.routes(np.array([0]), np.array([384])), 10e6)
+    assert 10e6 / alone == pytest.approx(10.24e9 * 0.73, rel=1e-9)
+
+
+def test_a_ring_over_2048_theta_nodes_by_hand():
+    """2 x 2047 steps, each 0.5 us of MPI software + 0.8 us (Aries put) + 3 router hops x 100 ns (the hops
+    between groups) + a 2048th of 100 MB at 7.4752 GB/s; closed form and schedule agree."""
+    fabric, nbytes = _theta(2048), 100e6
+    ring = COLLECTIVE_ALGORITHMS.get("ring")
+    by_hand = 2 * 2047 * (0.5e-6 + 0.8e-6 + 3 * 100e-9 + nbytes / 2048 / 7.4752e9)
+    assert ring.closed_form_s("allreduce", 2048, nbytes, fabric_costs(fabric.spec)) == pytest.approx(by_hand, rel=1e-9)
+    fast, path = run_collective(ring.schedule("allreduce", 2048), fabric, nbytes)
+    assert path == "vectorised" and fast.max() == pytest.approx(by_hand, rel=1e-9)

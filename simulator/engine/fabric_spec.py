@@ -15,6 +15,21 @@ TOPOLOGIES = ("switch", "fat_tree", "torus_2d", "torus_3d", "dragonfly")
 PLACEMENTS = ("block", "scatter")
 SWITCH_HOP_LATENCY_S = 100e-9  # one switch or router traversal (IB/OPA switch port-to-port ~90-130 ns)
 
+# ALCF's Theta (Cray XC40) as the dragonfly's topology fields, to go with the `aries` network
+# (docs/hardware.md, "Theta's dragonfly"). Sources: Alverson et al., "Cray XC Series Network", Cray white
+# paper WP-Aries01-1112 (2012), and Theta's cabling as the CODES simulator ships it
+# (codes-org/codes, scripts/gen-cray-topo/theta.interconnect, commit 29bd0c1e, 2016: nine groups).
+# - 4 nodes a router: one Aries per four-node blade (white paper p. 14);
+# - 96 routers a group: 16 blades a chassis, 6 chassis in a two-cabinet group of 384 nodes (p. 14), the
+#   16 x 6 routers of every group in Theta's cabling;
+# - 19 global links a group pair: the cabling joins every pair of groups by 48 optical links (4 of each
+#   Aries' 10 global ports used), each 3 lanes x 12.5 Gb/s = 4.6875 GB/s (p. 21: 18.75 GB/s per four-link
+#   cable), at the 64 % payload efficiency of p. 21: 48 x 4.6875 x 0.64 = 144 GB/s each way. The fabric
+#   runs every link at the network's port rate (aries: 10.24 x 0.73 = 7.4752 GB/s): 144 / 7.4752 = 19.3.
+THETA_DRAGONFLY: dict[str, Any] = {
+    "topology": "dragonfly", "nodes_per_router": 4, "routers_per_group": 96, "dragonfly_global_links": 19,
+}  # fmt: skip
+
 
 class FabricError(ValueError):
     """The fabric cannot be built as asked (message says what is allowed)."""
