@@ -125,16 +125,16 @@ def test_flows_of_consecutive_rounds_that_overlap_run_together():
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
 
 
-def test_flows_overlapping_a_flow_two_rounds_back_go_to_the_message_path():
+def test_flows_overlapping_a_flow_two_rounds_back_go_to_the_fluid_path():
     """Round 1: 0 -> 2; round 2: 3 -> 4; round 3: 1 -> 2, sent at once by rank 1 while round 1's flow
     still streams into rank 2's port. Only the round just before is simulated with a round, so the
-    executor must refuse and ``auto`` must fall back to the message path."""
+    executor must refuse and ``auto`` must fall back to the fluid path (``fluid_executor``)."""
     fabric = fabric_of(5)
     schedule = _rounds((0, 2), (3, 4), (1, 2), ranks=5)
     with pytest.raises(ContentionDetected):
         VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
     finish, path = run_collective(schedule, fabric, 1e6)
-    assert path == "message"
+    assert path == "fluid"
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e6, 0.0), rtol=1e-12)
 
 

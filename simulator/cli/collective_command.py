@@ -58,7 +58,9 @@ def register(subparsers) -> None:
     p.add_argument("--network", default="ib_edr")
     add_topology_arguments(p)
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
-    p.add_argument("--mode", default="auto", choices=("auto", "vectorised", "message"), help="DES execution path")
+    p.add_argument(
+        "--mode", default="auto", choices=("auto", "vectorised", "fluid", "message"), help="DES execution path"
+    )
     p.add_argument("--out", type=Path, default=None, help="directory for results.csv and setup.json")
     p.add_argument(
         "--progress", action=argparse.BooleanOptionalAction, default=None,

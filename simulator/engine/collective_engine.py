@@ -12,8 +12,10 @@ latest such end over its received transfers), the sender's still at the arrival.
   ``FlowNetwork``. Exact under any contention; the reference.
 * ``VectorisedExecutor``: a whole round at once with numpy, each flow at its route's bottleneck
   rate, with a proof that this is what the message path would do; where no proof applies it raises
-  ``ContentionDetected`` and ``run_collective`` re-runs the collective message by message.
-  ``tests/test_collective_engine.py`` holds the two paths to each other.
+  ``ContentionDetected`` and ``run_collective`` re-runs the collective as one fluid simulation of
+  all its flows (``fluid_executor.py``: the message path's model, instant by instant with numpy),
+  or message by message where that does not apply either (LogGP).
+  ``tests/test_collective_engine.py`` holds the paths to each other.
 
 This module holds the round path's loop: per round, look up what its arrays imply, time it, check
 and record its flows, and decide what the next round may skip. Its pieces live apart:
@@ -48,6 +50,7 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
 from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
@@ -713,16 +716,25 @@ def run_collective(
     start_s: np.ndarray | float = 0.0,
     mode: str = "auto",
 ) -> tuple[np.ndarray, str]:
-    """Finish times of one collective and the path used (``vectorised`` or ``message``).
+    """Finish times of one collective and the path used (``vectorised``, ``fluid`` or ``message``).
 
-    ``mode``: ``auto`` tries the vectorised path and falls back when contention is possible.
+    ``mode``: ``auto`` tries the round path, and where it cannot prove its times the fluid path
+    (``fluid_executor``: the message path's model over every flow in flight at each instant),
+    which declines only LogGP fabrics; those go message by message. ``vectorised``, ``fluid`` and
+    ``message`` force one path (``ContentionDetected`` where it does not apply).
     """
-    if mode not in ("auto", "vectorised", "message"):
-        raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, message")
-    if mode != "message":
+    if mode not in ("auto", "vectorised", "fluid", "message"):
+        raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
+    if mode in ("auto", "vectorised"):
         try:
             return VectorisedExecutor(fabric).run(schedule, message_bytes, start_s), "vectorised"
         except ContentionDetected:
             if mode == "vectorised":
+                raise
+    if mode in ("auto", "fluid"):
+        try:
+            return FluidExecutor(fabric).run(schedule, message_bytes, start_s), "fluid"
+        except ContentionDetected:
+            if mode == "fluid":
                 raise
     return MessageExecutor(fabric).run(schedule, message_bytes, start_s), "message"

@@ -1,0 +1,285 @@
+"""A collective as one fluid simulation over all its rounds: the message path's model, vectorised.
+
+The round path (``collective_engine.VectorisedExecutor``) times a round at a time and proves that
+no flow of one round meets a flow of another on a shared link, or meets only flows of the round
+just before (``round_overlap``). On a dragonfly that proof fails where it should: halving doubling's
+exchanges share global links with 64 or 512 flows each, a flow that starts a little earlier has
+the link alone for a moment, and the ranks' clocks drift apart by a factor of about seven per
+round (0.1 us, 0.7, 4.5, 30, 208 us at 4096 ranks), so flows of three and more rounds share links.
+Then the message path (``message_executor``) was the only exact answer: SimPy events per message,
+minutes at 131,072 ranks.
+
+Yet such a run has few distinct instants: the ranks drift apart in classes that move together
+(the message path re-rates 143 times for halving doubling at 4096 ranks, 98,304 transfers). This
+executor follows the message path's model instant by instant, with numpy over every flow in
+flight rather than an event per message:
+
+* a rank enters round k+1 once every transfer it sends or receives in round k has arrived (and a
+  received REDUCE transfer has been added in), a rank that takes no part in a round passes
+  through it; its flows of the round start the sender overhead after it entered;
+* at each instant (the earliest flow end or flow start) every flow in flight is advanced at its
+  rate, the flows due end (within ``FLOW_END_TOLERANCE``, as the flow network ends them), the
+  arrivals they imply open the next rounds of their ranks (arrival = end + latency, + reduction
+  for the receiver: known as the flow ends, so a rank's next flows are scheduled at once), and
+  the flows due start;
+* then every flow in flight gets its max-min fair rate as ``FlowNetwork._rerate`` gives it: at
+  most its route's slowest link, links that cannot bind (the flows' bounds sum to no more than
+  the capacity) left out, ``max_min_fair_rates_flat`` over the rest.
+
+So the times are the message path's up to the rounding of the same arithmetic in another order
+(``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is one pass over the
+flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
+Rounds are built as the first rank reaches them and dropped once every rank has left them.
+LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
+``ContentionDetected``, and the caller goes message by message.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddlsim.algorithms.schedule import Round, Schedule
+from ddlsim.hardware_models.network import max_min_fair_rates_flat
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.link_state import ContentionDetected
+from ddlsim.simulator.engine.round_structures import binding_hops
+
+__all__ = ["FluidExecutor"]
+
+FLOW_END_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended (flow_network)
+BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind (flow_network)
+
+
+@dataclass
+class _Round:
+    """One round's transfers as this executor needs them, and its ranks' progress through it."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    overhead_s: np.ndarray
+    latency_s: np.ndarray
+    reduce_s: np.ndarray  # the receiver's reduction seconds (zeros where free)
+    cap_Bps: np.ndarray  # the route's slowest link (inf: no route, the transfer ends as it starts)
+    hop_link: np.ndarray  # compact link ids of the binding hops, transfer by transfer
+    hop_ptr: np.ndarray  # transfer i's hops: hop_link[hop_ptr[i]:hop_ptr[i + 1]]
+    send_order: np.ndarray  # transfers sorted by sender
+    send_ptr: np.ndarray  # rank r's sends: send_order[send_ptr[r]:send_ptr[r + 1]]
+    left: np.ndarray  # per rank, transfers it sends or receives that have not arrived
+    done_s: np.ndarray  # per rank, the latest arrival (or end of reduction) so far
+    entered: np.ndarray  # per rank, whether it has entered this round
+    entry_s: np.ndarray  # per rank, when it entered
+
+
+class FluidExecutor:
+    """Per-rank finish times of a collective from one fluid simulation of all its flows (see the module)."""
+
+    def __init__(self, fabric: Fabric) -> None:
+        if fabric.spec.loggp:
+            raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
+        self.fabric = fabric
+        self._redundant = fabric.redundant if fabric.redundant.any() else None
+        self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
+        self._capacity = np.empty(0)  # per compact id
+        self.instants = 0  # instants at which rates were computed
+        self.transfers = 0
+
+    # --- rounds ----------------------------------------------------------------------------------
+    def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
+        fabric, ranks = self.fabric, schedule.ranks
+        src = np.asarray(rnd.src, dtype=np.int64)
+        dst = np.asarray(rnd.dst, dtype=np.int64)
+        routes = fabric.routes(src, dst)
+        nbytes = np.array(np.broadcast_to(schedule.transfer_bytes(rnd, message_bytes), src.shape), dtype=np.float64)
+        reduce_s = fabric.reduce_times(nbytes, rnd.op)
+        on = routes >= 0
+        capacity = np.where(on, fabric.capacity_Bps[np.maximum(routes, 0)], np.inf)
+        cap = capacity.min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
+        links, owner = binding_hops(routes, self._redundant)
+        fresh = np.unique(links[self._compact[links] < 0])
+        self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
+        self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
+        order = np.argsort(src, kind="stable")
+        count = np.bincount(src, minlength=ranks) + np.bincount(dst, minlength=ranks)
+        return _Round(
+            src,
+            dst,
+            nbytes,
+            np.asarray(fabric.overheads(src, dst), dtype=np.float64),
+            np.asarray(fabric.latencies(routes), dtype=np.float64),
+            np.zeros(src.size) if reduce_s is None else np.broadcast_to(reduce_s, src.shape).astype(np.float64),
+            cap,
+            self._compact[links],
+            np.searchsorted(owner, np.arange(src.size + 1)),
+            order,
+            np.searchsorted(src[order], np.arange(ranks + 1)),
+            count,
+            np.full(ranks, -np.inf),
+            np.zeros(ranks, dtype=bool),
+            np.full(ranks, -np.inf),
+        )
+
+    # --- the simulation --------------------------------------------------------------------------
+    def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
+        """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``."""
+        ranks = schedule.ranks
+        source: Iterator[Round] = (rnd for rnd in schedule.rounds() if len(rnd))
+        rounds: dict[int, _Round] = {}
+        built = 0  # rounds taken from the schedule so far
+        exhausted = False
+
+        def round_at(k: int) -> _Round | None:
+            nonlocal built, exhausted
+            while built <= k and not exhausted:
+                rnd = next(source, None)
+                if rnd is None:
+                    exhausted = True
+                    break
+                rounds[built] = self._build(schedule, rnd, message_bytes)
+                built += 1
+            return rounds.get(k)
+
+        finish = np.full(ranks, np.nan)
+        current = np.zeros(ranks, dtype=np.int64)  # the round each rank is in (or about to enter)
+        # flows waiting to start, and flows in flight: (round, transfer) and their times
+        w_round, w_index, w_start = [np.empty(0, dtype=np.int64)] * 2 + [np.empty(0)]
+        a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
+        h_link, h_owner = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+
+        def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
+            ``at``; returns their new flows as (round, transfers, start times) batches."""
+            started = []
+            while who.size:
+                rd = round_at(k)
+                if rd is None:
+                    finish[who] = at
+                    break
+                current[who] = k
+                rd.entered[who] = True
+                rd.entry_s[who] = at
+                lo, hi = rd.send_ptr[who], rd.send_ptr[who + 1]
+                counts = hi - lo
+                if counts.any():
+                    position = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+                    sent = rd.send_order[position]
+                    started.append((np.full(sent.size, k), sent, np.repeat(at, counts) + rd.overhead_s[sent]))
+                through = rd.left[who] == 0  # nothing of this round still to arrive
+                who, at = who[through], np.maximum(at[through], rd.done_s[who[through]])
+                k += 1
+            return started
+
+        def arrive(ended_round: np.ndarray, ended_index: np.ndarray, now: float) -> list:
+            """The transfers ended at ``now`` arrive; ranks with nothing left in their round move on."""
+            started = []
+            for k in np.unique(ended_round).tolist():
+                rd = rounds[k]
+                index = ended_index[ended_round == k]
+                self.transfers += index.size
+                arrival = now + rd.latency_s[index]
+                src, dst = rd.src[index], rd.dst[index]
+                np.maximum.at(rd.done_s, src, arrival)
+                np.maximum.at(rd.done_s, dst, arrival + rd.reduce_s[index])
+                np.subtract.at(rd.left, src, 1)
+                np.subtract.at(rd.left, dst, 1)
+                mark = np.zeros(ranks, dtype=bool)
+                mark[src] = True
+                mark[dst] = True
+                touched = np.flatnonzero(mark)
+                moving = touched[(rd.left[touched] == 0) & rd.entered[touched] & (current[touched] == k)]
+                if moving.size:
+                    at = np.maximum(rd.entry_s[moving], rd.done_s[moving])
+                    started += enter(moving, at, k + 1)
+            return started
+
+        start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
+        batches = enter(np.arange(ranks), np.array(start), 0)
+        now, changed = -np.inf, False
+        while True:
+            if batches:
+                w_round = np.concatenate([w_round, *(b[0] for b in batches)])
+                w_index = np.concatenate([w_index, *(b[1] for b in batches)])
+                w_start = np.concatenate([w_start, *(b[2] for b in batches)])
+                batches = []
+            # flows that start now (those that carry nothing, or cross no link, end at once, and what
+            # their arrival schedules may start now too: the loop comes back to this instant)
+            due = w_start <= now
+            if due.any():
+                changed = True
+                new_round, new_index = w_round[due], w_index[due]
+                w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
+                for k in np.unique(new_round).tolist():
+                    rd = rounds[k]
+                    index = new_index[new_round == k]
+                    instant = (rd.nbytes[index] <= 0) | (rd.cap_Bps[index] == np.inf)
+                    if instant.any():
+                        batches += arrive(np.full(int(instant.sum()), k), index[instant], now)
+                        index = index[~instant]
+                    lo, hi = rd.hop_ptr[index], rd.hop_ptr[index + 1]
+                    counts = hi - lo
+                    position = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+                    h_link = np.concatenate([h_link, rd.hop_link[position]])
+                    h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
+                    a_round = np.concatenate([a_round, np.full(index.size, k)])
+                    a_index = np.concatenate([a_index, index])
+                    a_remaining = np.concatenate([a_remaining, rd.nbytes[index]])
+                    a_cap = np.concatenate([a_cap, rd.cap_Bps[index]])
+                continue
+            if changed:  # one re-rating per instant, after every start and end in it
+                a_rate = self._rates(a_cap, h_link, h_owner)
+                a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
+                self.instants += 1
+                changed = False
+                for k in [k for k in rounds if k < current.min()]:
+                    del rounds[k]  # every rank has left it
+            if not a_index.size and not w_index.size:
+                break
+            following = min(
+                float(a_finish.min()) if a_finish.size else np.inf, float(w_start.min()) if w_start.size else np.inf
+            )
+            if a_index.size:
+                a_remaining = a_remaining - a_rate * (following - now)
+            now = following
+            # flows that end now
+            limit = now + FLOW_END_TOLERANCE * max(abs(now), 1e-9)
+            ending = a_finish <= limit
+            if ending.any():
+                changed = True
+                batches += arrive(a_round[ending], a_index[ending], now)
+                keep = ~ending
+                position = np.cumsum(keep) - 1
+                hop_keep = keep[h_owner]
+                h_link, h_owner = h_link[hop_keep], position[h_owner[hop_keep]]
+                a_round, a_index, a_remaining, a_cap = a_round[keep], a_index[keep], a_remaining[keep], a_cap[keep]
+                a_rate, a_finish = a_rate[keep], a_finish[keep]
+        if np.isnan(finish).any():
+            raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
+        return finish
+
+    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:
+        """Max-min fair rates of the flows in flight, as ``FlowNetwork._rerate`` computes them."""
+        rates = cap.copy()
+        if not link.size:
+            return rates
+        capacity = self._capacity
+        bound = np.bincount(link, weights=cap[owner], minlength=capacity.size)
+        on = (bound > capacity * (1 + BINDING_TOLERANCE))[link]
+        if not on.any():
+            return rates
+        # the constrained flows and their binding links, numbered from 0 (marks, not sorts)
+        owner, link = owner[on], link[on]
+        constrained = np.zeros(cap.size, dtype=bool)
+        constrained[owner] = True
+        rows = np.flatnonzero(constrained)
+        binding = np.zeros(capacity.size, dtype=bool)
+        binding[link] = True
+        links = np.flatnonzero(binding)
+        flows = rows.size
+        owners = np.concatenate([(np.cumsum(constrained) - 1)[owner], np.arange(flows)])
+        via = np.concatenate([(np.cumsum(binding) - 1)[link], links.size + np.arange(flows)])
+        rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
+        return rates

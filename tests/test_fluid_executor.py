@@ -1,0 +1,180 @@
+"""The fluid path (``fluid_executor``): every flow of a collective in one fluid simulation, held to
+the message path (its reference) on dragonflies, random rounds on random fabrics, and by hand."""
+
+import numpy as np
+import pytest
+
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.engine.collective_engine import (
+    ContentionDetected,
+    MessageExecutor,
+    VectorisedExecutor,
+    run_collective,
+)
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+
+IB = load_link("ib_edr")
+
+
+def dragonfly(ranks, devices_per_node, nodes_per_router, routers_per_group, global_links=1):
+    return Fabric(
+        FabricSpec(
+            nodes=-(-ranks // devices_per_node),
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+            network=IB,
+            topology="dragonfly",
+            nodes_per_router=nodes_per_router,
+            routers_per_group=routers_per_group,
+            dragonfly_global_links=global_links,
+        )
+    )
+
+
+# (algorithm, ranks, devices per node, nodes per router, routers per group, global links per group pair)
+DRAGONFLY_CASES = [
+    ("halving_doubling", 128, 1, 2, 4, 1),
+    ("halving_doubling", 256, 1, 2, 4, 1),
+    ("halving_doubling", 128, 4, 2, 4, 1),
+    ("halving_doubling", 96, 1, 4, 4, 2),
+    ("torus_2d", 64, 1, 4, 16, 1),
+    ("torus_2d", 128, 1, 2, 4, 1),
+    ("torus_2d", 64, 4, 2, 4, 1),
+    ("ring", 32, 1, 2, 4, 1),
+    ("ring", 64, 4, 4, 4, 1),
+    ("hierarchical", 64, 1, 2, 4, 1),
+    ("hierarchical", 128, 4, 2, 4, 1),
+    ("recursive_doubling", 128, 1, 2, 4, 1),
+    ("double_binary_tree", 64, 4, 2, 4, 1),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "ranks", "dpn", "per_router", "per_group", "global_links"), DRAGONFLY_CASES)
+@pytest.mark.parametrize("uneven", [False, True])
+def test_dragonfly_collectives_equal_the_message_path(
+    algorithm, ranks, dpn, per_router, per_group, global_links, uneven
+):
+    """On dragonflies of several shapes the fluid path, and whatever path ``auto`` takes, give the
+    message path's per-rank finish times, with all ranks entering at once or at random times."""
+    fabric = dragonfly(ranks, dpn, per_router, per_group, global_links)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=dpn)
+    start = np.random.default_rng(ranks).uniform(0, 2e-6, schedule.ranks) if uneven else 0.0
+    exact = MessageExecutor(fabric).run(schedule, 1e8, start)
+    fluid = FluidExecutor(fabric).run(schedule, 1e8, start)
+    auto, path = run_collective(schedule, fabric, 1e8, start)
+    np.testing.assert_allclose(fluid, exact, rtol=1e-9)
+    np.testing.assert_allclose(auto, exact, rtol=1e-9)
+    assert path in ("vectorised", "fluid")
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "ranks", "per_router", "per_group"),
+    [("halving_doubling", 128, 2, 4), ("torus_2d", 128, 2, 4), ("torus_2d", 64, 4, 16)],
+)
+def test_rounds_the_round_path_cannot_prove_go_to_the_fluid_path(algorithm, ranks, per_router, per_group):
+    """Halving doubling's far exchanges and torus_2d's column rings share global links, the ranks
+    drift apart and flows of three and more rounds meet: the round path refuses, and ``auto`` takes
+    the fluid path (not the message path), with the message path's times."""
+    fabric = dragonfly(ranks, 1, per_router, per_group)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks)
+    with pytest.raises(ContentionDetected):
+        VectorisedExecutor(fabric).run(schedule, 1e8, 0.0)
+    finish, path = run_collective(schedule, fabric, 1e8)
+    assert path == "fluid"
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e8, 0.0), rtol=1e-9)
+
+
+def _rounds(*rounds, ranks, reduce=True):
+    def make(pairs):
+        src, dst = np.array(pairs).T
+        ops = np.full(src.size, REDUCE if reduce else 0)
+        return Round(src, dst, np.zeros_like(src), np.ones_like(src), ops)
+
+    built = [make(pairs) for pairs in rounds]
+    return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
+
+
+def test_a_flow_that_starts_later_on_a_shared_port_by_hand():
+    """Rank 0 sends S to rank 2 at t = 0, rank 1 sends S to rank 2 from t = d (a switch: they share
+    rank 2's port, B). Flow A streams alone from o until o + d, then both at B/2 until A is done,
+    then B alone: A ends at o + d + 2 (S - B d) / B, B's flow (S - (that - o - d) B / 2 left) then
+    alone. Each arrives a latency L after its flow ends."""
+    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=IB))
+    schedule = _rounds([(0, 2), (1, 2)], ranks=3, reduce=False)
+    o, B = IB.per_message_overhead_s, IB.port_bandwidth_Bps
+    L = fabric.hop_cost(0, 2).alpha_s - o
+    S, d = 1e6, 20e-6
+    a_end = o + d + 2 * (S - B * d) / B
+    b_end = a_end + (S - (a_end - o - d) * B / 2) / B
+    finish = FluidExecutor(fabric).run(schedule, S, np.array([0.0, d, 0.0]))
+    assert finish[0] == pytest.approx(a_end + L, rel=1e-12)
+    assert finish[1] == pytest.approx(b_end + L, rel=1e-12)
+    assert finish[2] == pytest.approx(b_end + L, rel=1e-12)
+
+
+def test_flows_of_three_rounds_meeting_on_a_port():
+    """Round 1: 0 -> 2; round 2: 3 -> 4; round 3: 1 -> 2, sent at once by rank 1 while round 1's flow
+    still streams into rank 2's port; the round path refuses (only the round just before is simulated
+    with a round), the fluid path gives the message path's times."""
+    fabric = Fabric(FabricSpec(nodes=5, devices_per_node=1, network=IB))
+    schedule = _rounds([(0, 2)], [(3, 4)], [(1, 2)], ranks=5)
+    with pytest.raises(ContentionDetected):
+        VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
+    exact = MessageExecutor(fabric).run(schedule, 1e6, 0.0)
+    np.testing.assert_allclose(FluidExecutor(fabric).run(schedule, 1e6, 0.0), exact, rtol=1e-12)
+    assert exact[1] > fabric.hop_cost(1, 2).time(1e6)  # it did share the port
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_rounds_on_random_fabrics_equal_the_message_path(seed):
+    """Random rounds (any sender to any receiver, several flows per rank, ranks idle in some rounds,
+    empty transfers, random sizes) from random entry times, on a random fabric (dragonflies among
+    them, and receivers that take time to add in what they receive): the fluid path's times are the
+    message path's."""
+    rng = np.random.default_rng(seed)
+    devices_per_node = int(rng.choice([1, 2]))
+    nodes = int(rng.integers(3, 13))
+    ranks = nodes * devices_per_node
+    topology = str(rng.choice(["switch", "fat_tree", "torus_2d", "dragonfly"]))
+    fabric = Fabric(
+        FabricSpec(
+            nodes=nodes,
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+            network=IB,
+            topology=topology,
+            nodes_per_leaf=2,
+            oversubscription=float(rng.choice([1.0, 2.0])),
+            nodes_per_router=2,
+            routers_per_group=2,
+            reduce_Bps=float(rng.choice([np.inf, 20e9])),
+        )
+    )
+    rounds = []
+    for _ in range(int(rng.integers(1, 9))):
+        count = int(rng.integers(1, ranks + 1))
+        src = rng.integers(0, ranks, count)
+        dst = (src + rng.integers(1, ranks, count)) % ranks
+        lo = rng.integers(0, 4, count)
+        size = rng.integers(0, 4, count)  # 0: an empty transfer
+        rnd = Round(src, dst, lo, lo + size, rng.integers(0, 2, count))
+        rounds.extend([rnd] * int(rng.integers(1, 3)))
+    schedule = Schedule("random", "allreduce", ranks, 8, lambda: rounds)
+    start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
+    exact = MessageExecutor(fabric).run(schedule, 8e6, start)
+    np.testing.assert_allclose(FluidExecutor(fabric).run(schedule, 8e6, start), exact, rtol=1e-9)
+
+
+def test_loggp_fabrics_go_message_by_message():
+    """A LogGP fabric serialises a rank's message overheads, which the fluid path does not model: it
+    refuses, and ``auto`` runs such a collective message by message."""
+    fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=IB, loggp=True))
+    schedule = _rounds([(0, 1), (0, 2)], ranks=3)
+    with pytest.raises(ContentionDetected):
+        FluidExecutor(fabric)
+    finish, path = run_collective(schedule, fabric, 1.0)
+    assert path == "message"
+    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1.0, 0.0), rtol=1e-12)
