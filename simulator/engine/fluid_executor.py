@@ -45,7 +45,7 @@ from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.link_state import ContentionDetected
-from ddlsim.simulator.engine.round_structures import binding_hops
+from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops
 
 __all__ = ["FluidExecutor"]
 
@@ -84,42 +84,68 @@ class FluidExecutor:
         self._redundant = fabric.redundant if fabric.redundant.any() else None
         self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
         self._capacity = np.empty(0)  # per compact id
+        self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
+        self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
         self.instants = 0  # instants at which rates were computed
         self.transfers = 0
 
     # --- rounds ----------------------------------------------------------------------------------
     def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
         fabric, ranks = self.fabric, schedule.ranks
-        src = np.asarray(rnd.src, dtype=np.int64)
-        dst = np.asarray(rnd.dst, dtype=np.int64)
-        routes = fabric.routes(src, dst)
+        found, routes = self._routes.get(rnd, None)
+        if not found:
+            routes = self._route(rnd, ranks)
+            self._routes.put(rnd, None, routes)
+        src, dst, overhead_s, latency_s, cap, hop_link, hop_ptr, send_order, send_ptr = routes
         nbytes = np.array(np.broadcast_to(schedule.transfer_bytes(rnd, message_bytes), src.shape), dtype=np.float64)
         reduce_s = fabric.reduce_times(nbytes, rnd.op)
-        on = routes >= 0
-        capacity = np.where(on, fabric.capacity_Bps[np.maximum(routes, 0)], np.inf)
-        cap = capacity.min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
-        links, owner = binding_hops(routes, self._redundant)
-        fresh = np.unique(links[self._compact[links] < 0])
-        self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
-        self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
-        order = np.argsort(src, kind="stable")
-        count = np.bincount(src, minlength=ranks) + np.bincount(dst, minlength=ranks)
         return _Round(
             src,
             dst,
             nbytes,
+            overhead_s,
+            latency_s,
+            np.zeros(src.size) if reduce_s is None else np.broadcast_to(reduce_s, src.shape).astype(np.float64),
+            cap,
+            hop_link,
+            hop_ptr,
+            send_order,
+            send_ptr,
+            np.bincount(src, minlength=ranks) + np.bincount(dst, minlength=ranks),
+            np.full(ranks, -np.inf),
+            np.zeros(ranks, dtype=bool),
+            np.full(ranks, -np.inf),
+        )
+
+    def _route(self, rnd: Round, ranks: int) -> tuple[np.ndarray, ...]:
+        """What a round's transfer arrays imply, kept while the same arrays come back (a ring's
+        steps): (src, dst, overhead, latency, bottleneck, hop links, hop pointers, send order, send
+        pointers)."""
+        fabric = self.fabric
+        src = np.asarray(rnd.src, dtype=np.int64)
+        dst = np.asarray(rnd.dst, dtype=np.int64)
+        routes = fabric.routes(src, dst)
+        on = routes >= 0
+        capacity = np.where(on, fabric.capacity_Bps[np.maximum(routes, 0)], np.inf)
+        cap = capacity.min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
+        links, owner = binding_hops(routes, self._redundant)
+        new = np.zeros(self._compact.size, dtype=bool)
+        new[links[self._compact[links] < 0]] = True
+        fresh = np.flatnonzero(new)
+        self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
+        self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
+        self._threshold = self._capacity * (1 + BINDING_TOLERANCE)
+        order = np.argsort(src, kind="stable")
+        return (
+            src,
+            dst,
             np.asarray(fabric.overheads(src, dst), dtype=np.float64),
             np.asarray(fabric.latencies(routes), dtype=np.float64),
-            np.zeros(src.size) if reduce_s is None else np.broadcast_to(reduce_s, src.shape).astype(np.float64),
             cap,
             self._compact[links],
             np.searchsorted(owner, np.arange(src.size + 1)),
             order,
             np.searchsorted(src[order], np.arange(ranks + 1)),
-            count,
-            np.full(ranks, -np.inf),
-            np.zeros(ranks, dtype=bool),
-            np.full(ranks, -np.inf),
         )
 
     # --- the simulation --------------------------------------------------------------------------
@@ -148,7 +174,8 @@ class FluidExecutor:
         w_round, w_index, w_start = [np.empty(0, dtype=np.int64)] * 2 + [np.empty(0)]
         a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
-        h_link, h_owner = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        # the hops of the flows in flight: link (compact id), flow (position in the a_ arrays), its bound
+        h_link, h_owner, h_cap = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0)
 
         def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
@@ -224,13 +251,14 @@ class FluidExecutor:
                     position = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
                     h_link = np.concatenate([h_link, rd.hop_link[position]])
                     h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
+                    h_cap = np.concatenate([h_cap, np.repeat(rd.cap_Bps[index], counts)])
                     a_round = np.concatenate([a_round, np.full(index.size, k)])
                     a_index = np.concatenate([a_index, index])
                     a_remaining = np.concatenate([a_remaining, rd.nbytes[index]])
                     a_cap = np.concatenate([a_cap, rd.cap_Bps[index]])
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
-                a_rate = self._rates(a_cap, h_link, h_owner)
+                a_rate = self._rates(a_cap, h_link, h_owner, h_cap)
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
@@ -253,33 +281,37 @@ class FluidExecutor:
                 keep = ~ending
                 position = np.cumsum(keep) - 1
                 hop_keep = keep[h_owner]
-                h_link, h_owner = h_link[hop_keep], position[h_owner[hop_keep]]
+                h_link, h_owner, h_cap = h_link[hop_keep], position[h_owner[hop_keep]], h_cap[hop_keep]
                 a_round, a_index, a_remaining, a_cap = a_round[keep], a_index[keep], a_remaining[keep], a_cap[keep]
                 a_rate, a_finish = a_rate[keep], a_finish[keep]
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         return finish
 
-    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:
-        """Max-min fair rates of the flows in flight, as ``FlowNetwork._rerate`` computes them."""
+    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, hop_cap: np.ndarray) -> np.ndarray:
+        """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
+        ``link[e]``, ``hop_cap[e]`` its flow's bound), as ``FlowNetwork._rerate`` computes them."""
         rates = cap.copy()
         if not link.size:
             return rates
         capacity = self._capacity
-        bound = np.bincount(link, weights=cap[owner], minlength=capacity.size)
-        on = (bound > capacity * (1 + BINDING_TOLERANCE))[link]
-        if not on.any():
+        bound = np.bincount(link, weights=hop_cap, minlength=capacity.size)
+        on = np.flatnonzero((bound > self._threshold)[link])
+        if not on.size:
             return rates
-        # the constrained flows and their binding links, numbered from 0 (marks, not sorts)
-        owner, link = owner[on], link[on]
-        constrained = np.zeros(cap.size, dtype=bool)
-        constrained[owner] = True
-        rows = np.flatnonzero(constrained)
-        binding = np.zeros(capacity.size, dtype=bool)
-        binding[link] = True
-        links = np.flatnonzero(binding)
+        # the constrained flows and their binding links, numbered from 0
+        rows, local_owner = _marks(owner[on], cap.size)
+        links, local_link = _marks(link[on], capacity.size)
         flows = rows.size
-        owners = np.concatenate([(np.cumsum(constrained) - 1)[owner], np.arange(flows)])
-        via = np.concatenate([(np.cumsum(binding) - 1)[link], links.size + np.arange(flows)])
+        owners = np.concatenate([local_owner, np.arange(flows)])
+        via = np.concatenate([local_link, links.size + np.arange(flows)])
         rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
         return rates
+
+
+def _marks(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the distinct values sorted, each value's index among them) for integers in [0, ``bound``),
+    by a mark and a running count (linear, no sort)."""
+    present = np.zeros(bound, dtype=bool)
+    present[values] = True
+    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]
