@@ -44,9 +44,9 @@ DRAGONFLY_CASES = [
     ("torus_2d", 128, 1, 2, 4, 1),
     ("torus_2d", 64, 4, 2, 4, 1),
     ("ring", 32, 1, 2, 4, 1),
-    ("ring", 64, 4, 4, 4, 1),
-    ("hierarchical", 64, 1, 2, 4, 1),
-    ("hierarchical", 128, 4, 2, 4, 1),
+    ("ring", 32, 4, 2, 2, 1),
+    ("hierarchical", 32, 1, 2, 4, 1),
+    ("hierarchical", 64, 4, 2, 4, 1),
     ("recursive_doubling", 128, 1, 2, 4, 1),
     ("double_binary_tree", 64, 4, 2, 4, 1),
 ]
@@ -128,7 +128,7 @@ def test_flows_of_three_rounds_meeting_on_a_port():
     assert exact[1] > fabric.hop_cost(1, 2).time(1e6)  # it did share the port
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", range(20))
 def test_random_rounds_on_random_fabrics_equal_the_message_path(seed):
     """Random rounds (any sender to any receiver, several flows per rank, ranks idle in some rounds,
     empty transfers, random sizes) from random entry times, on a random fabric (dragonflies among
