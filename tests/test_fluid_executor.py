@@ -41,7 +41,7 @@ DRAGONFLY_CASES = [
     ("halving_doubling", 128, 4, 2, 4, 1),
     ("halving_doubling", 96, 1, 4, 4, 2),
     ("torus_2d", 64, 1, 4, 16, 1),
-    ("torus_2d", 128, 1, 2, 4, 1),
+    ("torus_2d", 64, 1, 2, 4, 1),
     ("torus_2d", 64, 4, 2, 4, 1),
     ("ring", 32, 1, 2, 4, 1),
     ("ring", 32, 4, 2, 2, 1),
