@@ -17,7 +17,7 @@ from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.hardware_models.profile import Profile
-from ddlsim.simulator.engine.collective_engine import run_collective
+from ddlsim.simulator.engine.collective_engine import ContentionDetected, run_collective
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.fabric_spec import FabricSpec, topology_of, torus_shape
 from ddlsim.simulator.scenario import ScenarioError, check_sockets
@@ -150,7 +150,13 @@ def simulate_collective(
     fabric = setup.fabric(schedule.ranks, message_bytes)
     started = time.perf_counter()
     launch = launch_s(algorithm, ranks)  # a library's call enters its schedule this late
-    finish, path = run_collective(schedule, fabric, message_bytes, launch, mode)
+    try:
+        finish, path = run_collective(schedule, fabric, message_bytes, launch, mode)
+    except ContentionDetected as detected:  # only a forced path declines: auto always has the message path
+        raise ScenarioError(
+            f"--mode {mode} cannot time {token} over {ranks} ranks exactly ({detected}); "
+            "--mode auto takes the fastest path that can"
+        ) from detected
     wall = time.perf_counter() - started
     elapsed = float(finish[: schedule.workers].max()) if ranks > 1 else 0.0
     closed = launch + impl.closed_form_s(collective, ranks, message_bytes, fabric.fabric_costs(), **merged)

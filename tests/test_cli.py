@@ -132,6 +132,11 @@ def test_collective_prints_busbw_and_writes_results(capsys, tmp_path):
         (["--ranks", "0"], "counts must be positive"),
         (["--collective", "alltoall"], "unknown collective 'alltoall'"),
         (["--topology", "torus_2d", "--torus-dims", "3x3", "--ranks", "16"], "do not hold 16 nodes"),
+        # a forced path that cannot time the collective: the fluid path does not model LogGP, and the
+        # round path cannot prove NCCL's pipelined trees over 64 ranks
+        (["--loggp", "--mode", "fluid"], "--mode fluid cannot time ring over 8 ranks exactly"),
+        (["--algorithm", "nccl", "--ranks", "64", "--message-bytes", "6400kB", "--mode", "vectorised"],
+         "--mode vectorised cannot time double_binary_tree over 64 ranks exactly"),
     ],
 )
 def test_collective_bad_input(capsys, tmp_path, argv, message):
