@@ -17,6 +17,7 @@ Three tables:
 
     python benchmarks/collective_speed.py                      # everything (about 20 minutes)
     python benchmarks/collective_speed.py --ranks 4096 --algorithms ring,hierarchical
+    python benchmarks/collective_speed.py --ranks 4096 --algorithms nccl,mpich   # library selectors
     python benchmarks/collective_speed.py --tables 2,3 --repeat 3
 
 Timings on a shared machine are noisy: ``--repeat N`` runs every case N times and prints the
