@@ -116,12 +116,16 @@ class FabricCosts:
     """Uncontended hop costs of a two-level machine, for closed forms.
 
     Ranks are placed in blocks: rank r lives on node r // devices_per_node. ``intra`` is the cost
-    between two devices of one node, ``inter`` between devices of different nodes.
+    between two devices of one node, ``inter`` between devices of different nodes, through one NIC.
+    ``nics_per_node``: the NICs a node's ranks reach, spread evenly (its device d on NIC
+    d * nics_per_node // devices_per_node); only schedules that cross through several NICs at once
+    (the ring's channels) read it.
     """
 
     intra: HopCost
     inter: HopCost
     devices_per_node: int = 1
+    nics_per_node: int = 1
 
     @staticmethod
     def uniform(alpha_s: float, beta_Bps: float) -> FabricCosts:

@@ -61,3 +61,50 @@ def test_double_binary_tree_between_its_uncontended_form_and_twice_it(ranks, dev
     des = MessageExecutor(fabric).run(schedule, 8e6, 0.0).max()
     closed = impl.closed_form_s("allreduce", ranks, 8e6, fabric.fabric_costs())
     assert closed < des <= 2 * closed
+
+
+def _multi_nic_fabric(nodes: int, topology: str, nics: int = 4) -> Fabric:
+    """Nodes of 8 NVLink devices with ``nics`` EDR NICs (device d on NIC d * nics // 8), as a DGX-1;
+    a fat tree of 2 nodes a leaf, so 3 and 4 nodes cross leaves."""
+    return Fabric(
+        FabricSpec(
+            nodes=nodes,
+            devices_per_node=8,
+            peer_link=load_link("nvlink2"),
+            host_link=load_link("pcie3_x16"),
+            network=load_link("ib_edr"),
+            nics_per_node=nics,
+            topology=topology,
+            nodes_per_leaf=2,
+        )
+    )
+
+
+@pytest.mark.parametrize("topology", ["switch", "fat_tree"])
+@pytest.mark.parametrize("nodes", [2, 3, 4])
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather"])
+@pytest.mark.parametrize(("channels", "size"), [(1, 64e6), (2, 64e6), (4, 64e6), (8, 64e6), (4, 1e5)])
+def test_ring_channels_des_equals_closed_form_on_multi_nic_nodes(topology, nodes, collective, channels, size):
+    """C rings at once, each crossing through its own NIC (8 channels: two per NIC): the DES, message
+    by message and on its fast path, equals the closed form; 1e5 B: latency-bound, intra-node bound."""
+    ring = COLLECTIVE_ALGORITHMS.get("ring")
+    fabric = _multi_nic_fabric(nodes, topology)
+    schedule = ring.schedule(collective, nodes * 8, devices_per_node=8, channels=channels)
+    des = MessageExecutor(fabric).run(schedule, size, 0.0).max()
+    closed = ring.closed_form_s(collective, nodes * 8, size, fabric.fabric_costs(), channels=channels)
+    assert des == pytest.approx(closed, rel=1e-9)
+    fast, _ = run_collective(schedule, fabric, size)
+    np.testing.assert_allclose(fast.max(), des, rtol=1e-9)
+
+
+def test_four_channels_cross_four_times_faster_than_one_ring():
+    """2 DGX-1-like nodes at 64 MB: one ring crosses through one 12.5 GB/s NIC; four channels use
+    all four, so the bandwidth-bound allreduce takes about a quarter of the time (NCCL issue #307:
+    ~12 GB/s busbw a NIC, ~47-48 GB/s with four)."""
+    ring = COLLECTIVE_ALGORITHMS.get("ring")
+    fabric = _multi_nic_fabric(2, "switch")
+    times = {
+        c: MessageExecutor(fabric).run(ring.schedule("allreduce", 16, devices_per_node=8, channels=c), 64e6, 0.0).max()
+        for c in (1, 4)
+    }
+    assert 3.8 < times[1] / times[4] < 4.0

@@ -573,4 +573,4 @@ class Fabric:
         inter = self.hop_cost(sender, receiver) if self.spec.nodes > 1 else None
         intra = self.hop_cost(first, last) if dpn > 1 else None
         intra = intra or inter or HopCost(0.0, math.inf)
-        return FabricCosts(intra, inter or intra, dpn)
+        return FabricCosts(intra, inter or intra, dpn, self.spec.nics_per_node)

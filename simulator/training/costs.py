@@ -97,7 +97,7 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
         )
         inter = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
     intra = intra or inter or HopCost(0.0, float("inf"))
-    return FabricCosts(intra, inter or intra, spec.devices_per_node)
+    return FabricCosts(intra, inter or intra, spec.devices_per_node, spec.nics_per_node)
 
 
 class GroupCosts:

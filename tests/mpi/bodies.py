@@ -24,6 +24,7 @@ from ddlsim.simulator.records import TRACE_COLUMNS
 
 # Option sets tried beyond each algorithm's defaults (a schedule that rejects the rank count is skipped).
 EXTRA_OPTIONS: dict[str, list[dict]] = {
+    "ring": [{"channels": 2}, {"channels": 3}],
     "parameter_server": [{"placement": "colocated"}, {"placement": "colocated", "servers": 2}],
     "topk_sparse": [{"density": 0.25}],
 }
