@@ -61,14 +61,20 @@ def collective_tokens() -> list[str]:
 
 
 def resolve(
-    algorithm: str, collective: str, message_bytes: float, ranks: int, devices_per_node: int = 1
+    algorithm: str,
+    collective: str,
+    message_bytes: float,
+    ranks: int,
+    devices_per_node: int = 1,
+    nics_per_node: int = 1,
 ) -> tuple[str, dict[str, Any]]:
     """(algorithm token, options): a collective-algorithm token stays itself; a library selector picks
-    as that library does for this size and rank count (``algorithms.selectors``)."""
+    as that library does for this size, rank count, members per node and NICs they reach on a node
+    (``algorithms.selectors``)."""
     from ddlsim.algorithms.selectors import LIBRARIES, select
 
     if algorithm in LIBRARIES:
-        return select(algorithm, collective, message_bytes, ranks, devices_per_node)
+        return select(algorithm, collective, message_bytes, ranks, devices_per_node, nics_per_node)
     if algorithm not in COLLECTIVE_ALGORITHMS:
         raise ScheduleError(
             f"unknown collective algorithm {algorithm!r}; valid: {', '.join(collective_tokens())}"

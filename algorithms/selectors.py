@@ -1,6 +1,6 @@
 """Which collective algorithm a communication library would pick, as (token, options).
 
-``select(library, collective, message_bytes, ranks, devices_per_node)`` mimics the library's default
+``select(library, collective, message_bytes, ranks, devices_per_node, nics_per_node)`` mimics the library's default
 choice (no tuning files, no environment overrides). ``message_bytes`` is the whole buffer: for
 allreduce, reduce and broadcast the buffer each rank passes; for allgather and reduce_scatter the
 gathered / input buffer of P pieces (the rules below quote the thresholds in those terms). Where a
@@ -28,10 +28,16 @@ nccl (NCCL >= 2.4; approximate: NCCL picks per call from a latency/bandwidth mod
     allreduce       ring on one node; with N > 1 nodes double_binary_tree when S <= 256 KiB x N
                     (trees win while latency dominates, and their log2(N) latency gains more with N),
                     ring otherwise. NCCL's multi-node ring is hierarchy-aware; token ``ring`` stands
-                    for it. Pipelining: 512 KiB pieces (NCCL's 4 MiB buffer in 8 steps); a tree's
+                    for it, with ``channels`` = the NICs the group's devices on one node attach to
+                    (``nics_per_node``) when the group spans several whole nodes with more than one
+                    device each: NCCL runs one ring channel per NIC (src/graph/search.cc), each
+                    leaving the node through its own NIC; a group of one device per node (a
+                    data-parallel group of a tensor-parallel layout) or of one node keeps one ring.
+                    Pipelining: 512 KiB pieces (NCCL's 4 MiB buffer in 8 steps); a tree's
                     pieces shrink to 256, 128, 64 and 32 KiB until each tree has 8, 4 and 1 x its
                     depth of them (``nccl_tree_pieces``, NCCL's enqueue.cc chunk rule).
-    allgather, reduce_scatter: ring. broadcast, reduce: chain (NCCL's pipelined ring), 512 KiB pieces.
+    allgather, reduce_scatter: ring, with channels as for allreduce.
+    broadcast, reduce: chain (NCCL's pipelined ring), 512 KiB pieces.
 mlsl (Intel MLSL hands its allreduce to Intel MPI; a plausible rule, not taken from Intel's source):
     allreduce       recursive_doubling if S <= 2 KiB, halving_doubling if S <= 1 MiB, ring above.
     others          as mpich (Intel MPI derives from MPICH).
@@ -65,7 +71,7 @@ LAUNCH_S = {
 }
 
 Choice = tuple[str, dict[str, Any]]
-Selector = Callable[[str, float, int, int], Choice]
+Selector = Callable[[str, float, int, int, int], Choice]
 LIBRARIES: Registry[Selector] = Registry("collective library")
 
 
@@ -78,7 +84,7 @@ def _is_power_of_two(ranks: int) -> bool:
 
 
 @LIBRARIES.register("mpich")
-def _mpich(collective: str, message_bytes: float, ranks: int, devices_per_node: int) -> Choice:
+def _mpich(collective: str, message_bytes: float, ranks: int, devices_per_node: int, nics_per_node: int) -> Choice:
     pof2 = 1 << (ranks.bit_length() - 1)
     if collective == "allreduce":
         short = message_bytes <= 2048 or message_bytes / 4 < pof2
@@ -119,29 +125,38 @@ def nccl_tree_pieces(message_bytes: float, ranks: int, nodes: int) -> int:
 
 
 @LIBRARIES.register("nccl")
-def _nccl(collective: str, message_bytes: float, ranks: int, devices_per_node: int) -> Choice:
+def _nccl(collective: str, message_bytes: float, ranks: int, devices_per_node: int, nics_per_node: int) -> Choice:
     nodes = math.ceil(ranks / max(1, devices_per_node))
     chunks = _pieces(message_bytes, 512 * KiB)
-    if collective == "allreduce":
-        if nodes > 1 and message_bytes <= 256 * KiB * nodes and ranks % min(devices_per_node, ranks) == 0:
-            return "double_binary_tree", {"chunks": nccl_tree_pieces(message_bytes, ranks, nodes)}
-        return "ring", {}
-    if collective in ("allgather", "reduce_scatter"):
-        return "ring", {}
+    whole_nodes = ranks % min(devices_per_node, ranks) == 0
+    if collective == "allreduce" and nodes > 1 and message_bytes <= 256 * KiB * nodes and whole_nodes:
+        return "double_binary_tree", {"chunks": nccl_tree_pieces(message_bytes, ranks, nodes)}
+    if collective in ("allreduce", "allgather", "reduce_scatter"):
+        return "ring", nccl_ring_options(nodes, devices_per_node, nics_per_node, whole_nodes)
     return "chain", {"chunks": chunks}
 
 
+def nccl_ring_options(nodes: int, devices_per_node: int, nics_per_node: int, whole_nodes: bool) -> dict[str, Any]:
+    """NCCL's ring: one channel per NIC the group's devices on a node reach (search.cc starts each
+    ring channel from the next NIC), when the group spans whole nodes of several devices; no option
+    (one ring) otherwise, e.g. a group of one device per node or a group within one node."""
+    channels = min(nics_per_node, devices_per_node)
+    if nodes > 1 and whole_nodes and channels > 1:
+        return {"channels": channels}
+    return {}
+
+
 @LIBRARIES.register("mlsl")
-def _mlsl(collective: str, message_bytes: float, ranks: int, devices_per_node: int) -> Choice:
+def _mlsl(collective: str, message_bytes: float, ranks: int, devices_per_node: int, nics_per_node: int) -> Choice:
     if collective == "allreduce":
         if message_bytes <= 2 * KiB:
             return "recursive_doubling", {}
         return ("halving_doubling" if message_bytes <= MiB else "ring"), {}
-    return _mpich(collective, message_bytes, ranks, devices_per_node)
+    return _mpich(collective, message_bytes, ranks, devices_per_node, nics_per_node)
 
 
 @LIBRARIES.register("openmpi")
-def _openmpi(collective: str, message_bytes: float, ranks: int, devices_per_node: int) -> Choice:
+def _openmpi(collective: str, message_bytes: float, ranks: int, devices_per_node: int, nics_per_node: int) -> Choice:
     if collective == "allreduce":
         return ("recursive_doubling" if message_bytes < 10_000 else "ring"), {}
     if collective == "allgather":
@@ -160,9 +175,17 @@ def launch_s(algorithm: str, ranks: int) -> float:
 
 
 def select(
-    library: str, collective: str, message_bytes: float, ranks: int, devices_per_node: int = 1
+    library: str,
+    collective: str,
+    message_bytes: float,
+    ranks: int,
+    devices_per_node: int = 1,
+    nics_per_node: int = 1,
 ) -> tuple[str, dict[str, Any]]:
-    """(algorithm token, options) that ``library`` would use; see the module docstring for the rules."""
+    """(algorithm token, options) that ``library`` would use; see the module docstring for the rules.
+
+    ``devices_per_node``: the group's members on each node (block placement); ``nics_per_node``: the
+    distinct NICs those members on one node attach to (NCCL opens one ring channel per NIC)."""
     chooser = LIBRARIES.get(library)
     if collective not in COLLECTIVES:
         raise ScheduleError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")
@@ -170,7 +193,9 @@ def select(
         raise ScheduleError(f"select: ranks must be a positive integer, got {ranks!r}")
     if isinstance(devices_per_node, bool) or not isinstance(devices_per_node, int) or devices_per_node < 1:
         raise ScheduleError(f"select: devices_per_node must be a positive integer, got {devices_per_node!r}")
+    if isinstance(nics_per_node, bool) or not isinstance(nics_per_node, int) or nics_per_node < 1:
+        raise ScheduleError(f"select: nics_per_node must be a positive integer, got {nics_per_node!r}")
     if not message_bytes >= 0:
         raise ScheduleError(f"select: message_bytes must be >= 0, got {message_bytes!r}")
-    token, options = chooser(collective, float(message_bytes), ranks, devices_per_node)
+    token, options = chooser(collective, float(message_bytes), ranks, devices_per_node, nics_per_node)
     return token, dict(options)

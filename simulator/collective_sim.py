@@ -143,7 +143,8 @@ def simulate_collective(
         raise ScenarioError(f"ranks must be a positive integer, got {ranks}")
     if not message_bytes > 0:
         raise ScenarioError(f"message size must be > 0 bytes, got {message_bytes!r}")
-    token, chosen = resolve_algorithm(algorithm, collective, message_bytes, ranks, setup.devices_per_node)
+    nics = setup.nics_per_node if setup.placement == "block" else 1  # scattered ranks: no node blocks
+    token, chosen = resolve_algorithm(algorithm, collective, message_bytes, ranks, setup.devices_per_node, nics)
     merged = {**chosen, **grid_on_torus(setup, token, ranks), **(options or {})}
     impl = COLLECTIVE_ALGORITHMS.get(token)
     schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)

@@ -8,6 +8,7 @@ from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
+from ddlsim.simulator.executor.role_executor import RoleExecutor
 
 CASES = [
     (name, collective)
@@ -108,3 +109,45 @@ def test_four_channels_cross_four_times_faster_than_one_ring():
         for c in (1, 4)
     }
     assert 3.8 < times[1] / times[4] < 4.0
+
+
+class _Payload:
+    def __init__(self, nbytes: float) -> None:
+        self.nbytes = nbytes
+
+
+def _des_allreduce(fabric: Fabric, group: tuple[int, ...], nbytes: float, algorithm: str = "nccl") -> float:
+    """The DES (role executor, message by message) of one allreduce over ``group`` of the fabric's ranks."""
+    ends: list[float] = []
+
+    def program(comm):
+        if comm.rank in group:
+            yield comm.allreduce(_Payload(nbytes), algorithm, group=list(group))
+            ends.append(comm.now())
+
+    RoleExecutor(fabric, list(range(fabric.devices)), "message").run(program)
+    return max(ends)
+
+
+@pytest.mark.parametrize(
+    ("group", "channels"),
+    [
+        (tuple(range(16)), 4),  # the whole run: 8 devices a node reach all 4 NICs
+        (tuple(range(0, 16, 2)), 4),  # every other device (a data-parallel group under 2-way tensor parallelism)
+        (tuple(r for r in range(16) if r % 8 < 4), 2),  # the first half of each node: NICs 0 and 1
+        (tuple(range(0, 16, 8)), 1),  # one device a node: one ring, as before channels
+    ],
+)
+def test_nccl_opens_a_channel_per_nic_the_group_reaches(group, channels):
+    """The library selector learns the NICs a group's members on one node attach to, in the DES and
+    in the closed form alike, and the two agree on the time of what it picks."""
+    from ddlsim.simulator.training.costs import GroupCosts
+
+    fabric = _multi_nic_fabric(2, "switch")
+    costs = GroupCosts(fabric.spec)
+    ranks = len(group)
+    closed = costs.collective_s("allreduce", "nccl", ranks, 64e6, {}, group)
+    des = _des_allreduce(fabric, group, 64e6)
+    assert des == pytest.approx(closed, rel=1e-9)
+    options = {"channels": channels} if channels > 1 else {}
+    assert closed == pytest.approx(costs.collective_s("allreduce", "ring", ranks, 64e6, options, group) + 8.4e-6)

@@ -625,8 +625,8 @@ class RoleExecutor:
         return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready, launch_s=launch)
 
     def _schedule(self, op: Collective, ranks: int, member_ranks: np.ndarray) -> Schedule:
-        per_node = self._devices_per_node(member_ranks[:ranks])
-        token, chosen = resolve(op.algorithm, op.collective, float(op.payload.nbytes), ranks, per_node)
+        per_node, nics = self._devices_per_node(member_ranks[:ranks])
+        token, chosen = resolve(op.algorithm, op.collective, float(op.payload.nbytes), ranks, per_node, nics)
         options = {**chosen, **op.options}
         key = (token, op.collective, ranks, per_node, tuple(sorted(options.items())))
         schedule = self._schedules.get(key)
@@ -636,15 +636,20 @@ class RoleExecutor:
             self._schedules[key] = schedule
         return schedule
 
-    def _devices_per_node(self, fabric_ranks: np.ndarray) -> int:
-        """Devices per node of a group placed in equal consecutive blocks over nodes (for hierarchical
-        schedules), else 1."""
-        nodes = self.fabric.node_of(self.fabric.devices_of(fabric_ranks))
+    def _devices_per_node(self, fabric_ranks: np.ndarray) -> tuple[int, int]:
+        """(devices per node, distinct NICs they attach to on the first node) of a group placed in
+        equal consecutive blocks over nodes (for hierarchical schedules and NCCL's ring channels),
+        else (1, 1)."""
+        devices = self.fabric.devices_of(fabric_ranks)
+        nodes = self.fabric.node_of(devices)
         counts = np.bincount(nodes)
         counts = counts[counts > 0]
         per = int(counts[0])
         blocked = bool(np.all(counts == per)) and bool(np.all(np.diff(nodes) >= 0))
-        return per if blocked else 1
+        if not blocked or per == 1:
+            return 1, 1
+        first = devices[nodes == nodes[0]]
+        return per, int(np.unique(self.fabric.nic_of(first)).size)
 
     def _group_executor(self, members: tuple[int, ...], member_ranks: np.ndarray) -> MessageExecutor:
         executor = self._group_executors.get(members)

@@ -127,6 +127,16 @@ class GroupCosts:
             self._layouts[group] = per
         return per
 
+    def group_nics(self, group: tuple[int, ...] | None, per_node: int) -> int:
+        """The distinct NICs the members of ``group`` on its first node attach to (all the node's NICs
+        without a group; 1 for a group of one member per node, whose ring crosses through one NIC)."""
+        spec = self.spec
+        if group is None or per_node == 1 or spec.placement != "block":
+            return spec.nics_per_node if group is None and spec.placement == "block" else 1
+        per = self.devices_per_node
+        node = min(group) // per
+        return len({spec.device_nic(rank % per) for rank in group if rank // per == node})
+
     def collective_s(
         self,
         collective: str,
@@ -143,8 +153,9 @@ class GroupCosts:
             key, seconds = None, None
         if seconds is None:
             per_node = self.group_layout(group, ranks)
-            token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node)
-            costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node)
+            nics = self.group_nics(group, per_node)
+            token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node, nics)
+            costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node, nics)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
             seconds += launch_s(algorithm, ranks)  # a library call's launch, before its first transfer
