@@ -109,6 +109,7 @@ class GroupCosts:
         self.fabric = fabric_costs(spec)
         self.devices_per_node = spec.devices_per_node
         self._layouts: dict[tuple[int, ...], int] = {}
+        self._nics: dict[tuple[int, ...], int] = {}
         self._seconds: dict[tuple, float] = {}  # the same tensor's collective over the same group, asked again
 
     def group_layout(self, group: tuple[int, ...] | None, ranks: int) -> int:
@@ -133,9 +134,12 @@ class GroupCosts:
         spec = self.spec
         if group is None or per_node == 1 or spec.placement != "block":
             return spec.nics_per_node if group is None and spec.placement == "block" else 1
-        per = self.devices_per_node
-        node = min(group) // per
-        return len({spec.device_nic(rank % per) for rank in group if rank // per == node})
+        nics = self._nics.get(group)
+        if nics is None:  # remembered per group, as its layout is: the same groups are asked again
+            per = self.devices_per_node
+            node = min(group) // per
+            nics = self._nics[group] = len({spec.device_nic(rank % per) for rank in group if rank // per == node})
+        return nics
 
     def collective_s(
         self,
