@@ -117,7 +117,13 @@ class RingCollective:
             if collective == "allgather":
                 yield from _steps(ranks, 0, COPY, steps)
 
-        owned = tuple(((r + 1) % ranks, (r + 1) % ranks + 1) for r in range(ranks))
+        # who owns which chunk matters only to a reduce-scatter's contract; listing it for every rank
+        # of a million-rank all-reduce cost a hierarchical closed form a second
+        owned = (
+            tuple(((r + 1) % ranks, (r + 1) % ranks + 1) for r in range(ranks))
+            if collective == "reduce_scatter"
+            else None
+        )
         return Schedule(self.name, collective, ranks, ranks, rounds, owned_chunks=owned)
 
     def _channels(self, collective: str, ranks: int, channels: int, devices_per_node: int) -> Schedule:
@@ -131,9 +137,16 @@ class RingCollective:
             if collective in ("allreduce", "allgather"):  # position i starts holding its own piece
                 yield from _channel_steps(orders, 0, COPY, steps)
 
-        mine = tuple((channels * r, channels * (r + 1)) for r in range(ranks))
+        contract = collective in ("reduce_scatter", "allgather")
+        mine = tuple((channels * r, channels * (r + 1)) for r in range(ranks)) if contract else None
         return Schedule(
-            self.name, collective, ranks, channels * ranks, rounds, owned_chunks=mine, initial_chunks=mine
+            self.name,
+            collective,
+            ranks,
+            channels * ranks,
+            rounds,
+            owned_chunks=mine if collective == "reduce_scatter" else None,
+            initial_chunks=mine if collective == "allgather" else None,
         )
 
     def closed_form_s(
