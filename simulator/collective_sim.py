@@ -165,6 +165,8 @@ def simulate_collective(
     return {
         "algorithm": algorithm,
         "resolved_algorithm": token,
+        # what a library chose besides the algorithm (NCCL's ring channels, its tree's pieces)
+        "resolved_options": " ".join(f"{key}={value}" for key, value in sorted(chosen.items())),
         "collective": collective,
         "ranks": ranks,
         "message_bytes": message_bytes,

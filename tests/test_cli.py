@@ -123,6 +123,22 @@ def test_collective_prints_busbw_and_writes_results(capsys, tmp_path):
         assert float(row["time_s"]) == pytest.approx(float(row["closed_form_s"]), rel=1e-9)
 
 
+def test_collective_says_what_a_library_chose_besides_the_algorithm(capsys, tmp_path):
+    """NCCL on 2 nodes of 8 GPUs with 4 NICs runs one ring channel per NIC: the table and results.csv
+    say so; an algorithm token chooses nothing, and its table has no such column."""
+    base = ["collective", "--ranks", "16", "--devices-per-node", "8", "--intra-node", "nvlink2",
+            "--nics-per-node", "4", "--message-bytes", "64MB"]  # fmt: skip
+    code, out, err = run(capsys, *base, "--algorithm", "nccl", "--out", str(tmp_path / "nccl"))
+    assert code == 0, err
+    assert "resolved_options" in out and "channels=4" in out
+    [row] = read_csv(tmp_path / "nccl" / "results.csv")
+    assert (row["resolved_algorithm"], row["resolved_options"]) == ("ring", "channels=4")
+    code, out, err = run(capsys, *base, "--algorithm", "ring", "--out", str(tmp_path / "ring"))
+    assert code == 0, err
+    assert "resolved_options" not in out
+    assert read_csv(tmp_path / "ring" / "results.csv")[0]["resolved_options"] == ""
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

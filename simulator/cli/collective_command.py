@@ -28,6 +28,7 @@ NOTE_RANKS = 2**16  # past this, say up front what a point costs
 COLUMNS = (
     "algorithm",
     "resolved_algorithm",
+    "resolved_options",
     "collective",
     "ranks",
     "message_bytes",
@@ -112,7 +113,11 @@ def run(args: argparse.Namespace) -> int:
     included = f"; times include {args.algorithm}'s launch, {1e6 * launch:g} us a call" if launch else ""
     where = f"{args.topology} ({args.network})"
     print(f"# {args.collective} with {args.algorithm} on {where}, busbw as nccl-tests{included}")
-    print_table(shown, ("ranks", "size", "time_us", "algbw_Bps", "busbw_Bps", "resolved_algorithm", "execution_path"))
+    chosen = ("resolved_options",) if any(row["resolved_options"] for row in rows) else ()
+    print_table(
+        shown,
+        ("ranks", "size", "time_us", "algbw_Bps", "busbw_Bps", "resolved_algorithm", *chosen, "execution_path"),
+    )
     if args.out is not None:
         write_csv(args.out / "results.csv", rows, COLUMNS)
         write_json(
