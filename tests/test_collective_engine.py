@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
+from ddlsim.algorithms.schedule import COPY, REDUCE, Round, Schedule
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
@@ -342,15 +342,31 @@ def test_point_to_point_from_a_rank_inside_a_collective_is_refused(switch_fabric
     assert executor.transfer(0, 1, 1e3, float(finish[0])) > finish[0]
 
 
-def schedule_of_rounds(*rounds, ranks):
-    """A schedule of one round per list of (src, dst) pairs, each moving chunk 0 and reducing it in."""
+def schedule_of_rounds(*rounds, ranks, reduce=True):
+    """A schedule of one round per list of (src, dst) pairs, each moving chunk 0 and reducing it in
+    (``reduce``; else copying it)."""
 
     def make(pairs):
         src, dst = np.array(pairs).T
-        return Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE))
+        return Round(src, dst, np.zeros_like(src), np.ones_like(src), np.full(src.size, REDUCE if reduce else COPY))
 
     built = [make(pairs) for pairs in rounds]
     return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
+
+
+def random_schedule(rng, ranks, *, most_rounds, most_repeats, smallest=1):
+    """Up to ``most_rounds`` random rounds (any sender to any receiver, several flows per rank, 1-3
+    chunks each, or from ``smallest`` = 0 empty ones too, reducing or copying), each repeated up to
+    ``most_repeats`` times in a row (identical rounds: the skipping paths)."""
+    rounds = []
+    for _ in range(int(rng.integers(1, most_rounds + 1))):
+        count = int(rng.integers(1, ranks + 1))
+        src = rng.integers(0, ranks, count)
+        dst = (src + rng.integers(1, ranks, count)) % ranks
+        lo = rng.integers(0, 4, count)
+        rnd = Round(src, dst, lo, lo + rng.integers(smallest, 4, count), rng.integers(0, 2, count))
+        rounds.extend([rnd] * int(rng.integers(1, most_repeats + 1)))
+    return Schedule("random", "allreduce", ranks, 8, lambda: rounds)
 
 
 def fabric_of(nodes, devices_per_node=1, **kwargs):
@@ -483,15 +499,7 @@ def test_random_rounds_on_random_fabrics_equal_message_level(seed):
         nodes_per_leaf=2,
         oversubscription=float(rng.choice([1.0, 2.0])),
     )
-    rounds = []
-    for _ in range(int(rng.integers(1, 7))):
-        count = int(rng.integers(1, ranks + 1))
-        src = rng.integers(0, ranks, count)
-        dst = (src + rng.integers(1, ranks, count)) % ranks
-        lo = rng.integers(0, 4, count)
-        rnd = Round(src, dst, lo, lo + rng.integers(1, 4, count), rng.integers(0, 2, count))
-        rounds.extend([rnd] * int(rng.integers(1, 4)))  # identical rounds in a row: the skipping path
-    schedule = Schedule("random", "allreduce", ranks, 8, lambda: rounds)
+    schedule = random_schedule(rng, ranks, most_rounds=6, most_repeats=3)
     start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
     fast, _ = run_collective(schedule, fabric, 8e6, start)
     np.testing.assert_allclose(fast, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)

@@ -5,7 +5,6 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.schedule import REDUCE, Round, Schedule
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
@@ -15,6 +14,7 @@ from ddlsim.simulator.engine.collective_engine import (
 )
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+from tests.test_collective_engine import random_schedule, schedule_of_rounds
 
 IB = load_link("ib_edr")
 
@@ -87,23 +87,13 @@ def test_rounds_the_round_path_cannot_prove_go_to_the_fluid_path(algorithm, rank
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e8, 0.0), rtol=1e-9)
 
 
-def _rounds(*rounds, ranks, reduce=True):
-    def make(pairs):
-        src, dst = np.array(pairs).T
-        ops = np.full(src.size, REDUCE if reduce else 0)
-        return Round(src, dst, np.zeros_like(src), np.ones_like(src), ops)
-
-    built = [make(pairs) for pairs in rounds]
-    return Schedule("rounds", "allreduce", ranks, 1, lambda: built)
-
-
 def test_a_flow_that_starts_later_on_a_shared_port_by_hand():
     """Rank 0 sends S to rank 2 at t = 0, rank 1 sends S to rank 2 from t = d (a switch: they share
     rank 2's port, B). Flow A streams alone from o until o + d, then both at B/2 until A is done,
     then B alone: A ends at o + d + 2 (S - B d) / B, B's flow (S - (that - o - d) B / 2 left) then
     alone. Each arrives a latency L after its flow ends."""
     fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=IB))
-    schedule = _rounds([(0, 2), (1, 2)], ranks=3, reduce=False)
+    schedule = schedule_of_rounds([(0, 2), (1, 2)], ranks=3, reduce=False)
     o, B = IB.per_message_overhead_s, IB.port_bandwidth_Bps
     L = fabric.hop_cost(0, 2).alpha_s - o
     S, d = 1e6, 20e-6
@@ -120,7 +110,7 @@ def test_flows_of_three_rounds_meeting_on_a_port():
     still streams into rank 2's port; the round path refuses (only the round just before is simulated
     with a round), the fluid path gives the message path's times."""
     fabric = Fabric(FabricSpec(nodes=5, devices_per_node=1, network=IB))
-    schedule = _rounds([(0, 2)], [(3, 4)], [(1, 2)], ranks=5)
+    schedule = schedule_of_rounds([(0, 2)], [(3, 4)], [(1, 2)], ranks=5)
     with pytest.raises(ContentionDetected):
         VectorisedExecutor(fabric).run(schedule, 1e6, 0.0)
     exact = MessageExecutor(fabric).run(schedule, 1e6, 0.0)
@@ -153,16 +143,7 @@ def test_random_rounds_on_random_fabrics_equal_the_message_path(seed):
             reduce_Bps=float(rng.choice([np.inf, 20e9])),
         )
     )
-    rounds = []
-    for _ in range(int(rng.integers(1, 9))):
-        count = int(rng.integers(1, ranks + 1))
-        src = rng.integers(0, ranks, count)
-        dst = (src + rng.integers(1, ranks, count)) % ranks
-        lo = rng.integers(0, 4, count)
-        size = rng.integers(0, 4, count)  # 0: an empty transfer
-        rnd = Round(src, dst, lo, lo + size, rng.integers(0, 2, count))
-        rounds.extend([rnd] * int(rng.integers(1, 3)))
-    schedule = Schedule("random", "allreduce", ranks, 8, lambda: rounds)
+    schedule = random_schedule(rng, ranks, most_rounds=8, most_repeats=2, smallest=0)  # 0: empty transfers
     start = np.where(rng.random(ranks) < 0.5, rng.random(ranks) * 3e-4, 0.0)
     exact = MessageExecutor(fabric).run(schedule, 8e6, start)
     np.testing.assert_allclose(FluidExecutor(fabric).run(schedule, 8e6, start), exact, rtol=1e-9)
@@ -172,7 +153,7 @@ def test_loggp_fabrics_go_message_by_message():
     """A LogGP fabric serialises a rank's message overheads, which the fluid path does not model: it
     refuses, and ``auto`` runs such a collective message by message."""
     fabric = Fabric(FabricSpec(nodes=3, devices_per_node=1, network=IB, loggp=True))
-    schedule = _rounds([(0, 1), (0, 2)], ranks=3)
+    schedule = schedule_of_rounds([(0, 1), (0, 2)], ranks=3)
     with pytest.raises(ContentionDetected):
         FluidExecutor(fabric)
     finish, path = run_collective(schedule, fabric, 1.0)
