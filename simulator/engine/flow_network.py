@@ -35,8 +35,8 @@ import simpy
 
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 
-_FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
-_BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
+FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
+BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
 # scalar bookkeeping while at most this many flows, crossing at most this many links in all, are in flight
 _SMALL_FLOWS = 8
 _SMALL_HOPS = 64
@@ -208,7 +208,7 @@ class FlowNetwork:
         paths = self._path[live]
         hop = np.maximum(paths, 0)
         # links that can bind, looked up on the live paths only (a fabric may have millions of links)
-        on_binding = (paths >= 0) & (self._bound[hop] > self.capacity_Bps[hop] * (1 + _BINDING_TOLERANCE))
+        on_binding = (paths >= 0) & (self._bound[hop] > self.capacity_Bps[hop] * (1 + BINDING_TOLERANCE))
         if on_binding.any():
             constrained = on_binding.any(axis=1)
             if constrained.any():
@@ -234,7 +234,7 @@ class FlowNetwork:
         live = self._live_set
         for slot in live:
             for link in links[slot]:
-                if bound[link] > capacity[link] * (1 + _BINDING_TOLERANCE):
+                if bound[link] > capacity[link] * (1 + BINDING_TOLERANCE):
                     return False
         now = self.env.now
         cap, rate, finish, remaining = self._cap, self._rate, self._finish, self._remaining
@@ -257,7 +257,7 @@ class FlowNetwork:
             return
         self._advance()
         now = self.env.now
-        limit = now + _FINISH_TOLERANCE * max(abs(now), 1e-9)
+        limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
         if self._small():
             finish, order = self._finish, self._order
             ended_slots = sorted((slot for slot in self._live_set if finish[slot] <= limit), key=order.__getitem__)

@@ -18,7 +18,7 @@ flight rather than an event per message:
   received REDUCE transfer has been added in), a rank that takes no part in a round passes
   through it; its flows of the round start the sender overhead after it entered;
 * at each instant (the earliest flow end or flow start) every flow in flight is advanced at its
-  rate, the flows due end (within ``FLOW_END_TOLERANCE``, as the flow network ends them), the
+  rate, the flows due end (within ``FINISH_TOLERANCE``, as the flow network ends them), the
   arrivals they imply open the next rounds of their ranks (arrival = end + latency, + reduction
   for the receiver: known as the flow ends, so a rank's next flows are scheduled at once), and
   the flows due start;
@@ -44,13 +44,12 @@ import numpy as np
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
 from ddlsim.simulator.engine.link_state import ContentionDetected
-from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops
+from ddlsim.simulator.engine.round_fluid import relabel
+from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
 
 __all__ = ["FluidExecutor"]
-
-FLOW_END_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended (flow_network)
-BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind (flow_network)
 
 
 @dataclass
@@ -192,7 +191,7 @@ class FluidExecutor:
                 lo, hi = rd.send_ptr[who], rd.send_ptr[who + 1]
                 counts = hi - lo
                 if counts.any():
-                    position = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+                    position = spans(lo, counts)
                     sent = rd.send_order[position]
                     started.append((np.full(sent.size, k), sent, np.repeat(at, counts) + rd.overhead_s[sent]))
                 through = rd.left[who] == 0  # nothing of this round still to arrive
@@ -248,7 +247,7 @@ class FluidExecutor:
                         index = index[~instant]
                     lo, hi = rd.hop_ptr[index], rd.hop_ptr[index + 1]
                     counts = hi - lo
-                    position = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+                    position = spans(lo, counts)
                     h_link = np.concatenate([h_link, rd.hop_link[position]])
                     h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
                     h_cap = np.concatenate([h_cap, np.repeat(rd.cap_Bps[index], counts)])
@@ -273,7 +272,7 @@ class FluidExecutor:
                 a_remaining = a_remaining - a_rate * (following - now)
             now = following
             # flows that end now
-            limit = now + FLOW_END_TOLERANCE * max(abs(now), 1e-9)
+            limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
             ending = a_finish <= limit
             if ending.any():
                 changed = True
@@ -300,18 +299,11 @@ class FluidExecutor:
         if not on.size:
             return rates
         # the constrained flows and their binding links, numbered from 0
-        rows, local_owner = _marks(owner[on], cap.size)
-        links, local_link = _marks(link[on], capacity.size)
+        rows, local_owner = relabel(owner[on], cap.size)
+        links, local_link = relabel(link[on], capacity.size)
         flows = rows.size
         owners = np.concatenate([local_owner, np.arange(flows)])
         via = np.concatenate([local_link, links.size + np.arange(flows)])
         rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
         return rates
 
-
-def _marks(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
-    """(the distinct values sorted, each value's index among them) for integers in [0, ``bound``),
-    by a mark and a running count (linear, no sort)."""
-    present = np.zeros(bound, dtype=bool)
-    present[values] = True
-    return np.flatnonzero(present), (np.cumsum(present) - 1)[values]

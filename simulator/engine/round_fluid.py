@@ -117,12 +117,12 @@ class Contention:
         mask[owner[shared]] = True
         flows = np.flatnonzero(mask)
         if flows.size == mask.size:  # every transfer contends: its hops as they are
-            links, local_link = _relabel(flat_links, capacity_Bps.size)
+            links, local_link = relabel(flat_links, capacity_Bps.size)
             local_owner = owner
         else:
             local = np.cumsum(mask) - 1  # transfer -> position among the contended
             entries = mask[owner]
-            links, local_link = _relabel(flat_links[entries], capacity_Bps.size)
+            links, local_link = relabel(flat_links[entries], capacity_Bps.size)
             local_owner = local[owner[entries]]
         if widest == flows.size:  # one link carries every contended flow: they form one component
             component, count = np.zeros(flows.size, dtype=np.int64), 1
@@ -163,7 +163,7 @@ class Contention:
         return ends
 
 
-def _relabel(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
+def relabel(values: np.ndarray, bound: int) -> tuple[np.ndarray, np.ndarray]:
     """(the distinct values sorted, each value's index among them) for integers in [0, ``bound``):
     ``np.unique(values, return_inverse=True)``, by a mark and a running count over ``bound`` slots
     (linear) when the values outnumber a sixteenth of them, else by sorting."""

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddlsim.simulator.engine.round_fluid import After, fluid_ends
-from ddlsim.simulator.engine.round_structures import Structure
+from ddlsim.simulator.engine.round_structures import Structure, spans
 
 
 @dataclass
@@ -153,6 +153,6 @@ def _dependencies(previous: Placed, current: Placed, earlier: np.ndarray, later:
     hi = np.searchsorted(rank, sender, side="right")
     count = hi - lo
     dependent = np.repeat(np.arange(later.size), count)
-    pick = np.repeat(lo - np.cumsum(count) + count, count) + np.arange(dependent.size)
+    pick = spans(lo, count)
     overhead = cur.overhead_s[later]
     return After(earlier.size + dependent, flow[pick], delay[pick] + overhead[dependent])

@@ -194,6 +194,12 @@ def identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bo
     return identity, shift
 
 
+def spans(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The positions lo[i], lo[i] + 1, ..., lo[i] + counts[i] - 1 for every i, in order: the entries of
+    ranges of a flat array (a rank's sends, a transfer's hops) gathered in one index array."""
+    return np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
+
+
 def binding_hops(routes: np.ndarray, redundant: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
     """(link, transfer index) of every hop of ``routes`` (rows padded with -1) that can bind: padding
     and ``redundant`` links (``Fabric.redundant``, None where the fabric has none) dropped.
