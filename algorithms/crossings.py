@@ -108,11 +108,9 @@ def binomial_broadcast_paths(ranks: int, d: int) -> tuple[tuple[int, int], ...]:
     With d a power of two a send at distance ``mask`` crosses iff mask >= d, whoever sends, and the
     root sends in every round, so the root's path (all rounds) is the heaviest. Other d: every path
     is counted (O(P log P), once per shape)."""
-    masks = []
-    mask = 1 << (max(ranks - 1, 0).bit_length()) >> 1
-    while mask >= 1:
-        masks.append(mask)
-        mask >>= 1
+    from ddlsim.algorithms.binomial_tree_collective import broadcast_masks  # here: it imports this module
+
+    masks = list(broadcast_masks(ranks))
     if d & (d - 1) == 0:
         inter = sum(1 for m in masks if m >= d)
         return ((len(masks) - inter, inter),)
