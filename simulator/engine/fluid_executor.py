@@ -46,7 +46,6 @@ from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
 from ddlsim.simulator.engine.link_state import ContentionDetected
-from ddlsim.simulator.engine.round_fluid import relabel
 from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
 
 __all__ = ["FluidExecutor"]
@@ -289,21 +288,36 @@ class FluidExecutor:
 
     def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, hop_cap: np.ndarray) -> np.ndarray:
         """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
-        ``link[e]``, ``hop_cap[e]`` its flow's bound), as ``FlowNetwork._rerate`` computes them."""
+        ``link[e]``, ``hop_cap[e]`` its flow's bound), as ``FlowNetwork._rerate`` computes them.
+
+        Called at every instant over every flow in flight, so it takes the common cases without
+        copies: every hop on a binding link, every flow crossing one (then no flow needs renumbering).
+        The binding links and constrained flows are numbered in order, as ``relabel`` would."""
         rates = cap.copy()
         if not link.size:
             return rates
         capacity = self._capacity
-        bound = np.bincount(link, weights=hop_cap, minlength=capacity.size)
-        on = np.flatnonzero((bound > self._threshold)[link])
-        if not on.size:
-            return rates
-        # the constrained flows and their binding links, numbered from 0
-        rows, local_owner = relabel(owner[on], cap.size)
-        links, local_link = relabel(link[on], capacity.size)
-        flows = rows.size
+        binding = np.bincount(link, weights=hop_cap, minlength=capacity.size) > self._threshold
+        on = binding[link]
+        if on.all():
+            hop_owner, hop_link = owner, link
+        else:
+            where = np.flatnonzero(on)
+            if not where.size:
+                return rates
+            hop_owner, hop_link = owner[where], link[where]
+        constrained = np.zeros(cap.size, dtype=bool)
+        constrained[hop_owner] = True
+        if constrained.all():
+            rows: np.ndarray | slice = slice(None)
+            local_owner, flows = hop_owner, cap.size
+        else:
+            rows = np.flatnonzero(constrained)
+            local_owner, flows = (np.cumsum(constrained) - 1)[hop_owner], rows.size
+        links = np.flatnonzero(binding)  # every binding link carries a hop
+        local_link = (np.cumsum(binding) - 1)[hop_link]
+        # each flow's own bound as one more link it crosses alone
         owners = np.concatenate([local_owner, np.arange(flows)])
         via = np.concatenate([local_link, links.size + np.arange(flows)])
         rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
         return rates
-
