@@ -87,6 +87,57 @@ def test_rounds_the_round_path_cannot_prove_go_to_the_fluid_path(algorithm, rank
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1e8, 0.0), rtol=1e-9)
 
 
+HANDOVER_CASES = [
+    ("halving_doubling", 128, 1),
+    ("halving_doubling", 256, 4),
+    ("recursive_doubling", 128, 1),
+    ("torus_2d", 64, 1),
+]
+
+
+@pytest.mark.parametrize(("algorithm", "ranks", "dpn"), HANDOVER_CASES)
+def test_the_round_path_hands_over_where_ranks_in_step_drift_apart(algorithm, ranks, dpn):
+    """With ``handover`` the round path gives up once ranks that entered a round together drift apart
+    within a round's contended flows, and names the last point where they were in step; the fluid
+    path started there gives the times of one started at the first round (to rounding), and
+    ``auto`` takes it."""
+    fabric = dragonfly(ranks, dpn, 2, 4)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=dpn)
+    executor = VectorisedExecutor(fabric, handover=True)
+    with pytest.raises(ContentionDetected, match="drift apart"):
+        executor.run(schedule, 1e8, 0.0)
+    resume = executor.resume
+    assert resume is not None and resume.rounds > 0
+    assert np.all(resume.entry_s == resume.entry_s[0])
+    resumed = FluidExecutor(fabric).run(schedule, 1e8, 0.0, resume)
+    np.testing.assert_allclose(resumed, FluidExecutor(fabric).run(schedule, 1e8, 0.0), rtol=1e-12)
+    np.testing.assert_allclose(resumed, MessageExecutor(fabric).run(schedule, 1e8, 0.0), rtol=1e-9)
+    finish, path = run_collective(schedule, fabric, 1e8)
+    assert path == "fluid"
+    np.testing.assert_array_equal(finish, resumed)
+
+
+@pytest.mark.parametrize(("algorithm", "ranks", "dpn"), HANDOVER_CASES)
+def test_ranks_never_in_step_are_not_handed_over(algorithm, ranks, dpn):
+    """Ranks that enter at different times are never in step: ``handover`` changes nothing, and the
+    round path proves what it proved without it (or gives up where it gave up)."""
+    fabric = dragonfly(ranks, dpn, 2, 4)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=dpn)
+    start = np.random.default_rng(ranks).uniform(0, 2e-6, schedule.ranks)
+    outcomes = []
+    for handover in (False, True):
+        executor = VectorisedExecutor(fabric, handover=handover)
+        try:
+            outcomes.append(executor.run(schedule, 1e8, start))
+        except ContentionDetected as error:
+            outcomes.append(str(error))
+            assert executor.resume is None
+    if isinstance(outcomes[0], str):
+        assert outcomes[1] == outcomes[0]
+    else:
+        np.testing.assert_array_equal(outcomes[1], outcomes[0])
+
+
 def test_a_flow_that_starts_later_on_a_shared_port_by_hand():
     """Rank 0 sends S to rank 2 at t = 0, rank 1 sends S to rank 2 from t = d (a switch: they share
     rank 2's port, B). Flow A streams alone from o until o + d, then both at B/2 until A is done,

@@ -17,6 +17,13 @@ latest such end over its received transfers), the sender's still at the arrival.
   or message by message where that does not apply either (LogGP).
   ``tests/test_collective_engine.py`` holds the paths to each other.
 
+``run_collective`` lets the round path hand over early (``VectorisedExecutor.handover``): where ranks
+that entered a round in step drift apart within a round's contended flows (halving doubling on a
+dragonfly), it gives up at once rather than time round after round by small fluid simulations of
+its own until flows of non-consecutive rounds meet (at 131,072 ranks, 40% of the run); the fluid
+path then starts from the last rounds' entry in step (``fluid_executor.Resume``), as exact as from
+the first round, since every earlier flow has ended by then.
+
 This module holds the round path's loop: per round, look up what its arrays imply, time it, check
 and record its flows, and decide what the next round may skip. Its pieces live apart:
 
@@ -50,7 +57,7 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor, Resume
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
 from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
@@ -108,6 +115,7 @@ class VectorisedExecutor:
         extrapolate: bool = True,
         arcs: bool | None = None,
         bundles: bool | None = None,
+        handover: bool = False,
     ) -> None:
         self.fabric = fabric
         self.extrapolate = extrapolate  # False: execute every round (tests hold the shortcuts to this)
@@ -135,6 +143,13 @@ class VectorisedExecutor:
         self.bundled_rounds = 0  # rounds checked and committed per bundle (``LinkState.commit_bundles``)
         self.operations = 0  # calls of ``run`` and ``transfer`` so far: a checkpoint is only undone
         # while nothing else ran after it (``restore``)
+        # after ``run`` raised ``ContentionDetected``: the last point of it where every rank entered the
+        # next round at the same time, from which the fluid path may take over (``Resume``)
+        self.resume: Resume | None = None
+        self._synced = _Synced(handover)
+        # give up (to the fluid path, from that point) as soon as the ranks, in step a round ago, drift
+        # apart within a round's contended flows (``_drifting``)
+        self.handover = handover
 
     def _structure(self, rnd: Round, ranks: int, t: np.ndarray, members: np.ndarray | None) -> Structure:
         found, structure = self._structures.get(rnd, members)
@@ -294,6 +309,8 @@ class VectorisedExecutor:
         ``members[i]`` is the fabric rank that schedule rank i runs on (default: rank i itself), so a
         collective over a group of a larger run shares the link state of every other call. Pass the
         same array object for the same group: per-round work is cached on its identity.
+
+        Where it raises ``ContentionDetected``, ``resume`` says from where the fluid path may take over.
         """
         ranks = schedule.ranks
         if members is not None and members.size != ranks:
@@ -304,7 +321,30 @@ class VectorisedExecutor:
         t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,)))
         self.links.advance_clocks(t, members)
         self._placed = None
+        self.resume = None
         runs = self._runs.get(schedule)
+        self._synced = _Synced(self.handover)
+        try:
+            t = self._rounds(schedule, message_bytes, runs, t, log, members)
+        except ContentionDetected:
+            self.resume = self._synced.latest
+            raise
+        self.links.advance_clocks(t, members)
+        return t
+
+    def _rounds(
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        runs: list[tuple[Round, int]],
+        t: np.ndarray,
+        log: TransferLog | None,
+        members: np.ndarray | None,
+    ) -> np.ndarray:
+        """``run``'s loop over the runs of rounds; counts the rounds done in ``_synced``, which keeps the
+        last point where every rank entered the next round at the same time."""
+        ranks = schedule.ranks
+        synced = self._synced
         index = relay_from = 0
         while index < len(runs):
             relay = relay_length(runs, index) if self.extrapolate and index >= relay_from else 0
@@ -320,6 +360,7 @@ class VectorisedExecutor:
                     self.relayed_rounds += relay
                     t = relayed
                     index += relay
+                    synced.advance(relay, t)
                     continue
                 relay_from = index + relay  # not provable: these rounds go one by one
             rnd, count = runs[index]
@@ -353,6 +394,7 @@ class VectorisedExecutor:
                 elif self.extrapolate and previous_input is not None and done < count:
                     steady = self._steady_advance(st, previous_input, t, new)
                 previous_input, t = t, new
+                synced.advance(1, t)
                 if steady is not None:
                     skip = int(min(count - done, steady.budget))
                     t = self._skip(steady, skip, t)
@@ -360,7 +402,7 @@ class VectorisedExecutor:
                     if log is not None:
                         log.extrapolated += skip * len(rnd)
                     previous_input = None  # the rounds before were skipped: detect afresh
-        self.links.advance_clocks(t, members)
+                    synced.advance(skip, t)
         return t
 
     def _execute(
@@ -386,6 +428,8 @@ class VectorisedExecutor:
         while True:
             begin = t if st.identity_src else t[st.src]
             flow_start = begin + st.overhead_s
+            if group is None and self._drifting(st, flow_start):
+                raise ContentionDetected("the ranks drift apart within contended flows: the fluid path takes over")
             flow_s = self._durations(st, rb, flow_start, forced)
             if (
                 group is None
@@ -458,6 +502,22 @@ class VectorisedExecutor:
         if log is not None:
             log.add(st.senders, st.dst if members is None else members[st.dst], rb.nbytes, begin, end)
         return self._leave(st, t, end, rb.reduce_s), group is not None
+
+    def _drifting(self, st: Structure, flow_start: np.ndarray) -> bool:
+        """Whether to give up on this round for the fluid path (``handover``): its contended flows
+        start apart within a component, while every rank entered the round before at the same time.
+
+        From there each round's flows start more apart (halving doubling on the dragonfly: by about
+        seven times a round), the round path times each round by a fluid simulation of its own, and
+        soon flows of non-consecutive rounds meet and it gives up anyway; the fluid path started from
+        the rounds in step times them all at once, with the same result (``Resume``)."""
+        synced = self._synced.latest
+        if not self.handover or synced is None or synced.rounds < self._synced.rounds - 1:
+            return False
+        if not st.contention.flows.size:
+            return False
+        lo, hi = st.contention.start_spans(flow_start[st.contention.flows])
+        return bool(np.any(hi > lo))
 
     def _durations(
         self, st: Structure, rb: RoundBytes, flow_start: np.ndarray, forced: tuple[np.ndarray, np.ndarray] | None
@@ -709,6 +769,23 @@ class VectorisedExecutor:
         return start_s + alpha + flow
 
 
+class _Synced:
+    """``VectorisedExecutor.run``'s count of the non-empty rounds it has done, and (where ``track``:
+    a handover) the last point at which every rank entered the next round at the same time: every
+    flow before it has ended by then, so the fluid path may start there (``Resume``) with the same
+    result as from the first round."""
+
+    def __init__(self, track: bool) -> None:
+        self.track = track
+        self.rounds = 0
+        self.latest: Resume | None = None
+
+    def advance(self, rounds: int, t: np.ndarray) -> None:
+        self.rounds += rounds
+        if self.track and rounds and t.size and t.min() == t.max():
+            self.latest = Resume(self.rounds, t.copy())
+
+
 def run_collective(
     schedule: Schedule,
     fabric: Fabric,
@@ -725,15 +802,20 @@ def run_collective(
     """
     if mode not in ("auto", "vectorised", "fluid", "message"):
         raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
+    resume = None
     if mode in ("auto", "vectorised"):
+        # no handover where the fluid path declines (LogGP): the round path may still prove those
+        vectorised = VectorisedExecutor(fabric, handover=mode == "auto" and not fabric.spec.loggp)
         try:
-            return VectorisedExecutor(fabric).run(schedule, message_bytes, start_s), "vectorised"
+            return vectorised.run(schedule, message_bytes, start_s), "vectorised"
         except ContentionDetected:
             if mode == "vectorised":
                 raise
+            resume = vectorised.resume
     if mode in ("auto", "fluid"):
         try:
-            return FluidExecutor(fabric).run(schedule, message_bytes, start_s), "fluid"
+            # from the last point before the round path gave up where every rank was in step
+            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, resume), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

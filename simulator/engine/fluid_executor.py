@@ -29,13 +29,16 @@ flight rather than an event per message:
 So the times are the message path's up to the rounding of the same arithmetic in another order
 (``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is one pass over the
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
-Rounds are built as the first rank reaches them and dropped once every rank has left them.
+Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
+may start after rounds the round path timed already, where every rank entered the next in step
+(``Resume``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -49,6 +52,18 @@ from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
 
 __all__ = ["FluidExecutor"]
+
+
+@dataclass(frozen=True)
+class Resume:
+    """A point from which ``run`` may start instead of the first round: the schedule's first ``rounds``
+    non-empty rounds are timed already, and every rank entered the next one at ``entry_s``. Exact
+    where no flow of those rounds is still in flight when a later one starts: the round path
+    (``VectorisedExecutor.resume``) hands over only points where every rank entered at the same
+    time, so that every earlier flow ended before then (it ended before its sender left its round)."""
+
+    rounds: int
+    entry_s: np.ndarray
 
 
 @dataclass
@@ -147,10 +162,16 @@ class FluidExecutor:
         )
 
     # --- the simulation --------------------------------------------------------------------------
-    def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
-        """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``."""
+    def run(
+        self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float, resume: Resume | None = None
+    ) -> np.ndarray:
+        """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``, or from where
+        the round path gave up (``resume``; ``start_s`` is then not read)."""
         ranks = schedule.ranks
         source: Iterator[Round] = (rnd for rnd in schedule.rounds() if len(rnd))
+        if resume is not None:
+            source = itertools.islice(source, resume.rounds, None)
+            start_s = resume.entry_s
         rounds: dict[int, _Round] = {}
         built = 0  # rounds taken from the schedule so far
         exhausted = False

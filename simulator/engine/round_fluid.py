@@ -132,19 +132,23 @@ class Contention:
             flows, local_owner, local_link, capacity_Bps[links], component, count, Runs.of_labels(component)
         )
 
+    def start_spans(self, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per component the earliest and the latest start of its flows (``starts`` per contended flow)."""
+        if self.runs is not None:
+            return self.runs.reduce(starts, np.minimum), self.runs.reduce(starts, np.maximum)
+        lo = np.full(self.components, np.inf)
+        hi = np.full(self.components, -np.inf)
+        np.minimum.at(lo, self.component, starts)
+        np.maximum.at(hi, self.component, starts)
+        return lo, hi
+
     def end_times(self, nbytes: np.ndarray, starts: np.ndarray, durations_from_zero: np.ndarray) -> np.ndarray:
         """End times of the contended flows (bytes ``nbytes``, starting at ``starts``, both per flow).
 
         ``durations_from_zero``: ``fluid_ends(...)`` of all of them started at time 0, which a
         component whose flows all start together only shifts.
         """
-        if self.runs is not None:
-            lo, hi = self.runs.reduce(starts, np.minimum), self.runs.reduce(starts, np.maximum)
-        else:
-            lo = np.full(self.components, np.inf)
-            hi = np.full(self.components, -np.inf)
-            np.minimum.at(lo, self.component, starts)
-            np.maximum.at(hi, self.component, starts)
+        lo, hi = self.start_spans(starts)
         ends = starts + durations_from_zero
         if np.array_equal(lo, hi):  # every component's flows start together
             return ends
