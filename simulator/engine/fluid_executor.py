@@ -299,10 +299,12 @@ class FluidExecutor:
                 batches += arrive(a_round[ending], a_index[ending], now)
                 keep = ~ending
                 position = np.cumsum(keep) - 1
-                hop_keep = keep[h_owner]
-                h_link, h_owner, h_cap = h_link[hop_keep], position[h_owner[hop_keep]], h_cap[hop_keep]
-                a_round, a_index, a_remaining, a_cap = a_round[keep], a_index[keep], a_remaining[keep], a_cap[keep]
-                a_rate, a_finish = a_rate[keep], a_finish[keep]
+                # positions rather than masks: one pass to find them for the several arrays taken
+                hops = np.flatnonzero(keep[h_owner])
+                h_link, h_owner, h_cap = h_link[hops], position[h_owner[hops]], h_cap[hops]
+                kept = np.flatnonzero(keep)
+                a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
+                a_rate, a_finish = a_rate[kept], a_finish[kept]
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         return finish
