@@ -57,7 +57,7 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fluid_executor import FluidExecutor, Resume
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor, LinkUse, Resume
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
 from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
@@ -734,6 +734,18 @@ class VectorisedExecutor:
         self.transfers += transfers
         self._serial += 1
         return finish
+
+    def place_apart(self, use: LinkUse, members: np.ndarray, finish_s: np.ndarray, transfers: int) -> None:
+        """Take in a collective timed on its own by another path (the fluid one, after ``restore``
+        undid this executor's attempt at it), as the one call it replaces: what its flows did per
+        link (``use``, schedule rank i on fabric rank ``members[i]``) goes into the link state, its
+        ranks' clocks move to their finish. ``ContentionDetected`` (nothing changed) where one of
+        its flows started on a link before a flow known there ended: its times assumed none."""
+        self.links.place_apart(use.links, members[use.low], members[use.high], use.first_s, use.last_s)
+        self.links.advance_clocks(finish_s, members)
+        self.transfers += transfers
+        self._placed = None
+        self._serial += 1
 
     def route_pairs(self, src: np.ndarray, dst: np.ndarray) -> None:
         """Route the point-to-point pairs (fabric ranks) ``transfer`` will be asked for, in one batch:

@@ -34,6 +34,11 @@ may start after rounds the round path timed already, where every rank entered th
 (``Resume``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
+
+``run(..., link_use=True)`` also keeps, per link the collective's flows crossed, their lowest and
+highest sender and when the first of them started and the last ended (``LinkUse``): what a caller
+that times other flows on the same fabric needs to check that none met them and to check later
+flows against them (``RoleExecutor``, over ``VectorisedExecutor.place_apart``).
 """
 
 from __future__ import annotations
@@ -51,7 +56,50 @@ from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLER
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
 
-__all__ = ["FluidExecutor"]
+__all__ = ["FluidExecutor", "LinkUse"]
+
+
+@dataclass
+class LinkUse:
+    """Per fabric link that a run's flows crossed (binding hops only): the lowest and highest
+    schedule rank sending over it, when its first flow started and its last one ended."""
+
+    links: np.ndarray
+    low: np.ndarray
+    high: np.ndarray
+    first_s: np.ndarray
+    last_s: np.ndarray
+
+
+class _UseTracker:
+    """``LinkUse`` gathered as flows start and end, per compact link id (ids grow as rounds are built)."""
+
+    def __init__(self) -> None:
+        self.low = np.empty(0, dtype=np.int64)
+        self.high = np.empty(0, dtype=np.int64)
+        self.first = np.empty(0)
+        self.last = np.empty(0)
+
+    def _cover(self, size: int) -> None:
+        grow = size - self.first.size
+        if grow > 0:
+            self.low = np.concatenate([self.low, np.full(grow, np.iinfo(np.int64).max)])
+            self.high = np.concatenate([self.high, np.full(grow, -1, dtype=np.int64)])
+            self.first = np.concatenate([self.first, np.full(grow, np.inf)])
+            self.last = np.concatenate([self.last, np.full(grow, -np.inf)])
+
+    def started(self, links: np.ndarray, senders: np.ndarray, now: float, size: int) -> None:
+        self._cover(size)
+        np.minimum.at(self.low, links, senders)
+        np.maximum.at(self.high, links, senders)
+        self.first[links] = np.minimum(self.first[links], now)  # every flow here starts at now
+
+    def ended(self, links: np.ndarray, now: float) -> None:
+        self.last[links] = now  # instants only move forward
+
+    def use(self, fabric_link: np.ndarray) -> LinkUse:
+        on = np.flatnonzero(self.high >= 0)
+        return LinkUse(fabric_link[on], self.low[on], self.high[on], self.first[on], self.last[on])
 
 
 @dataclass(frozen=True)
@@ -99,8 +147,10 @@ class FluidExecutor:
         self._capacity = np.empty(0)  # per compact id
         self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
         self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
+        self._fabric_link = np.empty(0, dtype=np.int64)  # per compact id
         self.instants = 0  # instants at which rates were computed
         self.transfers = 0
+        self.link_use: LinkUse | None = None  # of the last run, where asked for
 
     # --- rounds ----------------------------------------------------------------------------------
     def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
@@ -147,6 +197,7 @@ class FluidExecutor:
         fresh = np.flatnonzero(new)
         self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
         self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
+        self._fabric_link = np.concatenate([self._fabric_link, fresh])
         self._threshold = self._capacity * (1 + BINDING_TOLERANCE)
         order = np.argsort(src, kind="stable")
         return (
@@ -163,11 +214,19 @@ class FluidExecutor:
 
     # --- the simulation --------------------------------------------------------------------------
     def run(
-        self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float, resume: Resume | None = None
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        start_s: np.ndarray | float,
+        resume: Resume | None = None,
+        link_use: bool = False,
     ) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``, or from where
-        the round path gave up (``resume``; ``start_s`` is then not read)."""
+        the round path gave up (``resume``; ``start_s`` is then not read); with ``link_use``, what its
+        flows did on each link is left in ``self.link_use``."""
         ranks = schedule.ranks
+        tracker = _UseTracker() if link_use else None
+        self.link_use = None
         source: Iterator[Round] = (rnd for rnd in schedule.rounds() if len(rnd))
         if resume is not None:
             source = itertools.islice(source, resume.rounds, None)
@@ -268,6 +327,9 @@ class FluidExecutor:
                     lo, hi = rd.hop_ptr[index], rd.hop_ptr[index + 1]
                     counts = hi - lo
                     position = spans(lo, counts)
+                    if tracker is not None:
+                        senders = np.repeat(rd.src[index], counts)
+                        tracker.started(rd.hop_link[position], senders, now, self._capacity.size)
                     h_link = np.concatenate([h_link, rd.hop_link[position]])
                     h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
                     h_cap = np.concatenate([h_cap, np.repeat(rd.cap_Bps[index], counts)])
@@ -300,13 +362,18 @@ class FluidExecutor:
                 keep = ~ending
                 position = np.cumsum(keep) - 1
                 # positions rather than masks: one pass to find them for the several arrays taken
-                hops = np.flatnonzero(keep[h_owner])
+                hop_keep = keep[h_owner]
+                if tracker is not None:
+                    tracker.ended(h_link[~hop_keep], now)
+                hops = np.flatnonzero(hop_keep)
                 h_link, h_owner, h_cap = h_link[hops], position[h_owner[hops]], h_cap[hops]
                 kept = np.flatnonzero(keep)
                 a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
                 a_rate, a_finish = a_rate[kept], a_finish[kept]
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
+        if tracker is not None:
+            self.link_use = tracker.use(self._fabric_link)
         return finish
 
     def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, hop_cap: np.ndarray) -> np.ndarray:

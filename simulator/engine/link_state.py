@@ -235,6 +235,26 @@ class LinkState:
         state = (self.busy_until, self.writer_serial, self.writer_index, self.alone)
         return bundles.commit(flow_start, flow_end, *state, serial)
 
+    # --- a collective timed apart ----------------------------------------------------------------------
+    def place_apart(
+        self, links: np.ndarray, low: np.ndarray, high: np.ndarray, first_s: np.ndarray, last_s: np.ndarray
+    ) -> None:
+        """Record the flows of a collective timed on its own (the fluid path) over ``links`` (each
+        once; ``low``, ``high``: its lowest and highest fabric rank sending there; ``first_s``,
+        ``last_s``: when its first flow there started and its last one ended). Its times hold only
+        if no flow known here was still on one of those links when its first flow there started:
+        ``ContentionDetected`` otherwise (nothing changed). Its links gain senders as in ``claim``
+        and stay busy until its last flow's end; no placed round wrote them (a later flow that meets
+        them is not simulated with them). The caller moves its ranks' clocks to their finish."""
+        if np.any(first_s < self.busy_before(links)):
+            raise ContentionDetected("a collective timed on its own would meet a flow already on a link")
+        bound_low = np.full(self.link_sender.size, np.iinfo(np.int64).max)
+        bound_high = np.full(self.link_sender.size, -1, dtype=np.int64)
+        bound_low[links], bound_high[links] = low, high
+        self.claim_bounds(bound_low, bound_high, None)
+        self.busy_until[links] = np.maximum(self.busy_until[links], last_s)
+        self.writer_serial[links] = -1
+
     # --- a point-to-point message --------------------------------------------------------------------
     def send(self, src: int, links: tuple[int, ...], start_s: float, begin: float, flow: float) -> None:
         """Record a point-to-point flow of fabric rank ``src`` over ``links``, sent at ``start_s`` and

@@ -25,7 +25,13 @@ import numpy as np
 
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, TransferLog
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.executor.role_executor import MODES, ConcurrentCollectives, OpRecord, RoleExecutor
+from ddlsim.simulator.executor.role_executor import (
+    MODES,
+    ConcurrentCollectives,
+    FluidMayApply,
+    OpRecord,
+    RoleExecutor,
+)
 from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers
 from ddlsim.simulator.training.costs import GroupCosts
 from ddlsim.simulator.training.result import TrainingResult
@@ -138,18 +144,23 @@ def run_des(
         raise ScenarioError(f"unknown DES mode {mode!r}; valid: auto, {', '.join(MODES)}")
     setup = setup_of(scenario, nodes)
     fabric = Fabric(scenario.fabric_spec(setup.fabric_nodes))
-    attempts = [(current, False) for current in (MODES if mode == "auto" else (mode,))]
+    attempts = [(current, False, False) for current in (MODES if mode == "auto" else (mode,))]
     placement = setup.placement()
     while attempts:
-        current, concurrent = attempts.pop(0)
+        current, concurrent, fluid = attempts.pop(0)
         log = TransferLog(max_sender=traced_senders) if log_transfers else None
-        executor = RoleExecutor(fabric, placement, current, record=record, transfer_log=log, concurrent=concurrent)
+        executor = RoleExecutor(
+            fabric, placement, current, record=record, transfer_log=log, concurrent=concurrent, fluid=fluid
+        )
         trainers = build_trainers(setup)
         executor.route_peers(setup.algorithm.peers(setup.plan))
         try:
             returns = executor.run(partial(_program, setup, trainers))
         except ConcurrentCollectives:
-            attempts.insert(0, (current, True))  # the round path again, timing such collectives together
+            attempts.insert(0, (current, True, fluid))  # the round path again, timing such collectives together
+            continue
+        except FluidMayApply:
+            attempts.insert(0, (current, concurrent, True))  # again, timing such collectives by the fluid path
             continue
         except ContentionDetected as detected:
             if not attempts:
@@ -158,7 +169,8 @@ def run_des(
             continue
         bucketed = "bucket_bytes" in setup.algorithm.options and not scenario.is_transformer  # sync SGD's
         buckets = trainers[setup.plan.workers[0]].buckets() if bucketed else 0
-        result = summarise(setup, executor, returns, buckets, current)
+        path = f"{current}+fluid" if executor.fluid_collectives else current
+        result = summarise(setup, executor, returns, buckets, path)
         return DesRun(setup, result, executor.records, log, executor.finish_s)
     raise AssertionError("unreachable")
 

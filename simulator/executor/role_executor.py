@@ -71,6 +71,7 @@ from ddlsim.simulator.engine.collective_engine import (
 )
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork, Route
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 
 MODES = ("vectorised", "message")
 _CAUSALITY_SLACK_S = 1e-12
@@ -241,6 +242,11 @@ class _Ran:
     version: int = 0  # bumped when its exits are revised: a wake-up of an older version is stale
 
 
+class FluidMayApply(ContentionDetected):
+    """A collective whose own flows the round path could not prove, on a run without checkpoints:
+    with ``fluid`` the fluid path could time it."""
+
+
 class ConcurrentCollectives(ContentionDetected):
     """A collective met one still in flight whose exits are already scheduled: with ``concurrent``
     the two could be timed together."""
@@ -312,6 +318,7 @@ class RoleExecutor:
         record: bool = False,
         transfer_log: TransferLog | None = None,
         concurrent: bool = False,
+        fluid: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown execution mode {mode!r}; valid: {', '.join(MODES)}")
@@ -326,6 +333,11 @@ class RoleExecutor:
         # round path: keep each collective's exits revisable until its first member leaves (at the
         # cost of a copy of the link state per collective), to time two in flight together
         self.concurrent = concurrent
+        # round path: keep the link state before each collective (a copy each), to time one whose own
+        # flows the round path cannot prove by the fluid path instead (``_run_fluid``)
+        # (the fluid path keeps no transfer log and does not model LogGP overheads)
+        self.fluid_applies = transfer_log is None and not fabric.spec.loggp
+        self.fluid = fluid and self.fluid_applies
         self._last: _Ran | None = None  # the last collective the round path timed
         self.network = FlowNetwork(self.env, fabric.capacity_Bps, fabric.redundant) if mode == "message" else None
         self.transfer_log = transfer_log
@@ -337,6 +349,8 @@ class RoleExecutor:
         self.transfers = 0
         self._routes: dict[tuple[int, int], tuple[Route, float, float]] = {}
         self._group_executors: dict[tuple[int, ...], MessageExecutor] = {}
+        self._fluid_executors: dict[tuple[int, ...], FluidExecutor] = {}  # round path: per group
+        self.fluid_collectives = 0  # collectives the round path left to the fluid path
         self._member_ranks: dict[tuple[int, ...], np.ndarray] = {}
         self._schedules: dict[tuple[Any, ...], Schedule] = {}
         self._groups: dict[tuple[int, ...], _Group] = {}
@@ -678,17 +692,60 @@ class RoleExecutor:
         assert vectorised is not None
         nbytes = float(instance.op.payload.nbytes)
         start = instance.entered_s + instance.launch_s if instance.launch_s else instance.entered_s
-        checkpoint = vectorised.checkpoint() if self.concurrent else None
+        # the state before it: to time it together with a later one (``concurrent``), or to undo the
+        # round path's attempt before the fluid path times it (``fluid``)
+        checkpoint = vectorised.checkpoint() if self.concurrent or self.fluid else None
+        apart = False  # timed on its own by the fluid path
         try:
             finish = vectorised.run(instance.schedule, nbytes, start, self.transfer_log, members=instance.member_ranks)
         except ContentionDetected as detected:
-            finish = self._run_with_previous(instance, start, detected)
+            try:
+                finish = self._run_with_previous(instance, start, detected)
+            except ConcurrentCollectives:
+                raise
+            except ContentionDetected as still:
+                if still is not detected:  # the pair's attempt changed the state: not undone here
+                    raise
+                if not self.fluid:
+                    if not self.fluid_applies:
+                        raise
+                    raise FluidMayApply(f"a collective's own flows may contend ({detected})") from detected
+                assert checkpoint is not None
+                finish = self._run_fluid(instance, start, checkpoint, detected)
+                apart = True
             checkpoint = None  # a third collective meeting these two is not timed with them
         if float(finish.min()) < env.now - _CAUSALITY_SLACK_S:
             raise ContentionDetected("a rank would finish its collective before the last rank entered it")
-        ran = _Ran(instance, start, checkpoint, vectorised.operations, finish)
-        self._last = ran if checkpoint is not None or not self.concurrent else None
+        ran = _Ran(instance, start, checkpoint if self.concurrent else None, vectorised.operations, finish)
+        self._last = None if apart or (self.concurrent and checkpoint is None) else ran
         self._schedule_exits(ran)
+
+    def _run_fluid(
+        self, instance: _Instance, start: np.ndarray, checkpoint: Checkpoint, detected: ContentionDetected
+    ) -> np.ndarray:
+        """Finish times of a collective whose own flows the round path could not prove (``detected``),
+        from the fluid path (``FluidExecutor``: the message path's max-min fair model over every flow
+        of the collective), after undoing the round path's attempt. Exact where none of its flows met
+        a flow known before on a link, which ``VectorisedExecutor.place_apart`` checks before it
+        records its flows for later ones to be checked against; else, or on a LogGP fabric,
+        ``detected`` stands."""
+        vectorised = self.vectorised
+        assert vectorised is not None
+        vectorised.restore(checkpoint, calls=1)
+        members = instance.members
+        fluid = self._fluid_executors.get(members)
+        try:
+            if fluid is None:
+                view = _GroupFabric(self.fabric, instance.member_ranks)
+                fluid = self._fluid_executors[members] = FluidExecutor(view)  # type: ignore[arg-type]
+            before = fluid.transfers
+            finish = fluid.run(instance.schedule, float(instance.op.payload.nbytes), start, link_use=True)
+            assert fluid.link_use is not None
+            vectorised.place_apart(fluid.link_use, instance.member_ranks, finish, fluid.transfers - before)
+        except ContentionDetected as declined:
+            raise detected from declined
+        self.fluid_collectives += 1
+        return finish
 
     def _run_with_previous(self, instance: _Instance, start: np.ndarray, detected: ContentionDetected) -> np.ndarray:
         """Finish times of a collective that met flows on the round path (``detected``), timed
