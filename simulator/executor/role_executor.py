@@ -25,8 +25,16 @@ Two execution modes, with the same semantics:
   collective met the one timed just before it while that one was still in flight, the error is a
   ``ConcurrentCollectives`` and the caller runs the point again with ``concurrent=True``: each
   collective's exits stay revisable until its first member leaves, and such a pair is timed
-  together where both move in lockstep (``VectorisedExecutor.run_concurrently``). Otherwise the
-  caller runs the whole point again in
+  together where both move in lockstep (``VectorisedExecutor.run_concurrently``). Where a
+  collective's own flows contend (a pipelined tree's chunks), its members' times come from the
+  fluid path instead (``FluidExecutor``: the message path's max-min fair model over all its flows,
+  with numpy), after the round path's attempt is undone from a checkpoint; exact where none of its
+  flows met a flow known before on a link (``VectorisedExecutor.place_apart`` checks, then records
+  its flows for later operations to be checked against). A checkpoint per collective costs a copy
+  of the link state, so a run first goes without: such a collective raises ``FluidMayApply`` and the
+  caller runs the point again with ``fluid=True``. The fluid path keeps no transfer log and does not
+  model LogGP overheads: with either, such a collective stays a ``ContentionDetected``. Otherwise
+  the caller runs the whole point again in
 * ``message`` mode: every transfer of every collective and every message is a flow on one shared
   ``FlowNetwork`` (max-min fair), exact under any contention.
 
