@@ -6,10 +6,11 @@ program in the ``RoleExecutor`` and summarises the run (``TrainingResult``). ``m
 collectives a round at a time and re-runs the point message by message when the fast path cannot
 prove its times exact (``ContentionDetected``); where a collective met another still in flight
 (``ConcurrentCollectives``), it first runs the round path again timing such pairs together, and
-where a collective's own flows contend (``FluidMayApply``), again timing such collectives by the
-fluid path (each on its own, where none of its flows meets one from before). ``vectorised`` or
-``message`` force one path. The result's ``path`` says which ran: ``vectorised``,
-``vectorised+fluid`` (some collectives went the fluid path) or ``message``.
+where it could not prove a collective otherwise (``FluidMayApply``: its own flows contend, or may
+meet earlier ones), again timing such collectives by the fluid path (each on its own, where none
+of its flows meets one from before). ``vectorised`` or ``message`` force one path. The result's
+``path`` says which ran: ``vectorised``, ``vectorised+fluid`` (some collectives went the fluid
+path) or ``message``.
 """
 
 from __future__ import annotations

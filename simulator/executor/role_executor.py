@@ -25,14 +25,15 @@ Two execution modes, with the same semantics:
   collective met the one timed just before it while that one was still in flight, the error is a
   ``ConcurrentCollectives`` and the caller runs the point again with ``concurrent=True``: each
   collective's exits stay revisable until its first member leaves, and such a pair is timed
-  together where both move in lockstep (``VectorisedExecutor.run_concurrently``). Where a
-  collective's own flows contend (a pipelined tree's chunks), its members' times come from the
-  fluid path instead (``FluidExecutor``: the message path's max-min fair model over all its flows,
-  with numpy), after the round path's attempt is undone from a checkpoint; exact where none of its
-  flows met a flow known before on a link (``VectorisedExecutor.place_apart`` checks, then records
-  its flows for later operations to be checked against). A checkpoint per collective costs a copy
-  of the link state, so a run first goes without: such a collective raises ``FluidMayApply`` and the
-  caller runs the point again with ``fluid=True``. The fluid path keeps no transfer log and does not
+  together where both move in lockstep (``VectorisedExecutor.run_concurrently``). Where the round
+  path cannot prove a collective otherwise (its own flows contend, as a pipelined tree's chunks
+  do, or may meet earlier ones), its members' times come from the fluid path instead
+  (``FluidExecutor``: the message path's max-min fair model over all its flows, with numpy), after
+  the round path's attempt is undone from a checkpoint; exact where none of its flows met a flow
+  known before on a link (``VectorisedExecutor.place_apart`` checks, then records its flows for
+  later operations to be checked against). A checkpoint per collective costs a copy of the link
+  state, so a run first goes without: such a collective raises ``FluidMayApply`` and the caller
+  runs the point again with ``fluid=True``. The fluid path keeps no transfer log and does not
   model LogGP overheads: with either, such a collective stays a ``ContentionDetected``. Otherwise
   the caller runs the whole point again in
 * ``message`` mode: every transfer of every collective and every message is a flow on one shared
@@ -251,8 +252,8 @@ class _Ran:
 
 
 class FluidMayApply(ContentionDetected):
-    """A collective whose own flows the round path could not prove, on a run without checkpoints:
-    with ``fluid`` the fluid path could time it."""
+    """A collective the round path could not prove, on a run without checkpoints: with ``fluid`` the
+    fluid path could time it."""
 
 
 class ConcurrentCollectives(ContentionDetected):
@@ -341,9 +342,9 @@ class RoleExecutor:
         # round path: keep each collective's exits revisable until its first member leaves (at the
         # cost of a copy of the link state per collective), to time two in flight together
         self.concurrent = concurrent
-        # round path: keep the link state before each collective (a copy each), to time one whose own
-        # flows the round path cannot prove by the fluid path instead (``_run_fluid``)
-        # (the fluid path keeps no transfer log and does not model LogGP overheads)
+        # round path: keep the link state before each collective (a copy each), to time one the round
+        # path cannot prove by the fluid path instead (``_run_fluid``), which keeps no transfer log
+        # and does not model LogGP overheads
         self.fluid_applies = transfer_log is None and not fabric.spec.loggp
         self.fluid = fluid and self.fluid_applies
         self._last: _Ran | None = None  # the last collective the round path timed
@@ -717,7 +718,7 @@ class RoleExecutor:
                 if not self.fluid:
                     if not self.fluid_applies:
                         raise
-                    raise FluidMayApply(f"a collective's own flows may contend ({detected})") from detected
+                    raise FluidMayApply(f"the fluid path may time a collective ({detected})") from detected
                 assert checkpoint is not None
                 finish = self._run_fluid(instance, start, checkpoint, detected)
                 apart = True
@@ -731,12 +732,11 @@ class RoleExecutor:
     def _run_fluid(
         self, instance: _Instance, start: np.ndarray, checkpoint: Checkpoint, detected: ContentionDetected
     ) -> np.ndarray:
-        """Finish times of a collective whose own flows the round path could not prove (``detected``),
-        from the fluid path (``FluidExecutor``: the message path's max-min fair model over every flow
-        of the collective), after undoing the round path's attempt. Exact where none of its flows met
-        a flow known before on a link, which ``VectorisedExecutor.place_apart`` checks before it
-        records its flows for later ones to be checked against; else, or on a LogGP fabric,
-        ``detected`` stands."""
+        """Finish times of a collective the round path could not prove (``detected``), from the fluid
+        path (``FluidExecutor``: the message path's max-min fair model over every flow of the
+        collective), after undoing the round path's attempt. Exact where none of its flows met a flow
+        known before on a link, which ``VectorisedExecutor.place_apart`` checks before it records its
+        flows for later ones to be checked against; else ``detected`` stands."""
         vectorised = self.vectorised
         assert vectorised is not None
         vectorised.restore(checkpoint, calls=1)
