@@ -1,5 +1,5 @@
 """A training collective whose own flows contend, timed by the fluid path inside the DES, held to the
-message path; and where that is not exact (a flow from before, a transfer log, LogGP), the fallback.
+message path; and where that is not exact (a flow from before, LogGP), the fallback.
 
 NCCL's pipelined double binary tree (``chunks``) sends each chunk up and down two trees: a rank's
 flows of consecutive chunks meet on its ports, and flows of three rounds share a link, which the
@@ -92,13 +92,34 @@ def test_a_run_takes_checkpoints_only_once_it_met_such_a_collective(monkeypatch)
     assert run_des(ring, 16).result.path == "vectorised" and made == [False]
 
 
-def test_a_transfer_log_or_loggp_still_goes_message_by_message(monkeypatch):
+def _log_rows(log) -> np.ndarray:
+    """The log's transfers as rows (sender, receiver, bytes, start, end), sorted."""
+    columns = (log.src, log.dst, log.nbytes, log.start_s, log.end_s)
+    rows = np.column_stack([np.concatenate(column) for column in columns])
+    return rows[np.lexsort(rows.T[::-1])]
+
+
+@pytest.mark.parametrize("traced", [5, 64])
+def test_a_transfer_log_holds_the_fluid_paths_transfers_as_the_message_path_has_them(monkeypatch, traced):
+    """The fluid path logs each transfer from its sender's round entry to its arrival; what the round
+    path logged in its attempt at the collective is dropped first."""
     timed = _timed_apart(monkeypatch)
-    logged = run_des(TREE, 16, log_transfers=True)
-    assert logged.result.path == "message" and not timed
-    _assert_same_run(logged, run_des(TREE, 16, mode="message"))
+    logged = run_des(TREE, 16, log_transfers=True, traced_senders=traced)
+    exact = run_des(TREE, 16, mode="message", log_transfers=True, traced_senders=traced)
+    assert logged.result.path == "vectorised+fluid" and "ok" in timed
+    _assert_same_run(logged, exact)
+    assert logged.transfer_log is not None and exact.transfer_log is not None
+    assert logged.transfer_log.total == exact.transfer_log.total == exact.result.transfers
+    ours, theirs = _log_rows(logged.transfer_log), _log_rows(exact.transfer_log)
+    assert ours.shape == theirs.shape and ours[:, 0].max() < traced
+    np.testing.assert_allclose(ours, theirs, rtol=1e-9)
+
+
+def test_loggp_still_goes_message_by_message():
     loggp = Fabric(FabricSpec(nodes=4, devices_per_node=1, network=IB, loggp=True))
     assert not RoleExecutor(loggp, range(4), "vectorised", fluid=True).fluid
+    point = run_des(dataclasses.replace(TREE, loggp=True), 16, note=lambda *_: None).result
+    assert point.path == "message"
 
 
 # --- a group of some ranks, by hand ----------------------------------------------------------------

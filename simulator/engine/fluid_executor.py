@@ -35,10 +35,12 @@ may start after rounds the round path timed already, where every rank entered th
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 
-``run(..., link_use=True)`` also keeps, per link the collective's flows crossed, their lowest and
-highest sender and when the first of them started and the last ended (``LinkUse``): what a caller
-that times other flows on the same fabric needs to check that none met them and to check later
-flows against them (``RoleExecutor``, over ``VectorisedExecutor.place_apart``).
+``run(..., log=...)`` records the transfers as the message path does (sender's round entry to
+arrival, schedule ranks). ``run(..., link_use=True)`` also keeps, per link the collective's flows
+crossed, their lowest and highest sender and when the first of them started and the last ended
+(``LinkUse``): what a caller that times other flows on the same fabric needs to check that none
+met them and to check later flows against them (``RoleExecutor``, over
+``VectorisedExecutor.place_apart``).
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
 from ddlsim.simulator.engine.link_state import ContentionDetected
+from ddlsim.simulator.engine.message_executor import TransferLog
 from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
 
 __all__ = ["FluidExecutor", "LinkUse"]
@@ -220,10 +223,12 @@ class FluidExecutor:
         start_s: np.ndarray | float,
         resume: Resume | None = None,
         link_use: bool = False,
+        log: TransferLog | None = None,
     ) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``, or from where
         the round path gave up (``resume``; ``start_s`` is then not read); with ``link_use``, what its
-        flows did on each link is left in ``self.link_use``."""
+        flows did on each link is left in ``self.link_use``; ``log`` gets every transfer (its sender's
+        round entry to its arrival)."""
         ranks = schedule.ranks
         tracker = _UseTracker() if link_use else None
         self.link_use = None
@@ -287,6 +292,8 @@ class FluidExecutor:
                 self.transfers += index.size
                 arrival = now + rd.latency_s[index]
                 src, dst = rd.src[index], rd.dst[index]
+                if log is not None:
+                    log.add(src, dst, rd.nbytes[index], rd.entry_s[src], arrival)
                 np.maximum.at(rd.done_s, src, arrival)
                 np.maximum.at(rd.done_s, dst, arrival + rd.reduce_s[index])
                 np.subtract.at(rd.left, src, 1)

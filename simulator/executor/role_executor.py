@@ -33,9 +33,9 @@ Two execution modes, with the same semantics:
   known before on a link (``VectorisedExecutor.place_apart`` checks, then records its flows for
   later operations to be checked against). A checkpoint per collective costs a copy of the link
   state, so a run first goes without: such a collective raises ``FluidMayApply`` and the caller
-  runs the point again with ``fluid=True``. The fluid path keeps no transfer log and does not
-  model LogGP overheads: with either, such a collective stays a ``ContentionDetected``. Otherwise
-  the caller runs the whole point again in
+  runs the point again with ``fluid=True``. The fluid path does not model LogGP overheads: there
+  such a collective stays a ``ContentionDetected``. Otherwise the caller runs the whole point again
+  in
 * ``message`` mode: every transfer of every collective and every message is a flow on one shared
   ``FlowNetwork`` (max-min fair), exact under any contention.
 
@@ -251,6 +251,26 @@ class _Ran:
     version: int = 0  # bumped when its exits are revised: a wake-up of an older version is stale
 
 
+@dataclass
+class _LogMark:
+    """A transfer log's length and counts, to drop what was logged after (a round path's attempt)."""
+
+    log: TransferLog
+    entries: int
+    total: int
+    extrapolated: int
+
+    @staticmethod
+    def of(log: TransferLog | None) -> _LogMark | None:
+        return None if log is None else _LogMark(log, len(log.src), log.total, log.extrapolated)
+
+    def undo(self) -> None:
+        log = self.log
+        for column in (log.src, log.dst, log.nbytes, log.start_s, log.end_s):
+            del column[self.entries :]
+        log.total, log.extrapolated = self.total, self.extrapolated
+
+
 class FluidMayApply(ContentionDetected):
     """A collective the round path could not prove, on a run without checkpoints: with ``fluid`` the
     fluid path could time it."""
@@ -343,9 +363,9 @@ class RoleExecutor:
         # cost of a copy of the link state per collective), to time two in flight together
         self.concurrent = concurrent
         # round path: keep the link state before each collective (a copy each), to time one the round
-        # path cannot prove by the fluid path instead (``_run_fluid``), which keeps no transfer log
-        # and does not model LogGP overheads
-        self.fluid_applies = transfer_log is None and not fabric.spec.loggp
+        # path cannot prove by the fluid path instead (``_run_fluid``), which does not model LogGP
+        # overheads
+        self.fluid_applies = not fabric.spec.loggp
         self.fluid = fluid and self.fluid_applies
         self._last: _Ran | None = None  # the last collective the round path timed
         self.network = FlowNetwork(self.env, fabric.capacity_Bps, fabric.redundant) if mode == "message" else None
@@ -704,6 +724,7 @@ class RoleExecutor:
         # the state before it: to time it together with a later one (``concurrent``), or to undo the
         # round path's attempt before the fluid path times it (``fluid``)
         checkpoint = vectorised.checkpoint() if self.concurrent or self.fluid else None
+        logged = _LogMark.of(self.transfer_log) if self.fluid else None
         apart = False  # timed on its own by the fluid path
         try:
             finish = vectorised.run(instance.schedule, nbytes, start, self.transfer_log, members=instance.member_ranks)
@@ -720,6 +741,8 @@ class RoleExecutor:
                         raise
                     raise FluidMayApply(f"the fluid path may time a collective ({detected})") from detected
                 assert checkpoint is not None
+                if logged is not None:
+                    logged.undo()  # what the round path's attempt logged
                 finish = self._run_fluid(instance, start, checkpoint, detected)
                 apart = True
             checkpoint = None  # a third collective meeting these two is not timed with them
@@ -747,11 +770,18 @@ class RoleExecutor:
                 view = _GroupFabric(self.fabric, instance.member_ranks)
                 fluid = self._fluid_executors[members] = FluidExecutor(view)  # type: ignore[arg-type]
             before = fluid.transfers
-            finish = fluid.run(instance.schedule, float(instance.op.payload.nbytes), start, link_use=True)
+            log = None if self.transfer_log is None else TransferLog()  # in member indices, all of them
+            nbytes = float(instance.op.payload.nbytes)
+            finish = fluid.run(instance.schedule, nbytes, start, link_use=True, log=log)
             assert fluid.link_use is not None
             vectorised.place_apart(fluid.link_use, instance.member_ranks, finish, fluid.transfers - before)
         except ContentionDetected as declined:
             raise detected from declined
+        if log is not None:
+            assert self.transfer_log is not None
+            ranks = instance.member_ranks
+            for src, dst, sent, begin, end in zip(log.src, log.dst, log.nbytes, log.start_s, log.end_s, strict=True):
+                self.transfer_log.add(ranks[src], ranks[dst], sent, begin, end)
         self.fluid_collectives += 1
         return finish
 
