@@ -71,6 +71,7 @@ from ddlsim.simulator.engine.round_structures import (
     identity_and_shift,
     round_bytes,
 )
+from ddlsim.simulator.engine.segments import run_in_segments
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
@@ -721,16 +722,23 @@ def run_collective(
     ``mode``: ``auto`` tries the round path, and where it cannot prove its times the fluid path
     (``fluid_executor``: the message path's model over every flow in flight at each instant),
     which declines only LogGP fabrics; those go message by message. ``vectorised``, ``fluid`` and
-    ``message`` force one path (``ContentionDetected`` where it does not apply).
+    ``message`` force one path (``ContentionDetected`` where it does not apply). Where the round
+    path declines, ``auto`` first tries it on the steady runs alone, the rest on the fluid path
+    (``segments``: where every cut between them is proved clean).
     """
     if mode not in ("auto", "vectorised", "fluid", "message"):
         raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
     if mode in ("auto", "vectorised"):
+        executor = VectorisedExecutor(fabric)
         try:
-            return VectorisedExecutor(fabric).run(schedule, message_bytes, start_s), "vectorised"
+            return executor.run(schedule, message_bytes, start_s), "vectorised"
         except ContentionDetected:
             if mode == "vectorised":
                 raise
+        if mode == "auto":  # its steady runs on the round path, the rest on the fluid path (``segments``)
+            segmented = run_in_segments(schedule, fabric, message_bytes, start_s, executor._serial - 1)
+            if segmented is not None:
+                return segmented
     if mode in ("auto", "fluid"):
         try:
             return FluidExecutor(fabric).run(schedule, message_bytes, start_s), "fluid"
