@@ -36,7 +36,6 @@ LogGP overheads (a rank's CPU handling one message at a time) are not modelled h
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,9 +44,10 @@ from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
+from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.round_fluid import relabel
-from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
+from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
 
 __all__ = ["FluidExecutor"]
 
@@ -76,7 +76,7 @@ class _Round:
 class FluidExecutor:
     """Per-rank finish times of a collective from one fluid simulation of all its flows (see the module)."""
 
-    def __init__(self, fabric: Fabric) -> None:
+    def __init__(self, fabric: Fabric, extrapolate: bool = True) -> None:
         if fabric.spec.loggp:
             raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
         self.fabric = fabric
@@ -86,6 +86,8 @@ class FluidExecutor:
         self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
         self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
         self.instants = 0  # instants at which rates were computed
+        self.extrapolate = extrapolate  # False: simulate every round (tests hold the skipping to this)
+        self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
         self.transfers = 0
 
     # --- rounds ----------------------------------------------------------------------------------
@@ -151,18 +153,19 @@ class FluidExecutor:
     def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``."""
         ranks = schedule.ranks
-        source: Iterator[Round] = (rnd for rnd in schedule.rounds() if len(rnd))
+        runs = ScheduleRuns().get(schedule)  # its non-empty rounds, identical ones as one run
+        run_end = np.cumsum([count for _, count in runs], dtype=np.int64)  # each run's end (round index)
         rounds: dict[int, _Round] = {}
         built = 0  # rounds taken from the schedule so far
-        exhausted = False
+        recent: list[Snapshot] = []  # the state each time the last rank reached a round (``fluid_steady``)
+
+        def run_start(run: int) -> int:
+            return int(run_end[run - 1]) if run else 0
 
         def round_at(k: int) -> _Round | None:
-            nonlocal built, exhausted
-            while built <= k and not exhausted:
-                rnd = next(source, None)
-                if rnd is None:
-                    exhausted = True
-                    break
+            nonlocal built
+            while built <= k and built < (run_end[-1] if runs else 0):
+                rnd = runs[int(np.searchsorted(run_end, built, side="right"))][0]
                 rounds[built] = self._build(schedule, rnd, message_bytes)
                 built += 1
             return rounds.get(k)
@@ -222,6 +225,12 @@ class FluidExecutor:
                     started += enter(moving, at, k + 1)
             return started
 
+        def progress(low: int, now: float) -> list[tuple[np.ndarray, ...]]:
+            return [
+                (rd.left.copy(), rd.entered.copy(), rd.done_s - now, rd.entry_s - now)
+                for rd in (rounds[k] for k in range(low, built))
+            ]
+
         start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
         batches = enter(np.arange(ranks), np.array(start), 0)
         now, changed = -np.inf, False
@@ -263,6 +272,38 @@ class FluidExecutor:
                 changed = False
                 for k in [k for k in rounds if k < current.min()]:
                     del rounds[k]  # every rank has left it
+                low = int(current.min())
+                if self.extrapolate and (not recent or low != recent[-1].first):
+                    run = int(np.searchsorted(run_end, low, side="right"))
+                    if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
+                        flows = (a_round - low, a_index, a_finish - now)
+                        waiting = (w_round - low, w_index, w_start - now)
+                        taken = Snapshot(low, now, built, flows, waiting, current - low, progress(low, now))
+                        recent = [earlier for earlier in recent[-LONGEST_PERIOD:] if earlier.first >= run_start(run)]
+                        rounds_per, period_s = next(
+                            ((low - e.first, c) for e in reversed(recent) if (c := period(e, taken)) is not None),
+                            (0, 0.0),
+                        )
+                        skip = (int(run_end[run]) - built) // rounds_per * rounds_per if rounds_per else 0
+                        recent.append(taken)
+                        if skip:  # as many whole periods as keep every round reached in the run
+                            shift = skip // rounds_per * period_s
+                            a_round += skip
+                            a_finish += shift
+                            w_round += skip
+                            w_start[:] += shift
+                            moved = {k + skip: rd for k, rd in rounds.items()}
+                            for rd in moved.values():
+                                rd.done_s += shift
+                                rd.entry_s += shift
+                            rounds.clear()
+                            rounds.update(moved)
+                            current += skip
+                            built += skip
+                            now += shift
+                            self.transfers += skip * len(runs[run][0])
+                            self.skipped_rounds += skip
+                            recent = []
             if not a_index.size and not w_index.size:
                 break
             following = min(
@@ -306,4 +347,3 @@ class FluidExecutor:
         via = np.concatenate([local_link, links.size + np.arange(flows)])
         rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
         return rates
-
