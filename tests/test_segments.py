@@ -63,11 +63,13 @@ def test_pipelined_tree_rounds_share_their_arrays_in_steady_state():
     assert len(chained) == 3  # chain reduce, trees, chain broadcast
 
 
-@pytest.mark.parametrize(("nodes", "devices_per_node", "chunks"), [(64, 1, 24), (16, 4, 12), (32, 2, 16)])
-def test_segments_on_a_switch_cut_cleanly_and_equal_the_message_path(monkeypatch, nodes, devices_per_node, chunks):
-    """On a switch the ranks come out of a pipelined tree's fill together: the round path declines the
-    whole collective, but runs its steady rounds between fluid simulations of the fill and drain,
-    and the times are the message path's."""
+@pytest.mark.parametrize(("nodes", "devices_per_node", "chunks"), [(16, 4, 12), (32, 2, 16)])
+def test_segments_before_the_decline_go_on_the_round_path_and_equal_the_message_path(
+    monkeypatch, nodes, devices_per_node, chunks
+):
+    """The round path declines a pipelined tree at its fill; the chain reduce before it is cut off
+    cleanly (on a switch every device leaves it together) and kept on the round path, the rest is one
+    fluid simulation, and the times are the message path's."""
     fabric = _fabric(nodes, devices_per_node)
     schedule = _tree(nodes, devices_per_node, chunks)
     with pytest.raises(ContentionDetected):
@@ -76,30 +78,19 @@ def test_segments_on_a_switch_cut_cleanly_and_equal_the_message_path(monkeypatch
     finish, path = run_collective(schedule, fabric, 8e6, 0.0)
     assert path == "fluid"
     total = sum(1 for rnd in schedule.rounds() if len(rnd))
-    assert sum(fluid.rounds) < total - chunks // 2  # the steady rounds were not simulated as a fluid
+    assert len(fluid.rounds) == 1
+    assert fluid.rounds[0] <= total - chunks  # at least the chain reduce's steady rounds were not
     np.testing.assert_allclose(finish, run_collective(schedule, fabric, 8e6, 0.0, mode="message")[0], rtol=1e-9)
 
 
-def test_segments_do_not_cut_where_the_fill_leaves_the_ranks_apart(monkeypatch):
-    """On a fat tree cross-leaf hops are slower and the ranks leave the fill apart: no clean cut, so
-    everything from the first segment on is one fluid simulation, as the whole collective's."""
-    fabric = _fabric(64, 1, topology="fat_tree")
-    schedule = _tree(64, 1, 24)
-    fluid = _Counting(monkeypatch)
-    finish, path = segments.run_in_segments(schedule, fabric, 8e6, 0.0)
-    assert path == "fluid"
-    total = sum(1 for rnd in schedule.rounds() if len(rnd))
-    assert fluid.rounds[-1] == total
-    np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 8e6, 0.0), rtol=1e-9)
-
-
-def test_uneven_entry_times_equal_the_message_path():
-    """Ranks entering at different times: whatever the cuts, the times are the message path's."""
-    fabric = _fabric(32, 2)
-    schedule = _tree(32, 2, 16)
+@pytest.mark.parametrize("topology", ["fat_tree", "switch"])
+def test_uneven_entry_times_equal_the_message_path(topology):
+    """Ranks entering at different times (a cut then may or may not be clean): the message path's times."""
+    fabric = _fabric(16, 4, topology=topology)
+    schedule = _tree(16, 4, 12)
     rng = np.random.default_rng(5)
     start = np.where(rng.random(64) < 0.3, rng.random(64) * 2e-4, 0.0)
-    finish, _ = segments.run_in_segments(schedule, fabric, 8e6, start)
+    finish, _ = run_collective(schedule, fabric, 8e6, start)
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 8e6, start), rtol=1e-9)
 
 
@@ -109,9 +100,19 @@ def test_segments_decline_without_a_steady_run_and_on_loggp():
     fabric = _fabric(8)
     rnd = Round.of([0, 2], [1, 3], 0, 1, 0)
     short = Schedule("short", "allreduce", 8, 1, lambda: [rnd] * (segments.STEADY_MIN - 1))
-    assert segments.run_in_segments(short, fabric, 1e6, 0.0) is None
-    loggp = _fabric(16, 1, loggp=True)
-    assert segments.run_in_segments(_tree(16, 1, 12), loggp, 1e6, 0.0) is None
+    assert segments.run_in_segments(short, fabric, 1e6, 0.0, 10**6) is None
+    loggp = _fabric(4, 4, loggp=True)
+    assert segments.run_in_segments(_tree(4, 4, 12), loggp, 1e6, 0.0, 10**6) is None
+
+
+def test_the_earliest_start_waits_for_what_a_rank_receives():
+    """Rank 2 left the last segment early (clock 0) but sends only after rank 1's transfer to it,
+    which cannot start before rank 1's clock (5): its flow starts no earlier than 5."""
+    first = Round.of([1], [2], 0, 1, 0)
+    then = Round.of([2], [3], 0, 1, 0)
+    clock = np.array([9.0, 5.0, 0.0, 7.0])
+    assert segments._earliest_start([(first, 1), (then, 3)], clock) == 5.0
+    assert segments._earliest_start([(then, 1)], clock) == 0.0
 
 
 @pytest.mark.parametrize("seed", range(6))

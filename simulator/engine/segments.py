@@ -1,18 +1,16 @@
-"""A collective in segments: its steady runs on the round path, what lies between on the fluid path.
+"""A collective in segments: what comes before the round path's decline on it, the rest on the fluid path.
 
-A pipelined schedule (NCCL's double binary tree in 191 pieces) fills, repeats one round many
-times, and drains. The round path (``collective_engine.VectorisedExecutor``) skips the repeated
-rounds in closed form (``steady_state``) but cannot prove the fill: ranks of different heights
-leave their rounds at different times, flows of three and more rounds meet on the same links, and
-it declines. The whole collective then went to the fluid path (``fluid_executor``), which has to
-simulate every round, the repeated ones included: seconds at 4096 ranks.
+The round path (``collective_engine.VectorisedExecutor``) declines a pipelined double binary tree
+at its fill: ranks of different heights leave their rounds at different times, flows of three and
+more rounds meet on the same links. The whole collective then went to the fluid path
+(``fluid_executor``), the rounds before the decline included: with several devices per node, a
+whole pipelined chain reduce (hundreds of rounds) that the round path skips in closed form.
 
-Yet on many fabrics the ranks come out of the fill together: on a switch every rank enters the
-first repeated round at the same instant, with every earlier flow arrived. Where that holds, the
-collective is the same as its segments run one after another, each started at the times the one
-before left its ranks: the runs of ``STEADY_MIN`` or more identical rounds each one segment, the
-rounds between them another. Each segment runs on the round path, or on the fluid path where the
-round path declines (or would: ``run_in_segments``).
+So ``run_collective`` cuts the collective into segments, the runs of ``STEADY_MIN`` or more
+identical rounds each one segment and the rounds between them another, runs those before the
+segment where the round path declined on the round path, each started at the times the one before
+left its ranks, and the rest as one fluid simulation (which skips the periods of its steady runs
+itself: ``fluid_steady``).
 
 The proof that cutting changes nothing, checked at every cut: every flow of the rounds before the
 cut has ended before any flow of the rounds after it starts, so no flow meets one of the other
@@ -21,15 +19,12 @@ side and the two sides never share a link. A flow ends by the time its sender le
 of the earlier segment leaves it bounds their flows' ends; a sender of the next segment starts a
 flow no earlier than it entered that segment, nor before what it received there arrived
 (``_earliest_start``: a device that waits in its node's chain for the trees' result waits for
-flows of the next segment, not for the clock it left the chain reduce with). Where the check fails
-(the fill of a fat tree, whose cross-leaf hops are slower, leaves the ranks a fraction of a
-microsecond apart), the rest of the collective, from the last cut that held, runs as one fluid
-simulation: the times are then the fluid path's for the whole collective, as without segments.
+flows of the next segment, not for the clock it left the chain reduce with). Where a check fails,
+the fluid simulation starts at the last cut that held.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Iterator
 
@@ -88,42 +83,37 @@ def _earliest_start(runs: list[tuple[Round, int]], t: np.ndarray) -> float:
 
 
 def run_in_segments(
-    schedule: Schedule, fabric: Fabric, message_bytes: float, start_s: np.ndarray | float, declined_at: int = 0
+    schedule: Schedule, fabric: Fabric, message_bytes: float, start_s: np.ndarray | float, declined_at: int
 ) -> tuple[np.ndarray, str] | None:
-    """Per-rank finish times of ``schedule`` run in segments, and the path (``vectorised``, or
-    ``fluid`` where some segment needed it); None where there is no run to cut at, or where the fluid
-    path declines (LogGP): the caller then goes message by message.
-
-    ``declined_at``: the round (counted over every round, repeats included) at which the round path
-    declined the whole collective. A segment before it goes on the round path, the one that holds it
-    on the fluid path, and so does every later one but the steady runs, which the round path tries
-    first (a pipeline's drain mirrors its fill: the round path would decline it again).
-    """
+    """Per-rank finish times of ``schedule``: the segments before the one that holds round
+    ``declined_at`` (counted over every round, repeats included: where the round path declined the
+    whole collective) on the round path, the rest as one fluid simulation, which skips the periods
+    of its steady runs itself (``fluid_steady``). None where the round path would begin with the
+    fluid path anyway (it declined in the first segment), or where the fluid path declines (LogGP):
+    the caller then goes on as without segments."""
     from ddlsim.simulator.engine.collective_engine import VectorisedExecutor  # which calls this module
 
     segments = _segments(ScheduleRuns().get(schedule))
-    if len(segments) < 2:
-        return None
     t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,)))
-    path = "vectorised"
     first = 0  # the first round of the segment at hand
+    for index, runs in enumerate(segments):
+        rounds = sum(count for _, count in runs)
+        if first + rounds > declined_at or index + 1 == len(segments):
+            break
+        try:
+            after = VectorisedExecutor(fabric).run(_part(schedule, runs), message_bytes, t)
+        except ContentionDetected:
+            break
+        if after[_senders(runs)].max() > _earliest_start(segments[index + 1], after):
+            break  # not cut cleanly: the rest from where this segment began
+        t = after
+        first += rounds
+    else:
+        index = len(segments)
+    if index == 0:
+        return None
+    rest = _part(schedule, [run for segment in segments[index:] for run in segment])
     try:
-        for index, runs in enumerate(segments):
-            part = _part(schedule, runs)
-            rounds = sum(count for _, count in runs)
-            after = None
-            if first + rounds <= declined_at or (first > declined_at and runs[0][1] >= STEADY_MIN):
-                with contextlib.suppress(ContentionDetected):
-                    after = VectorisedExecutor(fabric).run(part, message_bytes, t)
-            if after is None:
-                after = FluidExecutor(fabric).run(part, message_bytes, t)
-                path = "fluid"
-            if index + 1 < len(segments) and after[_senders(runs)].max() > _earliest_start(segments[index + 1], after):
-                # not cut cleanly: the rest as one fluid simulation from where this segment began
-                rest = _part(schedule, [run for segment in segments[index:] for run in segment])
-                return FluidExecutor(fabric).run(rest, message_bytes, t), "fluid"
-            t = after
-            first += rounds
+        return FluidExecutor(fabric).run(rest, message_bytes, t), "fluid"
     except ContentionDetected:
         return None
-    return t, path
