@@ -45,9 +45,9 @@ class _Counting:
         counting = self
 
         class Fluid(FluidExecutor):
-            def run(self, schedule, message_bytes, start_s):
+            def run(self, schedule, message_bytes, start_s, runs=None):
                 counting.rounds.append(sum(1 for _ in schedule.rounds()))
-                return super().run(schedule, message_bytes, start_s)
+                return super().run(schedule, message_bytes, start_s, runs)
 
         monkeypatch.setattr(segments, "FluidExecutor", Fluid)
 

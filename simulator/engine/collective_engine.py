@@ -723,11 +723,12 @@ def run_collective(
     (``fluid_executor``: the message path's model over every flow in flight at each instant),
     which declines only LogGP fabrics; those go message by message. ``vectorised``, ``fluid`` and
     ``message`` force one path (``ContentionDetected`` where it does not apply). Where the round
-    path declines, ``auto`` first tries it on the steady runs alone, the rest on the fluid path
-    (``segments``: where every cut between them is proved clean).
+    path declines, ``auto`` keeps it for the segments before the decline and runs the rest on the
+    fluid path (``segments``: where the cut between them is proved clean).
     """
     if mode not in ("auto", "vectorised", "fluid", "message"):
         raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
+    runs: list[tuple[Round, int]] | None = None  # the schedule's runs of identical rounds, once found
     if mode in ("auto", "vectorised"):
         executor = VectorisedExecutor(fabric)
         try:
@@ -735,13 +736,14 @@ def run_collective(
         except ContentionDetected:
             if mode == "vectorised":
                 raise
-        if mode == "auto":  # its steady runs on the round path, the rest on the fluid path (``segments``)
-            segmented = run_in_segments(schedule, fabric, message_bytes, start_s, executor._serial - 1)
+        if mode == "auto":  # what came before the decline on the round path, the rest fluid (``segments``)
+            runs = executor._runs.get(schedule)  # kept, not walked again
+            segmented = run_in_segments(schedule, fabric, message_bytes, start_s, executor._serial - 1, runs)
             if segmented is not None:
                 return segmented
     if mode in ("auto", "fluid"):
         try:
-            return FluidExecutor(fabric).run(schedule, message_bytes, start_s), "fluid"
+            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, runs), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

@@ -150,10 +150,18 @@ class FluidExecutor:
         )
 
     # --- the simulation --------------------------------------------------------------------------
-    def run(self, schedule: Schedule, message_bytes: float, start_s: np.ndarray | float) -> np.ndarray:
-        """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``."""
+    def run(
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        start_s: np.ndarray | float,
+        runs: list[tuple[Round, int]] | None = None,
+    ) -> np.ndarray:
+        """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``; ``runs``: its
+        runs of identical rounds where the caller has them (``ScheduleRuns``: else they are found here)."""
         ranks = schedule.ranks
-        runs = ScheduleRuns().get(schedule)  # its non-empty rounds, identical ones as one run
+        if runs is None:
+            runs = ScheduleRuns().get(schedule)  # its non-empty rounds, identical ones as one run
         run_end = np.cumsum([count for _, count in runs], dtype=np.int64)  # each run's end (round index)
         rounds: dict[int, _Round] = {}
         built = 0  # rounds taken from the schedule so far

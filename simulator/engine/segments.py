@@ -83,28 +83,34 @@ def _earliest_start(runs: list[tuple[Round, int]], t: np.ndarray) -> float:
 
 
 def run_in_segments(
-    schedule: Schedule, fabric: Fabric, message_bytes: float, start_s: np.ndarray | float, declined_at: int
+    schedule: Schedule,
+    fabric: Fabric,
+    message_bytes: float,
+    start_s: np.ndarray | float,
+    declined_at: int,
+    runs: list[tuple[Round, int]] | None = None,
 ) -> tuple[np.ndarray, str] | None:
     """Per-rank finish times of ``schedule``: the segments before the one that holds round
     ``declined_at`` (counted over every round, repeats included: where the round path declined the
     whole collective) on the round path, the rest as one fluid simulation, which skips the periods
     of its steady runs itself (``fluid_steady``). None where the round path would begin with the
     fluid path anyway (it declined in the first segment), or where the fluid path declines (LogGP):
-    the caller then goes on as without segments."""
+    the caller then goes on as without segments. ``runs``: the schedule's runs (``ScheduleRuns``)
+    where the caller has them."""
     from ddlsim.simulator.engine.collective_engine import VectorisedExecutor  # which calls this module
 
-    segments = _segments(ScheduleRuns().get(schedule))
+    segments = _segments(ScheduleRuns().get(schedule) if runs is None else runs)
     t = np.array(np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,)))
     first = 0  # the first round of the segment at hand
-    for index, runs in enumerate(segments):
-        rounds = sum(count for _, count in runs)
+    for index, segment in enumerate(segments):
+        rounds = sum(count for _, count in segment)
         if first + rounds > declined_at or index + 1 == len(segments):
             break
         try:
-            after = VectorisedExecutor(fabric).run(_part(schedule, runs), message_bytes, t)
+            after = VectorisedExecutor(fabric).run(_part(schedule, segment), message_bytes, t)
         except ContentionDetected:
             break
-        if after[_senders(runs)].max() > _earliest_start(segments[index + 1], after):
+        if after[_senders(segment)].max() > _earliest_start(segments[index + 1], after):
             break  # not cut cleanly: the rest from where this segment began
         t = after
         first += rounds
@@ -112,8 +118,8 @@ def run_in_segments(
         index = len(segments)
     if index == 0:
         return None
-    rest = _part(schedule, [run for segment in segments[index:] for run in segment])
+    rest = [run for segment in segments[index:] for run in segment]
     try:
-        return FluidExecutor(fabric).run(rest, message_bytes, t), "fluid"
+        return FluidExecutor(fabric).run(_part(schedule, rest), message_bytes, t, rest), "fluid"
     except ContentionDetected:
         return None
