@@ -34,7 +34,9 @@ and record its flows, and decide what the next round may skip. Its pieces live a
   result; a round whose contended transfers travel in bundles of one route each (the devices of one
   node sending to those of another) checked and committed per bundle and link (``round_bundles.py``);
 * an unpipelined chain of single-transfer rounds timed in one batch (``round_relay.py``);
-* collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``).
+* collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``);
+* where the round path declines a collective, the segments before the decline kept on it and the
+  rest on the fluid path, cut only where no flow crosses the cut (``segments.py``, ``run_collective``).
 
 Links whose constraint is implied by others (``Fabric.redundant``) are left out of all of it.
 

@@ -29,7 +29,9 @@ flight rather than an event per message:
 So the times are the message path's up to the rounding of the same arithmetic in another order
 (``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is one pass over the
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
-Rounds are built as the first rank reaches them and dropped once every rank has left them.
+Rounds are built as the first rank reaches them and dropped once every rank has left them. In a run
+of identical rounds, once the state repeats a few rounds later, whole periods are skipped
+(``fluid_steady``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 """
