@@ -116,8 +116,8 @@ def test_the_earliest_start_waits_for_what_a_rank_receives():
 
 
 @pytest.mark.parametrize("seed", range(6))
-def test_components_searched_equal_components_propagated(monkeypatch, seed):
-    """Past its passes ``_components`` searches the graph (scipy): the same labels, numbered by each
+def test_components_hooked_equal_components_propagated(monkeypatch, seed):
+    """Past its passes ``_components`` hooks and flattens trees: the same labels, numbered by each
     component's lowest flow, as label propagation run to the end."""
     rng = np.random.default_rng(seed)
     flows, links = int(rng.integers(5, 300)), int(rng.integers(3, 200))
