@@ -105,6 +105,7 @@ def _chain_rounds(ranks: int, local: int, chunks: int, reduce: bool) -> Iterator
     """Pipelined chains inside every node; both trees' pieces travel together, two transfers each."""
     links = local - 1
     base = np.arange(0, ranks, local, dtype=np.int64)
+    previous = None
     for t in range(links + chunks - 1):
         position = np.arange(1, local, dtype=np.int64)  # link from position-1 to position
         piece = t - (links - position) if reduce else t - (position - 1)
@@ -113,14 +114,28 @@ def _chain_rounds(ranks: int, local: int, chunks: int, reduce: bool) -> Iterator
         near = far - 1
         lo = np.tile(piece[live], base.size)
         src, dst = (far, near) if reduce else (near, far)
-        op = REDUCE if reduce else COPY
-        yield Round.of(
+        previous = _sharing(
+            previous,
             np.concatenate([src, src]),
             np.concatenate([dst, dst]),
             np.concatenate([lo, lo + chunks]),
-            np.concatenate([lo, lo + chunks]) + 1,
-            op,
+            np.full(2 * src.size, REDUCE if reduce else COPY),
         )
+        yield previous
+
+
+def _sharing(previous: Round | None, src: np.ndarray, dst: np.ndarray, lo: np.ndarray, op: np.ndarray) -> Round:
+    """The round of these one-piece transfers, handing out ``previous``'s src, dst, chunk count and op
+    arrays where they are equal: a pipeline's steady state repeats the same transfers with the next
+    pieces, and executors recognise repeated rounds by these arrays (``ScheduleRuns``)."""
+    if (
+        previous is not None
+        and np.array_equal(previous.src, src)
+        and np.array_equal(previous.dst, dst)
+        and np.array_equal(previous.op, op)
+    ):
+        return Round(previous.src, previous.dst, lo, lo + 1, previous.op, chunk_count=previous.chunk_count)
+    return Round.of(src, dst, lo, lo + 1, op)
 
 
 def _local_size(ranks: int, devices_per_node: int) -> int:
@@ -152,13 +167,15 @@ class DoubleBinaryTreeCollective:
             if nodes > 1:
                 tree_a, tree_b = dtree_parents(nodes)
                 per_tree = [_tree_rounds(tree_a, chunks, 0), _tree_rounds(tree_b, chunks, chunks)]
+                previous = None
                 for t in range(max(len(r) for r in per_tree)):
                     parts = [p for r in per_tree if t < len(r) for p in r[t]]
                     src = np.concatenate([p[0] for p in parts]) * local
                     dst = np.concatenate([p[1] for p in parts]) * local
                     lo = np.concatenate([p[2] for p in parts])
                     op = np.concatenate([np.full(p[0].size, p[3]) for p in parts])
-                    yield Round.of(src, dst, lo, lo + 1, op)
+                    previous = _sharing(previous, src, dst, lo, op)
+                    yield previous
             if local > 1:
                 yield from _chain_rounds(ranks, local, chunks, reduce=False)
 

@@ -41,7 +41,9 @@ and record its flows, and decide what the next round may skip. Its pieces live a
   result; a round whose contended transfers travel in bundles of one route each (the devices of one
   node sending to those of another) checked and committed per bundle and link (``round_bundles.py``);
 * an unpipelined chain of single-transfer rounds timed in one batch (``round_relay.py``);
-* collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``).
+* collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``);
+* where the round path declines a collective, the segments before the decline kept on it and the
+  rest on the fluid path, cut only where no flow crosses the cut (``segments.py``, ``run_collective``).
 
 Links whose constraint is implied by others (``Fabric.redundant``) are left out of all of it.
 
@@ -78,6 +80,7 @@ from ddlsim.simulator.engine.round_structures import (
     identity_and_shift,
     round_bytes,
 )
+from ddlsim.simulator.engine.segments import run_in_segments
 from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
 
 __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
@@ -810,24 +813,32 @@ def run_collective(
     ``mode``: ``auto`` tries the round path, and where it cannot prove its times the fluid path
     (``fluid_executor``: the message path's model over every flow in flight at each instant),
     which declines only LogGP fabrics; those go message by message. ``vectorised``, ``fluid`` and
-    ``message`` force one path (``ContentionDetected`` where it does not apply).
+    ``message`` force one path (``ContentionDetected`` where it does not apply). Where the round
+    path declines, ``auto`` keeps it for the segments before the decline and runs the rest on the
+    fluid path (``segments``: where the cut between them is proved clean).
     """
     if mode not in ("auto", "vectorised", "fluid", "message"):
         raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
-    resume = None
+    runs: list[tuple[Round, int]] | None = None  # the schedule's runs of identical rounds, once found
+    resume = None  # where the round path handed over with every rank in step
     if mode in ("auto", "vectorised"):
         # no handover where the fluid path declines (LogGP): the round path may still prove those
-        vectorised = VectorisedExecutor(fabric, handover=mode == "auto" and not fabric.spec.loggp)
+        executor = VectorisedExecutor(fabric, handover=mode == "auto" and not fabric.spec.loggp)
         try:
-            return vectorised.run(schedule, message_bytes, start_s), "vectorised"
+            return executor.run(schedule, message_bytes, start_s), "vectorised"
         except ContentionDetected:
             if mode == "vectorised":
                 raise
-            resume = vectorised.resume
+        resume = executor.resume
+        if mode == "auto":  # what came before the decline on the round path, the rest fluid (``segments``)
+            runs = executor._runs.get(schedule)  # kept, not walked again
+            segmented = run_in_segments(schedule, fabric, message_bytes, start_s, executor._serial - 1, runs)
+            if segmented is not None:
+                return segmented
     if mode in ("auto", "fluid"):
         try:
-            # from the last point before the round path gave up where every rank was in step
-            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, resume), "fluid"
+            # from the last point before the round path gave up where every rank was in step, if any
+            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, resume, runs=runs), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

@@ -31,7 +31,8 @@ So the times are the message path's up to the rounding of the same arithmetic in
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
-(``Resume``).
+(``Resume``). In a run of identical rounds, once the state repeats a few rounds later, whole
+periods are skipped (``fluid_steady``; not where a transfer log is kept).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 
@@ -45,8 +46,6 @@ met them and to check later flows against them (``RoleExecutor``, over
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -55,9 +54,10 @@ from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
+from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.message_executor import TransferLog
-from ddlsim.simulator.engine.round_structures import RoundCache, binding_hops, spans
+from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
 
 __all__ = ["FluidExecutor", "LinkUse"]
 
@@ -117,6 +117,18 @@ class Resume:
     entry_s: np.ndarray
 
 
+def _after(runs: list[tuple[Round, int]], rounds: int) -> list[tuple[Round, int]]:
+    """``runs`` without their first ``rounds`` rounds."""
+    left: list[tuple[Round, int]] = []
+    for rnd, count in runs:
+        if rounds >= count:
+            rounds -= count
+            continue
+        left.append((rnd, count - rounds))
+        rounds = 0
+    return left
+
+
 @dataclass
 class _Round:
     """One round's transfers as this executor needs them, and its ranks' progress through it."""
@@ -141,7 +153,7 @@ class _Round:
 class FluidExecutor:
     """Per-rank finish times of a collective from one fluid simulation of all its flows (see the module)."""
 
-    def __init__(self, fabric: Fabric) -> None:
+    def __init__(self, fabric: Fabric, extrapolate: bool = True) -> None:
         if fabric.spec.loggp:
             raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
         self.fabric = fabric
@@ -152,6 +164,8 @@ class FluidExecutor:
         self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
         self._fabric_link = np.empty(0, dtype=np.int64)  # per compact id
         self.instants = 0  # instants at which rates were computed
+        self.extrapolate = extrapolate  # False: simulate every round (tests hold the skipping to this)
+        self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
         self.transfers = 0
         self.link_use: LinkUse | None = None  # of the last run, where asked for
 
@@ -224,29 +238,33 @@ class FluidExecutor:
         resume: Resume | None = None,
         link_use: bool = False,
         log: TransferLog | None = None,
+        runs: list[tuple[Round, int]] | None = None,
     ) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``, or from where
         the round path gave up (``resume``; ``start_s`` is then not read); with ``link_use``, what its
         flows did on each link is left in ``self.link_use``; ``log`` gets every transfer (its sender's
-        round entry to its arrival)."""
+        round entry to its arrival); ``runs``: the schedule's runs of identical rounds where the caller
+        has them (``ScheduleRuns``: else they are found here)."""
         ranks = schedule.ranks
         tracker = _UseTracker() if link_use else None
         self.link_use = None
-        source: Iterator[Round] = (rnd for rnd in schedule.rounds() if len(rnd))
+        if runs is None:
+            runs = ScheduleRuns().get(schedule)  # its non-empty rounds, identical ones as one run
         if resume is not None:
-            source = itertools.islice(source, resume.rounds, None)
+            runs = _after(runs, resume.rounds)
             start_s = resume.entry_s
+        run_end = np.cumsum([count for _, count in runs], dtype=np.int64)  # each run's end (round index)
         rounds: dict[int, _Round] = {}
         built = 0  # rounds taken from the schedule so far
-        exhausted = False
+        recent: list[Snapshot] = []  # the state each time the last rank reached a round (``fluid_steady``)
+
+        def run_start(run: int) -> int:
+            return int(run_end[run - 1]) if run else 0
 
         def round_at(k: int) -> _Round | None:
-            nonlocal built, exhausted
-            while built <= k and not exhausted:
-                rnd = next(source, None)
-                if rnd is None:
-                    exhausted = True
-                    break
+            nonlocal built
+            while built <= k and built < (run_end[-1] if runs else 0):
+                rnd = runs[int(np.searchsorted(run_end, built, side="right"))][0]
                 rounds[built] = self._build(schedule, rnd, message_bytes)
                 built += 1
             return rounds.get(k)
@@ -308,6 +326,12 @@ class FluidExecutor:
                     started += enter(moving, at, k + 1)
             return started
 
+        def progress(low: int, now: float) -> list[tuple[np.ndarray, ...]]:
+            return [
+                (rd.left.copy(), rd.entered.copy(), rd.done_s - now, rd.entry_s - now)
+                for rd in (rounds[k] for k in range(low, built))
+            ]
+
         start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
         batches = enter(np.arange(ranks), np.array(start), 0)
         now, changed = -np.inf, False
@@ -352,6 +376,38 @@ class FluidExecutor:
                 changed = False
                 for k in [k for k in rounds if k < current.min()]:
                     del rounds[k]  # every rank has left it
+                low = int(current.min())
+                if self.extrapolate and log is None and (not recent or low != recent[-1].first):
+                    run = int(np.searchsorted(run_end, low, side="right"))
+                    if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
+                        flows = (a_round - low, a_index, a_finish - now)
+                        waiting = (w_round - low, w_index, w_start - now)
+                        taken = Snapshot(low, now, built, flows, waiting, current - low, progress(low, now))
+                        recent = [earlier for earlier in recent[-LONGEST_PERIOD:] if earlier.first >= run_start(run)]
+                        rounds_per, period_s = next(
+                            ((low - e.first, c) for e in reversed(recent) if (c := period(e, taken)) is not None),
+                            (0, 0.0),
+                        )
+                        skip = (int(run_end[run]) - built) // rounds_per * rounds_per if rounds_per else 0
+                        recent.append(taken)
+                        if skip:  # as many whole periods as keep every round reached in the run
+                            shift = skip // rounds_per * period_s
+                            a_round += skip
+                            a_finish += shift
+                            w_round += skip
+                            w_start[:] += shift
+                            moved = {k + skip: rd for k, rd in rounds.items()}
+                            for rd in moved.values():
+                                rd.done_s += shift
+                                rd.entry_s += shift
+                            rounds.clear()
+                            rounds.update(moved)
+                            current += skip
+                            built += skip
+                            now += shift
+                            self.transfers += skip * len(runs[run][0])
+                            self.skipped_rounds += skip
+                            recent = []
             if not a_index.size and not w_index.size:
                 break
             following = min(

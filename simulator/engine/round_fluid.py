@@ -22,6 +22,7 @@ import numpy as np
 from ddlsim.hardware_models.network import max_min_fair_rates_flat
 
 FLUID_TOLERANCE = 1e-12  # relative: flows projected to end within this of an event end with it
+_PROPAGATION_PASSES = 16  # label propagation's passes before ``_components`` hooks trees instead
 
 
 @dataclass(frozen=True)
@@ -188,11 +189,16 @@ def _marks(values: np.ndarray, bound: int) -> np.ndarray:
 def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> tuple[np.ndarray, int]:
     """Connected components of flows joined by shared links: (label per flow, 0..count-1), count.
 
-    Minimum-label propagation through the links with pointer jumping, so it converges in a few
-    passes even when flows overlap in long chains.
+    Minimum-label propagation through the links with pointer jumping converges in a few passes where
+    flows overlap in short chains. Where it has not after ``_PROPAGATION_PASSES`` (a pipelined tree's
+    flows chain through every level, and each pass went one level further: a second a round over
+    4096 nodes), every root takes the smallest label any flow of its tree sees and the trees are
+    then flattened (hooking and pointer jumping, as Shiloach and Vishkin): a chain collapses in one
+    pass. Labels only decrease and stay in their component, so each ends at its component's lowest
+    flow either way.
     """
     label = np.arange(flows)
-    while True:
+    for _ in range(_PROPAGATION_PASSES):
         at_link = np.full(links, flows)
         np.minimum.at(at_link, link, label[owner])
         new = label.copy()
@@ -201,6 +207,19 @@ def _components(owner: np.ndarray, link: np.ndarray, flows: int, links: int) -> 
         if np.array_equal(new, label):
             break
         label = new
+    else:
+        while True:
+            while not np.array_equal(jumped := label[label], label):  # every flow points at its root
+                label = jumped
+            at_link = np.full(links, flows)
+            np.minimum.at(at_link, link, label[owner])
+            seen = label.copy()
+            np.minimum.at(seen, owner, at_link[link])
+            hooked = label.copy()
+            np.minimum.at(hooked, label, seen)  # a root takes the smallest label its tree's flows see
+            if np.array_equal(hooked, label):
+                break
+            label = hooked
     roots = _marks(label, flows)  # the distinct labels, numbered in order (np.unique's inverse, linear)
     return (np.cumsum(roots) - 1)[label], int(np.count_nonzero(roots))
 
