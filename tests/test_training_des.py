@@ -3,6 +3,7 @@
 import dataclasses
 import gc
 
+import numpy as np
 import pytest
 
 from ddlsim.algorithms.training_algorithm import AlgorithmOptions
@@ -138,3 +139,30 @@ def test_sweep_identical_across_pools():
 )
 def test_parse_counts(text, expected):
     assert parse_counts(text) == expected
+
+
+def test_the_message_path_logs_a_groups_transfers_by_fabric_rank():
+    """Two pipeline stages of 4 data-parallel ranks each: each stage's all-reduce runs over its own
+    group, and the message path's log names the fabric ranks of that group (it named the members'
+    indices 0..3 before, so both groups' rings were drawn on ranks 0-3)."""
+    from ddlsim.algorithms.training_algorithm import make_options
+
+    scenario = Scenario(
+        workload="lenet",
+        device="p100_sxm2",
+        devices_per_node=2,
+        intra_node="nvlink1",
+        network="ib_edr",
+        nodes=(4,),
+        algorithm="hybrid_parallel",
+        options=make_options("hybrid_parallel", {"stages": 2}),
+    )
+    run = run_des(scenario, 4, mode="message", log_transfers=True, note=lambda *_: None)
+    placement = [int(device) for device in run.setup.placement()]
+    stage_of = {device: rank % 2 for rank, device in enumerate(placement)}
+    log = run.transfer_log
+    assert log is not None
+    src, dst = np.concatenate(log.src).astype(int), np.concatenate(log.dst).astype(int)
+    pairs = set(zip(src.tolist(), dst.tolist(), strict=True))
+    assert {s for s, _ in pairs} == set(placement)  # every rank of both groups sends
+    assert all(stage_of[s] == stage_of[d] for s, d in pairs)  # within its own stage's group

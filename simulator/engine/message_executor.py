@@ -60,6 +60,18 @@ class TransferLog:
         self.end_s.append(np.array(columns[2]))
 
 
+class MemberLog:
+    """A group's view of a ``TransferLog``: transfers given in the group's member indices (a
+    collective over some ranks of a run, executed over their view of the fabric) are recorded as the
+    fabric ranks ``ranks`` maps them to, as the round path records them."""
+
+    def __init__(self, log: TransferLog, ranks: np.ndarray) -> None:
+        self.log, self.ranks = log, ranks
+
+    def add(self, src: np.ndarray, dst: np.ndarray, nbytes: Any, start_s: Any, end_s: Any) -> None:
+        self.log.add(self.ranks[np.asarray(src)], self.ranks[np.asarray(dst)], nbytes, start_s, end_s)
+
+
 @dataclass
 class _Plan:
     """One round as the message path needs it (schedule ranks; Python lists for scalar access)."""
@@ -132,7 +144,7 @@ class MessageExecutor:
         schedule: Schedule,
         message_bytes: float,
         ready: Sequence[simpy.Event] | None = None,
-        log: TransferLog | None = None,
+        log: TransferLog | MemberLog | None = None,
     ) -> list[simpy.Event]:
         """Start the collective inside ``self.env``; rank r enters when ``ready[r]`` fires (now if None).
 
@@ -214,7 +226,11 @@ class MessageExecutor:
         return finished
 
     def _process_loggp(
-        self, ranks: int, plans: list[_Plan], ready: Sequence[simpy.Event] | None, log: TransferLog | None
+        self,
+        ranks: int,
+        plans: list[_Plan],
+        ready: Sequence[simpy.Event] | None,
+        log: TransferLog | MemberLog | None,
     ) -> list[simpy.Event]:
         """The same rounds with LogGP overheads: o on the sender's CPU before the message and on the
         receiver's after it, one message at a time per CPU (processes and resources)."""

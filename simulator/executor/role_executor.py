@@ -81,6 +81,7 @@ from ddlsim.simulator.engine.collective_engine import (
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import FlowNetwork, Route
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+from ddlsim.simulator.engine.message_executor import MemberLog
 
 MODES = ("vectorised", "message")
 _CAUSALITY_SLACK_S = 1e-12
@@ -662,9 +663,9 @@ class RoleExecutor:
             done = [env.event() for _ in range(count)]
             return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), launch_s=launch)
         ready = [env.event() for _ in range(count)]
-        done = self._group_executor(members, member_ranks).process(
-            schedule, float(op.payload.nbytes), ready, self.transfer_log
-        )
+        # the group's executor numbers its ranks 0..count-1: the log takes fabric ranks, as the round path's
+        log = None if self.transfer_log is None else MemberLog(self.transfer_log, member_ranks)
+        done = self._group_executor(members, member_ranks).process(schedule, float(op.payload.nbytes), ready, log)
         return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready, launch_s=launch)
 
     def _schedule(self, op: Collective, ranks: int, member_ranks: np.ndarray) -> Schedule:
