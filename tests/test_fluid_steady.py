@@ -5,25 +5,14 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import MessageExecutor
-from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 from ddlsim.simulator.engine.fluid_steady import Snapshot, period
-from tests.test_collective_engine import random_schedule
+from tests.test_collective_engine import fabric_of, random_schedule
 
 
 def _fabric(nodes, devices_per_node=1, **kwargs):
-    return Fabric(
-        FabricSpec(
-            nodes=nodes,
-            devices_per_node=devices_per_node,
-            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
-            network=load_link("ib_edr"),
-            nodes_per_leaf=4,
-            **kwargs,
-        )
-    )
+    return fabric_of(nodes, devices_per_node, nodes_per_leaf=4, **kwargs)
 
 
 def _both(schedule, fabric, nbytes, start=0.0):

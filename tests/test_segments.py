@@ -6,7 +6,6 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine import round_fluid, segments
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
@@ -14,22 +13,13 @@ from ddlsim.simulator.engine.collective_engine import (
     VectorisedExecutor,
     run_collective,
 )
-from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 from ddlsim.simulator.engine.round_structures import ScheduleRuns
+from tests.test_collective_engine import fabric_of
 
 
 def _fabric(nodes, devices_per_node=1, **kwargs):
-    return Fabric(
-        FabricSpec(
-            nodes=nodes,
-            devices_per_node=devices_per_node,
-            peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
-            network=load_link("ib_edr"),
-            nodes_per_leaf=4,
-            **kwargs,
-        )
-    )
+    return fabric_of(nodes, devices_per_node, nodes_per_leaf=4, **kwargs)
 
 
 def _tree(nodes, devices_per_node, chunks):
