@@ -6,7 +6,7 @@ import gc
 import numpy as np
 import pytest
 
-from ddlsim.algorithms.training_algorithm import AlgorithmOptions
+from ddlsim.algorithms.training_algorithm import AlgorithmOptions, make_options
 from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.executor.des import DES_GC_THRESHOLD, fewer_collections, run_des
 from ddlsim.simulator.executor.role_executor import RoleExecutor
@@ -14,6 +14,7 @@ from ddlsim.simulator.parsing import parse_counts
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.sweep import run_sweep, simulate_point
 from ddlsim.simulator.training.trainers import layer_times, step_profile
+from tests.test_training_algorithms import GPU_NODE
 
 SMALL = Scenario(
     workload="resnet50",
@@ -145,17 +146,8 @@ def test_the_message_path_logs_a_groups_transfers_by_fabric_rank():
     """Two pipeline stages of 4 data-parallel ranks each: each stage's all-reduce runs over its own
     group, and the message path's log names the fabric ranks of that group (it named the members'
     indices 0..3 before, so both groups' rings were drawn on ranks 0-3)."""
-    from ddlsim.algorithms.training_algorithm import make_options
-
-    scenario = Scenario(
-        workload="lenet",
-        device="p100_sxm2",
-        devices_per_node=2,
-        intra_node="nvlink1",
-        network="ib_edr",
-        nodes=(4,),
-        algorithm="hybrid_parallel",
-        options=make_options("hybrid_parallel", {"stages": 2}),
+    scenario = dataclasses.replace(
+        GPU_NODE, nodes=(4,), algorithm="hybrid_parallel", options=make_options("hybrid_parallel", {"stages": 2})
     )
     run = run_des(scenario, 4, mode="message", log_transfers=True, note=lambda *_: None)
     placement = [int(device) for device in run.setup.placement()]
