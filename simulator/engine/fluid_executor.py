@@ -56,7 +56,7 @@ from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected
-from ddlsim.simulator.engine.message_executor import TransferLog
+from ddlsim.simulator.engine.message_executor import MemberLog, TransferLog
 from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
 
 __all__ = ["FluidExecutor", "LinkUse"]
@@ -237,7 +237,7 @@ class FluidExecutor:
         start_s: np.ndarray | float,
         resume: Resume | None = None,
         link_use: bool = False,
-        log: TransferLog | None = None,
+        log: TransferLog | MemberLog | None = None,
         runs: list[tuple[Round, int]] | None = None,
     ) -> np.ndarray:
         """Per-rank finish times (absolute seconds) of ``schedule`` entered at ``start_s``, or from where

@@ -771,18 +771,14 @@ class RoleExecutor:
                 view = _GroupFabric(self.fabric, instance.member_ranks)
                 fluid = self._fluid_executors[members] = FluidExecutor(view)  # type: ignore[arg-type]
             before = fluid.transfers
-            log = None if self.transfer_log is None else TransferLog()  # in member indices, all of them
+            # the fluid path numbers the group's members 0..n-1; a decline abandons the run and its log
+            log = None if self.transfer_log is None else MemberLog(self.transfer_log, instance.member_ranks)
             nbytes = float(instance.op.payload.nbytes)
             finish = fluid.run(instance.schedule, nbytes, start, link_use=True, log=log)
             assert fluid.link_use is not None
             vectorised.place_apart(fluid.link_use, instance.member_ranks, finish, fluid.transfers - before)
         except ContentionDetected as declined:
             raise detected from declined
-        if log is not None:
-            assert self.transfer_log is not None
-            ranks = instance.member_ranks
-            for src, dst, sent, begin, end in zip(log.src, log.dst, log.nbytes, log.start_s, log.end_s, strict=True):
-                self.transfer_log.add(ranks[src], ranks[dst], sent, begin, end)
         self.fluid_collectives += 1
         return finish
 
