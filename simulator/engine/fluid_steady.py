@@ -22,13 +22,14 @@ share the busiest link, and that link's cycle sets the pace (216 us a round on 4
 it have slack and drift against it at a constant rate, round after round: on a 4x4 torus ranks 4, 8
 and 12 (their flows in flight end p x 133 ns later, relative to the rest, p rounds on, through all
 86 steady rounds; the same 133 ns on 4x4x4), on 8x8 about 1.4 us a round, on 16x8 and 16x16 3-23 us
-every two rounds, with most rounds not even matching flow for flow. The drift is in what decides the
-future (flows in flight, ranks still in their round), not in left-over history, and it lasts until
-the slack is used up: longer than the run. So no longer look-back and no other sampling point finds
-a period; the fluid path simulates every round, about 0.8 instants per transfer (19,283 instants for
-24,128 transfers at 64 ranks, 76,734 for 97,664 at 256). With 600 pieces the 4x4 torus leaves the
-drift after about 56 rounds, converges geometrically (about x0.67 a round) and skips 502 rounds
-(4x4x4: 499); 8x8 finds no period in 600 rounds.
+every two rounds, on 8x8x8 6-23 us a round, with most rounds not even matching flow for flow. The
+drift is in what decides the future (flows in flight, ranks still in their round), not in left-over
+history, and it lasts until the slack is used up: longer than the run. So no longer look-back and no
+other sampling point finds a period; the fluid path simulates every round, about 0.8 instants per
+transfer (19,283 instants for 24,128 transfers at 64 ranks, 76,734 for 97,664 at 256; 111,978 for
+196,224 on 8x8x8, where the instants a round grow from about 400 to 1,600 as the ranks spread). With
+600 pieces the 4x4 torus leaves the drift after about 56 rounds, converges geometrically (about
+x0.67 a round) and skips 502 rounds (4x4x4: 499); 8x8 finds no period in 600 rounds.
 """
 
 from __future__ import annotations
