@@ -88,3 +88,21 @@ def test_period_only_where_the_state_repeats():
         period(before, _snapshot(4, 1.5e-3, np.array([1e-5, 2e-5]), np.array([1, 0]))) is None
     )  # a rank is further on
     assert period(before, _snapshot(3, 1.5e-3, np.array([1e-5, 2e-5]), np.array([1, 1]))) is None  # no round later
+
+
+def test_a_tree_on_a_torus_drifts_so_no_tolerance_may_be_loosened(monkeypatch):
+    """A pipelined tree on a 4x4 torus never repeats (``fluid_steady``: ranks off the busiest link
+    drift against it by about 133 ns a round): nothing is skipped and the times are the message
+    path's. Were "equal" loosened to about 0.4 us (10^12 ulps), a period would be found that is not
+    one, and the times would miss by more than 1e-6."""
+    fabric = _fabric(16, topology="torus_2d")
+    schedule = COLLECTIVE_ALGORITHMS.get("double_binary_tree").schedule("allreduce", 16, chunks=24)
+    exact = MessageExecutor(fabric).run(schedule, 8e6, 0.0)
+    skipping = FluidExecutor(fabric)
+    np.testing.assert_allclose(skipping.run(schedule, 8e6, 0.0), exact, rtol=1e-9)
+    assert skipping.skipped_rounds == 0
+    monkeypatch.setattr("ddlsim.simulator.engine.steady_state.ULPS", 1e12)
+    loose = FluidExecutor(fabric)
+    wrong = loose.run(schedule, 8e6, 0.0)
+    assert loose.skipped_rounds > 0
+    assert np.abs(wrong / exact - 1).max() > 1e-6
