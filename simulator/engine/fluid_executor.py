@@ -61,6 +61,8 @@ from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, b
 
 __all__ = ["FluidExecutor", "LinkUse"]
 
+_NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
+
 
 @dataclass
 class LinkUse:
@@ -159,10 +161,14 @@ class FluidExecutor:
         self.fabric = fabric
         self._redundant = fabric.redundant if fabric.redundant.any() else None
         self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
-        self._capacity = np.empty(0)  # per compact id
+        # per compact id (``_NO_LINK`` first: where an ended flow's hops point until they are dropped)
+        self._capacity = np.array([np.inf])
         self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
+        self._load = np.zeros(1)  # the bounds of the flows in flight over it, summed
+        self._users = np.zeros(1, dtype=np.int64)  # the flows in flight over it
+        self._local = np.zeros(1, dtype=np.int64)  # scratch: binding link -> its number in ``_rates``
         self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
-        self._fabric_link = np.empty(0, dtype=np.int64)  # per compact id
+        self._fabric_link = np.array([-1], dtype=np.int64)
         self.instants = 0  # instants at which rates were computed
         self.extrapolate = extrapolate  # False: simulate every round (tests hold the skipping to this)
         self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
@@ -215,6 +221,9 @@ class FluidExecutor:
         self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
         self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
         self._fabric_link = np.concatenate([self._fabric_link, fresh])
+        self._load = np.concatenate([self._load, np.zeros(fresh.size)])
+        self._users = np.concatenate([self._users, np.zeros(fresh.size, dtype=np.int64)])
+        self._local = np.concatenate([self._local, np.zeros(fresh.size, dtype=np.int64)])
         self._threshold = self._capacity * (1 + BINDING_TOLERANCE)
         order = np.argsort(src, kind="stable")
         return (
@@ -271,12 +280,17 @@ class FluidExecutor:
 
         finish = np.full(ranks, np.nan)
         current = np.zeros(ranks, dtype=np.int64)  # the round each rank is in (or about to enter)
-        # flows waiting to start, and flows in flight: (round, transfer) and their times
+        # flows waiting to start, and flows in flight: (round, transfer) and their times; a flow that
+        # ended keeps its place (transfer -1, nothing left, no end) until the ended outnumber the rest
         w_round, w_index, w_start = [np.empty(0, dtype=np.int64)] * 2 + [np.empty(0)]
         a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
-        # the hops of the flows in flight: link (compact id), flow (position in the a_ arrays), its bound
-        h_link, h_owner, h_cap = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0)
+        a_hop, a_hops = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)  # its hops: h_[a_hop:a_hop + a_hops]
+        flying = 0  # flows in flight that have not ended
+        # the hops of the flows in flight, in the a_ arrays' order: link (compact id; an ended flow's
+        # hops on ``_NO_LINK``), flow (position in the a_ arrays)
+        h_link, h_owner = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        self._load[:], self._users[:] = 0.0, 0  # (where an earlier run stopped short)
 
         def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
@@ -357,20 +371,25 @@ class FluidExecutor:
                         index = index[~instant]
                     lo, hi = rd.hop_ptr[index], rd.hop_ptr[index + 1]
                     counts = hi - lo
-                    position = spans(lo, counts)
+                    links = rd.hop_link[spans(lo, counts)]
                     if tracker is not None:
                         senders = np.repeat(rd.src[index], counts)
-                        tracker.started(rd.hop_link[position], senders, now, self._capacity.size)
-                    h_link = np.concatenate([h_link, rd.hop_link[position]])
+                        tracker.started(links, senders, now, self._capacity.size)
+                    # each link's flows' bounds and flows, kept as they start and end
+                    np.add.at(self._load, links, np.repeat(rd.cap_Bps[index], counts))
+                    np.add.at(self._users, links, 1)
+                    a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
+                    a_hops = np.concatenate([a_hops, counts])
+                    h_link = np.concatenate([h_link, links])
                     h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
-                    h_cap = np.concatenate([h_cap, np.repeat(rd.cap_Bps[index], counts)])
                     a_round = np.concatenate([a_round, np.full(index.size, k)])
                     a_index = np.concatenate([a_index, index])
                     a_remaining = np.concatenate([a_remaining, rd.nbytes[index]])
                     a_cap = np.concatenate([a_cap, rd.cap_Bps[index]])
+                    flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
-                a_rate = self._rates(a_cap, h_link, h_owner, h_cap)
+                a_rate = self._rates(a_cap, h_link, h_owner)
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
@@ -380,7 +399,8 @@ class FluidExecutor:
                 if self.extrapolate and log is None and (not recent or low != recent[-1].first):
                     run = int(np.searchsorted(run_end, low, side="right"))
                     if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
-                        flows = (a_round - low, a_index, a_finish - now)
+                        on = np.flatnonzero(a_index >= 0)
+                        flows = (a_round[on] - low, a_index[on], a_finish[on] - now)
                         waiting = (w_round - low, w_index, w_start - now)
                         taken = Snapshot(low, now, built, flows, waiting, current - low, progress(low, now))
                         recent = [earlier for earlier in recent[-LONGEST_PERIOD:] if earlier.first >= run_start(run)]
@@ -408,49 +428,62 @@ class FluidExecutor:
                             self.transfers += skip * len(runs[run][0])
                             self.skipped_rounds += skip
                             recent = []
-            if not a_index.size and not w_index.size:
+            if not flying and not w_index.size:
                 break
             following = min(
-                float(a_finish.min()) if a_finish.size else np.inf, float(w_start.min()) if w_start.size else np.inf
+                float(a_finish.min()) if flying else np.inf, float(w_start.min()) if w_start.size else np.inf
             )
-            if a_index.size:
+            if flying:
                 a_remaining = a_remaining - a_rate * (following - now)
             now = following
             # flows that end now
             limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
-            ending = a_finish <= limit
-            if ending.any():
+            ended = np.flatnonzero(a_finish <= limit)
+            if ended.size:
                 changed = True
-                batches += arrive(a_round[ending], a_index[ending], now)
-                keep = ~ending
-                position = np.cumsum(keep) - 1
-                # positions rather than masks: one pass to find them for the several arrays taken
-                hop_keep = keep[h_owner]
+                batches += arrive(a_round[ended], a_index[ended], now)
+                counts = a_hops[ended]
+                position = spans(a_hop[ended], counts)
+                links = h_link[position]
                 if tracker is not None:
-                    tracker.ended(h_link[~hop_keep], now)
-                hops = np.flatnonzero(hop_keep)
-                h_link, h_owner, h_cap = h_link[hops], position[h_owner[hops]], h_cap[hops]
-                kept = np.flatnonzero(keep)
-                a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
-                a_rate, a_finish = a_rate[kept], a_finish[kept]
+                    tracker.ended(links, now)
+                load, users = self._load, self._users
+                np.subtract.at(load, links, np.repeat(a_cap[ended], counts))
+                np.subtract.at(users, links, 1)
+                load[links[users[links] == 0]] = 0.0  # no drift: an idle link carries exactly nothing
+                h_link[position] = _NO_LINK
+                a_index[ended] = -1
+                a_remaining[ended] = np.inf
+                a_finish[ended] = np.inf
+                flying -= ended.size
+                if 2 * flying < a_index.size:  # more ended than not: drop them (keeping the order)
+                    kept = np.flatnonzero(a_index >= 0)
+                    a_hops = a_hops[kept]
+                    hops = spans(a_hop[kept], a_hops)
+                    a_hop = np.cumsum(a_hops) - a_hops
+                    h_link = h_link[hops]
+                    h_owner = np.repeat(np.arange(kept.size), a_hops)
+                    a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
+                    a_rate, a_finish = a_rate[kept], a_finish[kept]
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         if tracker is not None:
             self.link_use = tracker.use(self._fabric_link)
         return finish
 
-    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, hop_cap: np.ndarray) -> np.ndarray:
+    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:
         """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
-        ``link[e]``, ``hop_cap[e]`` its flow's bound), as ``FlowNetwork._rerate`` computes them.
+        ``link[e]``), as ``FlowNetwork._rerate`` computes them: a link binds where the bounds of its
+        flows (``_load``, kept as they start and end) sum to more than its capacity.
 
         Called at every instant over every flow in flight, so it takes the common cases without
         copies: every hop on a binding link, every flow crossing one (then no flow needs renumbering).
-        The binding links and constrained flows are numbered in order, as ``relabel`` would."""
+        The binding links are numbered in order of their compact ids (``_local`` is scratch space),
+        the constrained flows in order, as ``relabel`` would."""
         rates = cap.copy()
         if not link.size:
             return rates
-        capacity = self._capacity
-        binding = np.bincount(link, weights=hop_cap, minlength=capacity.size) > self._threshold
+        binding = self._load > self._threshold
         on = binding[link]
         if on.all():
             hop_owner, hop_link = owner, link
@@ -466,11 +499,10 @@ class FluidExecutor:
             local_owner, flows = hop_owner, cap.size
         else:
             rows = np.flatnonzero(constrained)
-            local_owner, flows = (np.cumsum(constrained) - 1)[hop_owner], rows.size
-        links = np.flatnonzero(binding)  # every binding link carries a hop
-        local_link = (np.cumsum(binding) - 1)[hop_link]
-        # each flow's own bound as one more link it crosses alone
-        owners = np.concatenate([local_owner, np.arange(flows)])
-        via = np.concatenate([local_link, links.size + np.arange(flows)])
-        rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
+            flows = rows.size
+            local_owner = (np.cumsum(constrained) - 1)[hop_owner]
+        links = np.flatnonzero(binding)
+        self._local[links] = np.arange(links.size)
+        local_link = self._local[hop_link]
+        rates[rows] = max_min_fair_rates_flat(local_owner, local_link, flows, self._capacity[links], bound=cap[rows])
         return rates
