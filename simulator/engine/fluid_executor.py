@@ -161,14 +161,19 @@ class FluidExecutor:
         self.fabric = fabric
         self._redundant = fabric.redundant if fabric.redundant.any() else None
         self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
-        # per compact id (``_NO_LINK`` first: where an ended flow's hops point until they are dropped)
+        # per compact id (``_NO_LINK`` first: where an ended flow's hops point until they are dropped;
+        # ids past ``_links`` are spare room, as ``_NO_LINK``: ``_grow``)
+        self._links = 1
         self._capacity = np.array([np.inf])
-        self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
+        self._threshold = np.array([np.inf])  # a link binds where its flows' bounds sum to more than this
         self._load = np.zeros(1)  # the bounds of the flows in flight over it, summed
         self._users = np.zeros(1, dtype=np.int64)  # the flows in flight over it
         self._local = np.zeros(1, dtype=np.int64)  # scratch: binding link -> its number in ``_rates``
-        self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
         self._fabric_link = np.array([-1], dtype=np.int64)
+        # per fabric link and one more (what a route's padding, -1, reads): for routes' sums and minima
+        self._link_latency = np.append(fabric.latency_s, 0.0)
+        self._link_capacity = np.append(fabric.capacity_Bps, np.inf)
+        self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
         self.instants = 0  # instants at which rates were computed
         self.extrapolate = extrapolate  # False: simulate every round (tests hold the skipping to this)
         self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
@@ -211,32 +216,42 @@ class FluidExecutor:
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
         routes = fabric.routes(src, dst)
-        on = routes >= 0
-        capacity = np.where(on, fabric.capacity_Bps[np.maximum(routes, 0)], np.inf)
-        cap = capacity.min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
+        cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
         links, owner = binding_hops(routes, self._redundant)
         new = np.zeros(self._compact.size, dtype=bool)
         new[links[self._compact[links] < 0]] = True
-        fresh = np.flatnonzero(new)
-        self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
-        self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
-        self._fabric_link = np.concatenate([self._fabric_link, fresh])
-        self._load = np.concatenate([self._load, np.zeros(fresh.size)])
-        self._users = np.concatenate([self._users, np.zeros(fresh.size, dtype=np.int64)])
-        self._local = np.concatenate([self._local, np.zeros(fresh.size, dtype=np.int64)])
-        self._threshold = self._capacity * (1 + BINDING_TOLERANCE)
+        self._grow(np.flatnonzero(new))
         order = np.argsort(src, kind="stable")
         return (
             src,
             dst,
             np.asarray(fabric.overheads(src, dst), dtype=np.float64),
-            np.asarray(fabric.latencies(routes), dtype=np.float64),
+            self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
             cap,
             self._compact[links],
             np.searchsorted(owner, np.arange(src.size + 1)),
             order,
             np.searchsorted(src[order], np.arange(ranks + 1)),
         )
+
+    def _grow(self, fresh: np.ndarray) -> None:
+        """Compact ids for fabric links ``fresh`` (crossed for the first time), the per-id arrays grown
+        by half again where they are full: not at every round, each time copying them all."""
+        first = self._links
+        self._links += fresh.size
+        if self._links > self._capacity.size:
+            spare = max(self._links, self._capacity.size * 3 // 2) - self._capacity.size
+            self._capacity = np.concatenate([self._capacity, np.full(spare, np.inf)])
+            self._threshold = np.concatenate([self._threshold, np.full(spare, np.inf)])
+            self._fabric_link = np.concatenate([self._fabric_link, np.full(spare, -1)])
+            self._load = np.concatenate([self._load, np.zeros(spare)])
+            self._users = np.concatenate([self._users, np.zeros(spare, dtype=np.int64)])
+            self._local = np.concatenate([self._local, np.zeros(spare, dtype=np.int64)])
+        ids = slice(first, self._links)
+        self._compact[fresh] = np.arange(first, self._links)
+        self._capacity[ids] = self.fabric.capacity_Bps[fresh]
+        self._threshold[ids] = self._capacity[ids] * (1 + BINDING_TOLERANCE)
+        self._fabric_link[ids] = fresh
 
     # --- the simulation --------------------------------------------------------------------------
     def run(
