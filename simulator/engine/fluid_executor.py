@@ -408,9 +408,9 @@ class FluidExecutor:
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
-                for k in [k for k in rounds if k < current.min()]:
-                    del rounds[k]  # every rank has left it
                 low = int(current.min())
+                for k in [k for k in rounds if k < low]:
+                    del rounds[k]  # every rank has left it
                 if self.extrapolate and log is None and (not recent or low != recent[-1].first):
                     run = int(np.searchsorted(run_end, low, side="right"))
                     if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
@@ -498,7 +498,7 @@ class FluidExecutor:
         rates = cap.copy()
         if not link.size:
             return rates
-        binding = self._load > self._threshold
+        binding = self._load[: self._links] > self._threshold[: self._links]
         on = binding[link]
         if on.all():
             hop_owner, hop_link = owner, link
@@ -515,7 +515,9 @@ class FluidExecutor:
         else:
             rows = np.flatnonzero(constrained)
             flows = rows.size
-            local_owner = (np.cumsum(constrained) - 1)[hop_owner]
+            renumber = np.empty(cap.size, dtype=np.int64)
+            renumber[rows] = np.arange(flows)
+            local_owner = renumber[hop_owner]
         links = np.flatnonzero(binding)
         self._local[links] = np.arange(links.size)
         local_link = self._local[hop_link]
