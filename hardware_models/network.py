@@ -78,7 +78,7 @@ def max_min_fair_rates_flat(
         level = min(share.min() if links else np.inf, free_bound.min() if free.size else np.inf)
         cut = level * (1 + tolerance)
         newly = np.zeros(flows, dtype=bool)
-        newly[owner[share[link] <= cut]] = True
+        newly[owner[(share <= cut)[link]]] = True  # the bottleneck links looked up per entry
         if free.size:
             newly[free[free_bound <= cut]] = True
         rates[newly] = level
