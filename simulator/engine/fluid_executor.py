@@ -64,6 +64,14 @@ __all__ = ["FluidExecutor", "LinkUse"]
 _NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
 
 
+def _pointers(keys: np.ndarray, count: int) -> np.ndarray:
+    """Where each key 0..count-1 starts among ``keys`` sorted, and where the last one ends (count + 1
+    entries): ``np.searchsorted(np.sort(keys), np.arange(count + 1))`` without the sort or the search."""
+    ptr = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=count), out=ptr[1:])
+    return ptr
+
+
 @dataclass
 class LinkUse:
     """Per fabric link that a run's flows crossed (binding hops only): the lowest and highest
@@ -218,9 +226,11 @@ class FluidExecutor:
         routes = fabric.routes(src, dst)
         cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
         links, owner = binding_hops(routes, self._redundant)
-        new = np.zeros(self._compact.size, dtype=bool)
-        new[links[self._compact[links] < 0]] = True
-        self._grow(np.flatnonzero(new))
+        compact = self._compact[links]
+        unseen = links[compact < 0]
+        if unseen.size:
+            self._grow(np.unique(unseen))
+            compact = self._compact[links]
         order = np.argsort(src, kind="stable")
         return (
             src,
@@ -228,10 +238,10 @@ class FluidExecutor:
             np.asarray(fabric.overheads(src, dst), dtype=np.float64),
             self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
             cap,
-            self._compact[links],
-            np.searchsorted(owner, np.arange(src.size + 1)),
+            compact,
+            _pointers(owner, src.size),
             order,
-            np.searchsorted(src[order], np.arange(ranks + 1)),
+            _pointers(src, ranks),
         )
 
     def _grow(self, fresh: np.ndarray) -> None:
