@@ -387,6 +387,7 @@ class FluidExecutor:
                 changed = True
                 new_round, new_index = w_round[due], w_index[due]
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
+                pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
                 for k in np.unique(new_round).tolist():
                     rd = rounds[k]
                     index = new_index[new_round == k]
@@ -400,18 +401,21 @@ class FluidExecutor:
                     if tracker is not None:
                         senders = np.repeat(rd.src[index], counts)
                         tracker.started(links, senders, now, self._capacity.size)
-                    # each link's flows' bounds and flows, kept as they start and end
-                    np.add.at(self._load, links, np.repeat(rd.cap_Bps[index], counts))
-                    np.add.at(self._users, links, 1)
-                    a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
-                    a_hops = np.concatenate([a_hops, counts])
-                    h_link = np.concatenate([h_link, links])
-                    h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
-                    a_round = np.concatenate([a_round, np.full(index.size, k)])
-                    a_index = np.concatenate([a_index, index])
-                    a_remaining = np.concatenate([a_remaining, rd.nbytes[index]])
-                    a_cap = np.concatenate([a_cap, rd.cap_Bps[index]])
-                    flying += index.size
+                    pieces.append((np.full(index.size, k), index, counts, links, rd.nbytes[index], rd.cap_Bps[index]))
+                # appended once per instant, not once per round: each append copies the arrays whole
+                new_round, index, counts, links, nbytes, bound = (np.concatenate(p) for p in zip(*pieces, strict=True))
+                # each link's flows' bounds and flows, kept as they start and end
+                np.add.at(self._load, links, np.repeat(bound, counts))
+                np.add.at(self._users, links, 1)
+                a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
+                a_hops = np.concatenate([a_hops, counts])
+                h_link = np.concatenate([h_link, links])
+                h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
+                a_round = np.concatenate([a_round, new_round])
+                a_index = np.concatenate([a_index, index])
+                a_remaining = np.concatenate([a_remaining, nbytes])
+                a_cap = np.concatenate([a_cap, bound])
+                flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
                 a_rate = self._rates(a_cap, h_link, h_owner)
