@@ -24,11 +24,15 @@ flight rather than an event per message:
   the flows due start;
 * then every flow in flight gets its max-min fair rate as ``FlowNetwork._rerate`` gives it: at
   most its route's slowest link, links that cannot bind (the flows' bounds sum to no more than
-  the capacity) left out, ``max_min_fair_rates_flat`` over the rest.
+  the capacity) left out, ``max_min_fair_rates_flat`` over the rest. As in the flow network, each
+  link's sum of bounds (and count of flows) is kept as flows start and end, an idle link's set to
+  exactly nothing, rather than summed afresh over every hop at every instant.
 
 So the times are the message path's up to the rounding of the same arithmetic in another order
-(``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is one pass over the
+(``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is a few passes over the
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
+A flow that ends keeps its place in the in-flight arrays (its hops moved onto ``_NO_LINK``) until
+the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
 (``Resume``). In a run of identical rounds, once the state repeats a few rounds later, whole
