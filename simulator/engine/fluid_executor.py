@@ -68,6 +68,15 @@ __all__ = ["FluidExecutor", "LinkUse"]
 _NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
 
 
+def _distinct(rounds: np.ndarray) -> list[int]:
+    """The round numbers in ``rounds`` (a few distinct values, many flows), in order: counted rather
+    than ``np.unique``, which hashes (several ms at 100k flows)."""
+    if not rounds.size:
+        return []
+    low = int(rounds.min())
+    return (np.flatnonzero(np.bincount(rounds - low)) + low).tolist()
+
+
 def _pointers(keys: np.ndarray, count: int) -> np.ndarray:
     """Where each key 0..count-1 starts among ``keys`` sorted, and where the last one ends (count + 1
     entries): ``np.searchsorted(np.sort(keys), np.arange(count + 1))`` without the sort or the search."""
@@ -232,8 +241,10 @@ class FluidExecutor:
         links, owner = binding_hops(routes, self._redundant)
         compact = self._compact[links]
         unseen = links[compact < 0]
-        if unseen.size:
-            self._grow(np.unique(unseen))
+        if unseen.size:  # (a mask over the fabric's links: np.unique hashes, slower by far at 600k hops)
+            new = np.zeros(self._compact.size, dtype=bool)
+            new[unseen] = True
+            self._grow(np.flatnonzero(new))
             compact = self._compact[links]
         order = np.argsort(src, kind="stable")
         return (
@@ -347,7 +358,7 @@ class FluidExecutor:
         def arrive(ended_round: np.ndarray, ended_index: np.ndarray, now: float) -> list:
             """The transfers ended at ``now`` arrive; ranks with nothing left in their round move on."""
             started = []
-            for k in np.unique(ended_round).tolist():
+            for k in _distinct(ended_round):
                 rd = rounds[k]
                 index = ended_index[ended_round == k]
                 self.transfers += index.size
@@ -392,7 +403,7 @@ class FluidExecutor:
                 new_round, new_index = w_round[due], w_index[due]
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
                 pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
-                for k in np.unique(new_round).tolist():
+                for k in _distinct(new_round):
                     rd = rounds[k]
                     index = new_index[new_round == k]
                     instant = (rd.nbytes[index] <= 0) | (rd.cap_Bps[index] == np.inf)
