@@ -49,38 +49,50 @@ def max_min_fair_rates(flow_links: Sequence[Sequence[int]], capacity_Bps: np.nda
 
 
 def max_min_fair_rates_flat(
-    owner: np.ndarray, link: np.ndarray, flows: int, capacity_Bps: np.ndarray, tolerance: float = 1e-12
+    owner: np.ndarray,
+    link: np.ndarray,
+    flows: int,
+    capacity_Bps: np.ndarray,
+    tolerance: float = 1e-12,
+    bound: np.ndarray | None = None,
 ) -> np.ndarray:
     """Vectorised max-min fair rates; the same answer as ``max_min_fair_rates``.
 
     The routes are given flat: entry e says flow ``owner[e]`` crosses local link ``link[e]``
-    (links numbered 0..len(capacity_Bps)-1). Each pass freezes every flow on every link whose
-    equal share is the smallest left (all links at that level at once, which max-min allows), so
-    a symmetric round takes one or two passes.
+    (links numbered 0..len(capacity_Bps)-1). ``bound`` (optional, one per flow): each flow's own
+    limit, the same answer as a private link of that capacity crossed by that flow alone, without
+    the entries. Each pass freezes every flow on every link whose equal share is the smallest left
+    (all links at that level at once, which max-min allows), so a symmetric round takes one or two
+    passes; the entries of frozen flows are dropped as they freeze, so later passes are smaller.
     """
     rates = np.full(flows, np.inf)
-    frozen = np.zeros(flows, dtype=bool)
     remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
     links = remaining.size
-    if not owner.size:
-        return rates
-    open_entries = np.ones(owner.size, dtype=bool)  # nothing frozen yet: every entry is open
+    # the flows whose own bound has not been reached, and those bounds (a private link's share is
+    # its capacity until its one flow freezes: nothing else is subtracted from it)
+    free = np.arange(flows) if bound is not None else np.empty(0, dtype=np.int64)
+    free_bound = np.asarray(bound, dtype=np.float64) if bound is not None else np.empty(0)
     counts = np.bincount(link, minlength=links)
-    while open_entries.any():
-        used = counts > 0
-        share = np.full(links, np.inf)
-        share[used] = remaining[used] / counts[used]
-        level = share.min()
-        bottleneck = used & (share <= level * (1 + tolerance))
-        hit = open_entries & bottleneck[link]
+    while owner.size or free.size:
+        share = np.divide(remaining, counts, out=np.full(links, np.inf), where=counts > 0)
+        level = min(share.min() if links else np.inf, free_bound.min() if free.size else np.inf)
+        cut = level * (1 + tolerance)
         newly = np.zeros(flows, dtype=bool)
-        newly[owner[hit]] = True
+        newly[owner[(share <= cut)[link]]] = True  # the bottleneck links looked up per entry
+        if free.size:
+            newly[free[free_bound <= cut]] = True
         rates[newly] = level
-        frozen |= newly
-        if frozen.all():  # every flow has its rate (a symmetric round: often the first level)
-            return rates
         entries = newly[owner]
+        if free.size:
+            open_bound = ~newly[free]
+            free, free_bound = free[open_bound], free_bound[open_bound]
+        if entries.all():  # every entry's flow has its rate (a symmetric round: often the first level)
+            if not free.size:
+                return rates
+            owner, link, counts = owner[:0], link[:0], np.zeros(links, dtype=np.int64)
+            continue
         np.subtract.at(remaining, link[entries], level)
-        open_entries = ~frozen[owner]
-        counts = np.bincount(link[open_entries], minlength=links)
+        open_entries = ~entries
+        owner, link = owner[open_entries], link[open_entries]
+        counts = np.bincount(link, minlength=links)
     return rates

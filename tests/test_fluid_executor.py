@@ -200,6 +200,51 @@ def test_random_rounds_on_random_fabrics_equal_the_message_path(seed):
     np.testing.assert_allclose(FluidExecutor(fabric).run(schedule, 8e6, start), exact, rtol=1e-9)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monkeypatch):
+    """The per-link sums of the bounds of the flows in flight, and their counts, kept as flows start
+    and end (``_load``, ``_users``), equal those summed afresh over the flows in flight at every
+    instant; they are exactly nothing once the run is over, and a second run on the same executor
+    gives the message path's times again."""
+    rng = np.random.default_rng(100 + seed)
+    nodes = int(rng.integers(4, 13))
+    topology = str(rng.choice(["switch", "fat_tree", "dragonfly"]))
+    fabric = Fabric(
+        FabricSpec(
+            nodes=nodes,
+            devices_per_node=1,
+            network=IB,
+            topology=topology,
+            nodes_per_leaf=2,
+            oversubscription=2.0,
+            nodes_per_router=2,
+            routers_per_group=2,
+        )
+    )
+    schedule = random_schedule(rng, nodes, most_rounds=8, most_repeats=2, smallest=0)
+    start = np.where(rng.random(nodes) < 0.5, rng.random(nodes) * 3e-4, 0.0)
+    fluid = FluidExecutor(fabric, extrapolate=False)
+    rates = FluidExecutor._rates
+    checked = []
+
+    def checking(self, cap, link, owner):
+        live = link != 0  # an ended flow's hops point at compact id 0, no link
+        size = self._load.size
+        np.testing.assert_allclose(
+            self._load, np.bincount(link[live], weights=cap[owner[live]], minlength=size), rtol=1e-12, atol=0.0
+        )
+        np.testing.assert_array_equal(self._users, np.bincount(link[live], minlength=size))
+        checked.append(int(live.sum()))
+        return rates(self, cap, link, owner)
+
+    monkeypatch.setattr(FluidExecutor, "_rates", checking)
+    exact = MessageExecutor(fabric).run(schedule, 8e6, start)
+    for _ in range(2):
+        np.testing.assert_allclose(fluid.run(schedule, 8e6, start), exact, rtol=1e-9)
+        assert not fluid._load.any() and not fluid._users.any()
+    assert max(checked) > 0
+
+
 def test_loggp_fabrics_go_message_by_message():
     """A LogGP fabric serialises a rank's message overheads, which the fluid path does not model: it
     refuses, and ``auto`` runs such a collective message by message."""

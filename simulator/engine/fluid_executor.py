@@ -24,11 +24,15 @@ flight rather than an event per message:
   the flows due start;
 * then every flow in flight gets its max-min fair rate as ``FlowNetwork._rerate`` gives it: at
   most its route's slowest link, links that cannot bind (the flows' bounds sum to no more than
-  the capacity) left out, ``max_min_fair_rates_flat`` over the rest.
+  the capacity) left out, ``max_min_fair_rates_flat`` over the rest. As in the flow network, each
+  link's sum of bounds (and count of flows) is kept as flows start and end, an idle link's set to
+  exactly nothing, rather than summed afresh over every hop at every instant.
 
 So the times are the message path's up to the rounding of the same arithmetic in another order
-(``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is one pass over the
+(``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is a few passes over the
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
+A flow that ends keeps its place in the in-flight arrays (its hops moved onto ``_NO_LINK``) until
+the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
 (``Resume``). In a run of identical rounds, once the state repeats a few rounds later, whole
@@ -60,6 +64,25 @@ from ddlsim.simulator.engine.message_executor import MemberLog, TransferLog
 from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
 
 __all__ = ["FluidExecutor", "LinkUse"]
+
+_NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
+
+
+def _distinct(rounds: np.ndarray) -> list[int]:
+    """The round numbers in ``rounds`` (a few distinct values, many flows), in order: counted rather
+    than ``np.unique``, which hashes (several ms at 100k flows)."""
+    if not rounds.size:
+        return []
+    low = int(rounds.min())
+    return (np.flatnonzero(np.bincount(rounds - low)) + low).tolist()
+
+
+def _pointers(keys: np.ndarray, count: int) -> np.ndarray:
+    """Where each key 0..count-1 starts among ``keys`` sorted, and where the last one ends (count + 1
+    entries): ``np.searchsorted(np.sort(keys), np.arange(count + 1))`` without the sort or the search."""
+    ptr = np.zeros(count + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=count), out=ptr[1:])
+    return ptr
 
 
 @dataclass
@@ -159,10 +182,19 @@ class FluidExecutor:
         self.fabric = fabric
         self._redundant = fabric.redundant if fabric.redundant.any() else None
         self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
-        self._capacity = np.empty(0)  # per compact id
-        self._threshold = self._capacity  # a link binds where its flows' bounds sum to more than this
+        # per compact id (``_NO_LINK`` first: where an ended flow's hops point until they are dropped;
+        # ids past ``_links`` are spare room, as ``_NO_LINK``: ``_grow``)
+        self._links = 1
+        self._capacity = np.array([np.inf])
+        self._threshold = np.array([np.inf])  # a link binds where its flows' bounds sum to more than this
+        self._load = np.zeros(1)  # the bounds of the flows in flight over it, summed
+        self._users = np.zeros(1, dtype=np.int64)  # the flows in flight over it
+        self._local = np.zeros(1, dtype=np.int64)  # scratch: binding link -> its number in ``_rates``
+        self._fabric_link = np.array([-1], dtype=np.int64)
+        # per fabric link and one more (what a route's padding, -1, reads): for routes' sums and minima
+        self._link_latency = np.append(fabric.latency_s, 0.0)
+        self._link_capacity = np.append(fabric.capacity_Bps, np.inf)
         self._routes = RoundCache()  # what each round's transfer arrays imply (``_route``)
-        self._fabric_link = np.empty(0, dtype=np.int64)  # per compact id
         self.instants = 0  # instants at which rates were computed
         self.extrapolate = extrapolate  # False: simulate every round (tests hold the skipping to this)
         self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
@@ -205,29 +237,46 @@ class FluidExecutor:
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
         routes = fabric.routes(src, dst)
-        on = routes >= 0
-        capacity = np.where(on, fabric.capacity_Bps[np.maximum(routes, 0)], np.inf)
-        cap = capacity.min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
+        cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
         links, owner = binding_hops(routes, self._redundant)
-        new = np.zeros(self._compact.size, dtype=bool)
-        new[links[self._compact[links] < 0]] = True
-        fresh = np.flatnonzero(new)
-        self._compact[fresh] = self._capacity.size + np.arange(fresh.size)
-        self._capacity = np.concatenate([self._capacity, fabric.capacity_Bps[fresh]])
-        self._fabric_link = np.concatenate([self._fabric_link, fresh])
-        self._threshold = self._capacity * (1 + BINDING_TOLERANCE)
+        compact = self._compact[links]
+        unseen = links[compact < 0]
+        if unseen.size:  # (a mask over the fabric's links: np.unique hashes, slower by far at 600k hops)
+            new = np.zeros(self._compact.size, dtype=bool)
+            new[unseen] = True
+            self._grow(np.flatnonzero(new))
+            compact = self._compact[links]
         order = np.argsort(src, kind="stable")
         return (
             src,
             dst,
             np.asarray(fabric.overheads(src, dst), dtype=np.float64),
-            np.asarray(fabric.latencies(routes), dtype=np.float64),
+            self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
             cap,
-            self._compact[links],
-            np.searchsorted(owner, np.arange(src.size + 1)),
+            compact,
+            _pointers(owner, src.size),
             order,
-            np.searchsorted(src[order], np.arange(ranks + 1)),
+            _pointers(src, ranks),
         )
+
+    def _grow(self, fresh: np.ndarray) -> None:
+        """Compact ids for fabric links ``fresh`` (crossed for the first time), the per-id arrays grown
+        by half again where they are full: not at every round, each time copying them all."""
+        first = self._links
+        self._links += fresh.size
+        if self._links > self._capacity.size:
+            spare = max(self._links, self._capacity.size * 3 // 2) - self._capacity.size
+            self._capacity = np.concatenate([self._capacity, np.full(spare, np.inf)])
+            self._threshold = np.concatenate([self._threshold, np.full(spare, np.inf)])
+            self._fabric_link = np.concatenate([self._fabric_link, np.full(spare, -1)])
+            self._load = np.concatenate([self._load, np.zeros(spare)])
+            self._users = np.concatenate([self._users, np.zeros(spare, dtype=np.int64)])
+            self._local = np.concatenate([self._local, np.zeros(spare, dtype=np.int64)])
+        ids = slice(first, self._links)
+        self._compact[fresh] = np.arange(first, self._links)
+        self._capacity[ids] = self.fabric.capacity_Bps[fresh]
+        self._threshold[ids] = self._capacity[ids] * (1 + BINDING_TOLERANCE)
+        self._fabric_link[ids] = fresh
 
     # --- the simulation --------------------------------------------------------------------------
     def run(
@@ -271,12 +320,17 @@ class FluidExecutor:
 
         finish = np.full(ranks, np.nan)
         current = np.zeros(ranks, dtype=np.int64)  # the round each rank is in (or about to enter)
-        # flows waiting to start, and flows in flight: (round, transfer) and their times
+        # flows waiting to start, and flows in flight: (round, transfer) and their times; a flow that
+        # ended keeps its place (transfer -1, nothing left, no end) until the ended outnumber the rest
         w_round, w_index, w_start = [np.empty(0, dtype=np.int64)] * 2 + [np.empty(0)]
         a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
-        # the hops of the flows in flight: link (compact id), flow (position in the a_ arrays), its bound
-        h_link, h_owner, h_cap = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64), np.empty(0)
+        a_hop, a_hops = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)  # its hops: h_[a_hop:a_hop + a_hops]
+        flying = 0  # flows in flight that have not ended
+        # the hops of the flows in flight, in the a_ arrays' order: link (compact id; an ended flow's
+        # hops on ``_NO_LINK``), flow (position in the a_ arrays)
+        h_link, h_owner = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        self._load[:], self._users[:] = 0.0, 0  # (where an earlier run stopped short)
 
         def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
@@ -304,7 +358,7 @@ class FluidExecutor:
         def arrive(ended_round: np.ndarray, ended_index: np.ndarray, now: float) -> list:
             """The transfers ended at ``now`` arrive; ranks with nothing left in their round move on."""
             started = []
-            for k in np.unique(ended_round).tolist():
+            for k in _distinct(ended_round):
                 rd = rounds[k]
                 index = ended_index[ended_round == k]
                 self.transfers += index.size
@@ -348,7 +402,8 @@ class FluidExecutor:
                 changed = True
                 new_round, new_index = w_round[due], w_index[due]
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
-                for k in np.unique(new_round).tolist():
+                pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
+                for k in _distinct(new_round):
                     rd = rounds[k]
                     index = new_index[new_round == k]
                     instant = (rd.nbytes[index] <= 0) | (rd.cap_Bps[index] == np.inf)
@@ -357,30 +412,39 @@ class FluidExecutor:
                         index = index[~instant]
                     lo, hi = rd.hop_ptr[index], rd.hop_ptr[index + 1]
                     counts = hi - lo
-                    position = spans(lo, counts)
+                    links = rd.hop_link[spans(lo, counts)]
                     if tracker is not None:
                         senders = np.repeat(rd.src[index], counts)
-                        tracker.started(rd.hop_link[position], senders, now, self._capacity.size)
-                    h_link = np.concatenate([h_link, rd.hop_link[position]])
-                    h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
-                    h_cap = np.concatenate([h_cap, np.repeat(rd.cap_Bps[index], counts)])
-                    a_round = np.concatenate([a_round, np.full(index.size, k)])
-                    a_index = np.concatenate([a_index, index])
-                    a_remaining = np.concatenate([a_remaining, rd.nbytes[index]])
-                    a_cap = np.concatenate([a_cap, rd.cap_Bps[index]])
+                        tracker.started(links, senders, now, self._capacity.size)
+                    pieces.append((np.full(index.size, k), index, counts, links, rd.nbytes[index], rd.cap_Bps[index]))
+                # appended once per instant, not once per round: each append copies the arrays whole
+                new_round, index, counts, links, nbytes, bound = (np.concatenate(p) for p in zip(*pieces, strict=True))
+                # each link's flows' bounds and flows, kept as they start and end
+                np.add.at(self._load, links, np.repeat(bound, counts))
+                np.add.at(self._users, links, 1)
+                a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
+                a_hops = np.concatenate([a_hops, counts])
+                h_link = np.concatenate([h_link, links])
+                h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
+                a_round = np.concatenate([a_round, new_round])
+                a_index = np.concatenate([a_index, index])
+                a_remaining = np.concatenate([a_remaining, nbytes])
+                a_cap = np.concatenate([a_cap, bound])
+                flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
-                a_rate = self._rates(a_cap, h_link, h_owner, h_cap)
+                a_rate = self._rates(a_cap, h_link, h_owner)
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
-                for k in [k for k in rounds if k < current.min()]:
-                    del rounds[k]  # every rank has left it
                 low = int(current.min())
+                for k in [k for k in rounds if k < low]:
+                    del rounds[k]  # every rank has left it
                 if self.extrapolate and log is None and (not recent or low != recent[-1].first):
                     run = int(np.searchsorted(run_end, low, side="right"))
                     if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
-                        flows = (a_round - low, a_index, a_finish - now)
+                        on = np.flatnonzero(a_index >= 0)
+                        flows = (a_round[on] - low, a_index[on], a_finish[on] - now)
                         waiting = (w_round - low, w_index, w_start - now)
                         taken = Snapshot(low, now, built, flows, waiting, current - low, progress(low, now))
                         recent = [earlier for earlier in recent[-LONGEST_PERIOD:] if earlier.first >= run_start(run)]
@@ -408,49 +472,62 @@ class FluidExecutor:
                             self.transfers += skip * len(runs[run][0])
                             self.skipped_rounds += skip
                             recent = []
-            if not a_index.size and not w_index.size:
+            if not flying and not w_index.size:
                 break
             following = min(
-                float(a_finish.min()) if a_finish.size else np.inf, float(w_start.min()) if w_start.size else np.inf
+                float(a_finish.min()) if flying else np.inf, float(w_start.min()) if w_start.size else np.inf
             )
-            if a_index.size:
+            if flying:
                 a_remaining = a_remaining - a_rate * (following - now)
             now = following
             # flows that end now
             limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
-            ending = a_finish <= limit
-            if ending.any():
+            ended = np.flatnonzero(a_finish <= limit)
+            if ended.size:
                 changed = True
-                batches += arrive(a_round[ending], a_index[ending], now)
-                keep = ~ending
-                position = np.cumsum(keep) - 1
-                # positions rather than masks: one pass to find them for the several arrays taken
-                hop_keep = keep[h_owner]
+                batches += arrive(a_round[ended], a_index[ended], now)
+                counts = a_hops[ended]
+                position = spans(a_hop[ended], counts)
+                links = h_link[position]
                 if tracker is not None:
-                    tracker.ended(h_link[~hop_keep], now)
-                hops = np.flatnonzero(hop_keep)
-                h_link, h_owner, h_cap = h_link[hops], position[h_owner[hops]], h_cap[hops]
-                kept = np.flatnonzero(keep)
-                a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
-                a_rate, a_finish = a_rate[kept], a_finish[kept]
+                    tracker.ended(links, now)
+                load, users = self._load, self._users
+                np.subtract.at(load, links, np.repeat(a_cap[ended], counts))
+                np.subtract.at(users, links, 1)
+                load[links[users[links] == 0]] = 0.0  # no drift: an idle link carries exactly nothing
+                h_link[position] = _NO_LINK
+                a_index[ended] = -1
+                a_remaining[ended] = np.inf
+                a_finish[ended] = np.inf
+                flying -= ended.size
+                if 2 * flying < a_index.size:  # more ended than not: drop them (keeping the order)
+                    kept = np.flatnonzero(a_index >= 0)
+                    a_hops = a_hops[kept]
+                    hops = spans(a_hop[kept], a_hops)
+                    a_hop = np.cumsum(a_hops) - a_hops
+                    h_link = h_link[hops]
+                    h_owner = np.repeat(np.arange(kept.size), a_hops)
+                    a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
+                    a_rate, a_finish = a_rate[kept], a_finish[kept]
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         if tracker is not None:
             self.link_use = tracker.use(self._fabric_link)
         return finish
 
-    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, hop_cap: np.ndarray) -> np.ndarray:
+    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:
         """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
-        ``link[e]``, ``hop_cap[e]`` its flow's bound), as ``FlowNetwork._rerate`` computes them.
+        ``link[e]``), as ``FlowNetwork._rerate`` computes them: a link binds where the bounds of its
+        flows (``_load``, kept as they start and end) sum to more than its capacity.
 
         Called at every instant over every flow in flight, so it takes the common cases without
         copies: every hop on a binding link, every flow crossing one (then no flow needs renumbering).
-        The binding links and constrained flows are numbered in order, as ``relabel`` would."""
+        The binding links are numbered in order of their compact ids (``_local`` is scratch space),
+        the constrained flows in order, as ``relabel`` would."""
         rates = cap.copy()
         if not link.size:
             return rates
-        capacity = self._capacity
-        binding = np.bincount(link, weights=hop_cap, minlength=capacity.size) > self._threshold
+        binding = self._load[: self._links] > self._threshold[: self._links]
         on = binding[link]
         if on.all():
             hop_owner, hop_link = owner, link
@@ -466,11 +543,12 @@ class FluidExecutor:
             local_owner, flows = hop_owner, cap.size
         else:
             rows = np.flatnonzero(constrained)
-            local_owner, flows = (np.cumsum(constrained) - 1)[hop_owner], rows.size
-        links = np.flatnonzero(binding)  # every binding link carries a hop
-        local_link = (np.cumsum(binding) - 1)[hop_link]
-        # each flow's own bound as one more link it crosses alone
-        owners = np.concatenate([local_owner, np.arange(flows)])
-        via = np.concatenate([local_link, links.size + np.arange(flows)])
-        rates[rows] = max_min_fair_rates_flat(owners, via, flows, np.concatenate([capacity[links], cap[rows]]))
+            flows = rows.size
+            renumber = np.empty(cap.size, dtype=np.int64)
+            renumber[rows] = np.arange(flows)
+            local_owner = renumber[hop_owner]
+        links = np.flatnonzero(binding)
+        self._local[links] = np.arange(links.size)
+        local_link = self._local[hop_link]
+        rates[rows] = max_min_fair_rates_flat(local_owner, local_link, flows, self._capacity[links], bound=cap[rows])
         return rates
