@@ -59,7 +59,8 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fluid_executor import FluidExecutor, LinkUse, Resume
+from ddlsim.simulator.engine.fluid_executor import LinkUse, Resume
+from ddlsim.simulator.engine.fluid_fold import run_fluid
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
 from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
@@ -838,7 +839,7 @@ def run_collective(
     if mode in ("auto", "fluid"):
         try:
             # from the last point before the round path gave up where every rank was in step, if any
-            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, resume, runs=runs), "fluid"
+            return run_fluid(fabric, schedule, message_bytes, start_s, resume, runs), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

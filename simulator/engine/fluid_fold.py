@@ -1,0 +1,173 @@
+"""Folding a fluid simulation onto one period of ranks where the schedule and the fabric repeat.
+
+torus_2d on a dragonfly of one device per node: a row of the grid fills whole groups, and every
+row's column-ring flows cross the same kind of links (the global link to the next row's group, the
+same local hops). The rings of different columns drift apart (those whose routes skip a local hop
+are faster and lap the others), so the fluid path's state never repeats (``fluid_steady`` finds no
+period) and it simulates every instant of every round over every flow in flight: 131,072 flows
+per instant and tens of thousands of instants at 131,072 ranks.
+
+Yet every row does exactly what the row before it does. Where translating every rank by ``s``
+(mod P) maps each round's transfers onto the same round's transfers (same chunk count and op), and
+maps each transfer's route hop by hop onto its image's route by one permutation ``pi`` of the
+links (capacities, latencies, redundancy and sender overheads kept), the fabric and the schedule
+look the same from every copy of the ranks 0..s-1. The message path's model is deterministic and
+the max-min fair rates of a symmetric state are symmetric (they are unique), so from a start that
+repeats every s ranks the state stays so: rank r + k s does at each instant what rank r does,
+and the flow of rank r + k s's transfer has the rate of rank r's.
+
+So the fluid path may simulate ranks 0..s-1 only (``Fold``): their own transfers, a receiver r + k s
+standing for r, and each link standing for its orbit under pi. A link carries the flows of its
+orbit's copies: where the translation acts freely on the links (every orbit has P / s links,
+checked), a flow of the folded run that crosses links of one orbit m times stands for m copies
+crossing one link, which the max-min computation counts m times (a hop each), as the full
+simulation would count m flows. The times are then the full simulation's, up to the rounding of
+the same arithmetic over fewer terms (``tests/test_fluid_fold.py`` holds them to the message path
+at 1e-9).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddlsim.algorithms.schedule import Round, Schedule
+from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor, Resume, _after
+from ddlsim.simulator.engine.round_structures import ScheduleRuns
+
+__all__ = ["Fold", "find_fold", "run_fluid"]
+
+MIN_COPIES = 4  # fewer copies save too little to pay for the check
+
+
+@dataclass(frozen=True)
+class Fold:
+    """Ranks 0..``ranks``-1 of ``ranks * copies``, standing for every copy; ``orbit[link]``: the link
+    that stands for fabric link ``link`` (-1 where no transfer of the schedule crosses it)."""
+
+    ranks: int
+    copies: int
+    orbit: np.ndarray
+
+    def sent(self, src: np.ndarray) -> np.ndarray:
+        """The transfers (positions) that the kept ranks send: one per orbit of transfers."""
+        return np.flatnonzero(src < self.ranks)
+
+    def links(self, routes: np.ndarray) -> np.ndarray:
+        """``routes`` (padded with -1) with each link replaced by its orbit's link."""
+        return np.where(routes >= 0, self.orbit[np.maximum(routes, 0)], -1)
+
+
+def _translation(src: np.ndarray, dst: np.ndarray, shift: int, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """(transfers, their images): the round's transfers matched to those translating them by ``shift``
+    ranks gives, or None where the translated round is not the round."""
+    key = src * ranks + dst
+    moved = ((src + shift) % ranks) * ranks + (dst + shift) % ranks
+    order, image = np.argsort(moved, kind="stable"), np.argsort(key, kind="stable")
+    if not np.array_equal(moved[order], key[image]):
+        return None
+    return order, image
+
+
+def _per_transfer(values, size: int) -> np.ndarray:
+    return np.broadcast_to(np.asarray(values), (size,))
+
+
+class _Check:
+    """The link permutation that translating by ``shift`` ranks implies, gathered round by round."""
+
+    def __init__(self, fabric: Fabric, shift: int) -> None:
+        self.fabric = fabric
+        self.shift = shift
+        self.pi = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)
+
+    def round(self, rnd: Round, routes: np.ndarray, overheads: np.ndarray, ranks: int) -> bool:
+        src, dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
+        matched = _translation(src, dst, self.shift, ranks)
+        if matched is None:
+            return False
+        order, image = matched
+        size = src.size
+        for values in (rnd.chunk_count, rnd.op, overheads):
+            per = _per_transfer(values, size)
+            if not np.array_equal(per[order], per[image]):
+                return False
+        a, b = routes[order], routes[image]
+        if not np.array_equal(a < 0, b < 0):
+            return False
+        on = a >= 0
+        a, b = a[on], b[on]
+        self.pi[a] = b
+        return bool(np.array_equal(self.pi[a], b))  # one image per link, over every round so far
+
+    def orbits(self, copies: int) -> np.ndarray | None:
+        """Per link, its orbit's least link (-1 where unused), or None where ``pi`` is no permutation
+        acting freely (an orbit of fewer than ``copies`` links) or changes a link's properties."""
+        fabric, pi = self.fabric, self.pi
+        used = np.flatnonzero(pi >= 0)
+        image = pi[used]
+        if np.unique(image).size != used.size or not np.isin(image, used).all():
+            return None
+        redundant = fabric.redundant
+        for values in (fabric.capacity_Bps, fabric.latency_s, redundant):
+            if not np.array_equal(values[used], values[image]):
+                return None
+        step = np.arange(pi.size, dtype=np.int64)
+        step[used] = image
+        least = np.arange(pi.size, dtype=np.int64)
+        for _ in range(max(1, math.ceil(math.log2(copies)))):  # least over 2, 4, 8, ... steps of pi
+            least = np.minimum(least, least[step])
+            step = step[step]
+        orbit = np.full(pi.size, -1, dtype=np.int64)
+        orbit[used] = least[used]
+        if not np.all(np.bincount(orbit[used], minlength=pi.size)[np.unique(orbit[used])] == copies):
+            return None
+        return orbit
+
+
+def find_fold(
+    schedule: Schedule, fabric: Fabric, runs: list[tuple[Round, int]], start_s: np.ndarray | float
+) -> Fold | None:
+    """The smallest period s of ranks (a divisor of P giving at least ``MIN_COPIES`` copies) under
+    which ``schedule`` (its distinct rounds ``runs``) and ``fabric`` repeat and ``start_s`` does,
+    as a ``Fold``; None where there is none."""
+    ranks = schedule.ranks
+    if fabric.spec.loggp or ranks < 2 * MIN_COPIES or not runs:
+        return None
+    start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
+    distinct = list({id(rnd): rnd for rnd, _ in runs}.values())
+    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per round: routes, sender overheads
+    for shift in (s for s in range(1, ranks // MIN_COPIES + 1) if ranks % s == 0):
+        if not np.array_equal(start, np.roll(start, shift)):
+            continue
+        check = _Check(fabric, shift)
+        for rnd in distinct:
+            if id(rnd) not in cache:
+                src, dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
+                cache[id(rnd)] = (fabric.routes(src, dst), np.asarray(fabric.overheads(src, dst)))
+            if not check.round(rnd, *cache[id(rnd)], ranks):
+                break
+        else:
+            orbit = check.orbits(ranks // shift)
+            if orbit is not None:
+                return Fold(shift, ranks // shift, orbit)
+    return None
+
+
+def run_fluid(
+    fabric: Fabric,
+    schedule: Schedule,
+    message_bytes: float,
+    start_s: np.ndarray | float,
+    resume: Resume | None = None,
+    runs: list[tuple[Round, int]] | None = None,
+) -> np.ndarray:
+    """``FluidExecutor(fabric).run(...)``, over one period of the ranks where the rounds it simulates
+    (those after ``resume``), the fabric and their start repeat (``find_fold``)."""
+    runs = ScheduleRuns().get(schedule) if runs is None else runs
+    left, start = (runs, start_s) if resume is None else (_after(runs, resume.rounds), resume.entry_s)
+    fold = find_fold(schedule, fabric, left, start)
+    return FluidExecutor(fabric, fold=fold).run(schedule, message_bytes, start_s, resume, runs=runs)
