@@ -82,7 +82,7 @@ class _Check:
     def __init__(self, fabric: Fabric, shift: int) -> None:
         self.fabric = fabric
         self.shift = shift
-        self.pi = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)
+        self.pi = np.empty(0, dtype=np.int64)  # per fabric link, its image (-1: unused); built on first match
 
     def round(self, rnd: Round, routes: np.ndarray, overheads: np.ndarray, ranks: int) -> bool:
         src, dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
@@ -100,6 +100,8 @@ class _Check:
             return False
         on = a >= 0
         a, b = a[on], b[on]
+        if not self.pi.size:
+            self.pi = np.full(self.fabric.capacity_Bps.size, -1, dtype=np.int64)
         self.pi[a] = b
         return bool(np.array_equal(self.pi[a], b))  # one image per link, over every round so far
 
@@ -109,22 +111,24 @@ class _Check:
         fabric, pi = self.fabric, self.pi
         used = np.flatnonzero(pi >= 0)
         image = pi[used]
-        if np.unique(image).size != used.size or not np.isin(image, used).all():
+        seen = np.zeros(pi.size, dtype=bool)
+        seen[image] = True
+        if np.count_nonzero(seen) != used.size or not np.all(pi[image] >= 0):  # no bijection of the used links
             return None
-        redundant = fabric.redundant
-        for values in (fabric.capacity_Bps, fabric.latency_s, redundant):
+        for values in (fabric.capacity_Bps, fabric.latency_s, fabric.redundant):
             if not np.array_equal(values[used], values[image]):
                 return None
-        step = np.arange(pi.size, dtype=np.int64)
-        step[used] = image
-        least = np.arange(pi.size, dtype=np.int64)
+        position = np.full(pi.size, -1, dtype=np.int64)
+        position[used] = np.arange(used.size)
+        step = position[image]  # pi over positions in ``used``
+        least = used.copy()
         for _ in range(max(1, math.ceil(math.log2(copies)))):  # least over 2, 4, 8, ... steps of pi
             least = np.minimum(least, least[step])
             step = step[step]
-        orbit = np.full(pi.size, -1, dtype=np.int64)
-        orbit[used] = least[used]
-        if not np.all(np.bincount(orbit[used], minlength=pi.size)[np.unique(orbit[used])] == copies):
+        if not np.all(np.unique(least, return_counts=True)[1] == copies):
             return None
+        orbit = np.full(pi.size, -1, dtype=np.int64)
+        orbit[used] = least
         return orbit
 
 
