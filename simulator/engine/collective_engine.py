@@ -44,6 +44,8 @@ and record its flows, and decide what the next round may skip. Its pieces live a
 * collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``);
 * where the round path declines a collective, the segments before the decline kept on it and the
   rest on the fluid path, cut only where no flow crosses the cut (``segments.py``, ``run_collective``).
+* the fluid path over one period of the ranks where the schedule and the fabric repeat every few
+  ranks (``fluid_fold.py``: torus_2d's rows on a dragonfly).
 
 Links whose constraint is implied by others (``Fabric.redundant``) are left out of all of it.
 
