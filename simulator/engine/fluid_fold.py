@@ -61,15 +61,39 @@ class Fold:
         return np.where(routes >= 0, self.orbit[np.maximum(routes, 0)], -1)
 
 
-def _translation(src: np.ndarray, dst: np.ndarray, shift: int, ranks: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """(transfers, their images): the round's transfers matched to those translating them by ``shift``
-    ranks gives, or None where the translated round is not the round."""
-    key = src * ranks + dst
-    moved = ((src + shift) % ranks) * ranks + (dst + shift) % ranks
-    order, image = np.argsort(moved, kind="stable"), np.argsort(key, kind="stable")
-    if not np.array_equal(moved[order], key[image]):
-        return None
-    return order, image
+class _Transfers:
+    """A round's transfers as ``find_fold`` reads them for every period it tries: sorted by (sender,
+    receiver), and their routes and sender overheads once asked for."""
+
+    def __init__(self, fabric: Fabric, rnd: Round, ranks: int) -> None:
+        self.fabric, self.rnd, self.ranks = fabric, rnd, ranks
+        self.src, self.dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
+        key = self.src * ranks + self.dst
+        self.order = np.argsort(key, kind="stable")
+        self.key = key[self.order]
+        self.unique = bool(np.all(self.key[1:] > self.key[:-1]))
+        self._routes: tuple[np.ndarray, np.ndarray] | None = None
+
+    def routes(self) -> tuple[np.ndarray, np.ndarray]:
+        if self._routes is None:
+            self._routes = (
+                self.fabric.routes(self.src, self.dst),
+                np.asarray(self.fabric.overheads(self.src, self.dst)),
+            )
+        return self._routes
+
+    def translation(self, shift: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """(transfers, their images): the transfers matched to those translating them by ``shift``
+        ranks gives, or None where the translated round is not the round."""
+        ranks = self.ranks
+        moved = ((self.src + shift) % ranks) * ranks + (self.dst + shift) % ranks
+        if not self.unique:  # a (sender, receiver) pair more than once: match them in sorted order
+            order = np.argsort(moved, kind="stable")
+            return (order, self.order) if np.array_equal(moved[order], self.key) else None
+        at = np.minimum(np.searchsorted(self.key, moved), self.key.size - 1)
+        if not np.array_equal(self.key[at], moved):
+            return None
+        return np.arange(moved.size), self.order[at]  # every key once: a bijection
 
 
 def _per_transfer(values, size: int) -> np.ndarray:
@@ -84,13 +108,13 @@ class _Check:
         self.shift = shift
         self.pi = np.empty(0, dtype=np.int64)  # per fabric link, its image (-1: unused); built on first match
 
-    def round(self, rnd: Round, routes: np.ndarray, overheads: np.ndarray, ranks: int) -> bool:
-        src, dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
-        matched = _translation(src, dst, self.shift, ranks)
+    def round(self, transfers: _Transfers) -> bool:
+        matched = transfers.translation(self.shift)
         if matched is None:
             return False
         order, image = matched
-        size = src.size
+        rnd, size = transfers.rnd, transfers.src.size
+        routes, overheads = transfers.routes()
         for values in (rnd.chunk_count, rnd.op, overheads):
             per = _per_transfer(values, size)
             if not np.array_equal(per[order], per[image]):
@@ -142,17 +166,13 @@ def find_fold(
     if fabric.spec.loggp or ranks < 2 * MIN_COPIES or not runs:
         return None
     start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
-    distinct = list({id(rnd): rnd for rnd, _ in runs}.values())
-    cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # per round: routes, sender overheads
+    distinct = [_Transfers(fabric, rnd, ranks) for rnd in {id(rnd): rnd for rnd, _ in runs}.values()]
     for shift in (s for s in range(1, ranks // MIN_COPIES + 1) if ranks % s == 0):
         if not np.array_equal(start, np.roll(start, shift)):
             continue
         check = _Check(fabric, shift)
-        for rnd in distinct:
-            if id(rnd) not in cache:
-                src, dst = np.asarray(rnd.src, dtype=np.int64), np.asarray(rnd.dst, dtype=np.int64)
-                cache[id(rnd)] = (fabric.routes(src, dst), np.asarray(fabric.overheads(src, dst)))
-            if not check.round(rnd, *cache[id(rnd)], ranks):
+        for transfers in distinct:
+            if not check.round(transfers):
                 break
         else:
             orbit = check.orbits(ranks // shift)
