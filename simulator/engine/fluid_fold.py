@@ -82,11 +82,21 @@ class _Transfers:
             )
         return self._routes
 
+    def _moved(self, shift: int, part: slice) -> np.ndarray:
+        ranks = self.ranks
+        return ((self.src[part] + shift) % ranks) * ranks + (self.dst[part] + shift) % ranks
+
+    def maybe(self, shift: int) -> bool:
+        """Whether the first few transfers' translates by ``shift`` ranks are transfers of the round:
+        cheap, and most periods tried fail there."""
+        head = self._moved(shift, slice(0, 64))
+        at = np.minimum(np.searchsorted(self.key, head), self.key.size - 1)
+        return bool(np.array_equal(self.key[at], head))
+
     def translation(self, shift: int) -> tuple[np.ndarray, np.ndarray] | None:
         """(transfers, their images): the transfers matched to those translating them by ``shift``
         ranks gives, or None where the translated round is not the round."""
-        ranks = self.ranks
-        moved = ((self.src + shift) % ranks) * ranks + (self.dst + shift) % ranks
+        moved = self._moved(shift, slice(None))
         if not self.unique:  # a (sender, receiver) pair more than once: match them in sorted order
             order = np.argsort(moved, kind="stable")
             return (order, self.order) if np.array_equal(moved[order], self.key) else None
@@ -108,10 +118,9 @@ class _Check:
         self.shift = shift
         self.pi = np.empty(0, dtype=np.int64)  # per fabric link, its image (-1: unused); built on first match
 
-    def round(self, transfers: _Transfers) -> bool:
-        matched = transfers.translation(self.shift)
-        if matched is None:
-            return False
+    def round(self, transfers: _Transfers, matched: tuple[np.ndarray, np.ndarray]) -> bool:
+        """Whether the round's transfers ``matched`` to their images (``_Transfers.translation``) keep
+        their chunk counts, ops and overheads, and their routes map hop by hop by the permutation so far."""
         order, image = matched
         rnd, size = transfers.rnd, transfers.src.size
         routes, overheads = transfers.routes()
@@ -171,10 +180,17 @@ def find_fold(
         if not np.array_equal(start, np.roll(start, shift)):
             continue
         check = _Check(fabric, shift)
+        if not all(transfers.maybe(shift) for transfers in distinct):
+            continue
+        matched = []  # every round's transfers to their images, before any route is built
         for transfers in distinct:
-            if not check.round(transfers):
+            pairs = transfers.translation(shift)
+            if pairs is None:
                 break
-        else:
+            matched.append(pairs)
+        if len(matched) < len(distinct):
+            continue
+        if all(check.round(transfers, pairs) for transfers, pairs in zip(distinct, matched, strict=True)):
             orbit = check.orbits(ranks // shift)
             if orbit is not None:
                 return Fold(shift, ranks // shift, orbit)
