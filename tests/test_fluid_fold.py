@@ -115,3 +115,24 @@ def test_a_folded_run_keeps_no_log():
     assert fold is not None
     with pytest.raises(ValueError, match="folded"):
         FluidExecutor(fabric, fold=fold).run(schedule, 1e5, 0.0, link_use=True)
+
+
+def test_a_folded_flow_crossing_one_orbit_twice_counts_twice():
+    """On a 4 x 8 torus, rank r sends two rows down (r + 16): its route crosses the +row links of its
+    own row and of the next, one orbit under the fold (a row); each such link carries two flows,
+    which the folded flow, crossing its orbit's link twice, must count twice."""
+    fabric = fabric_of(32, topology="torus_2d", torus_dims=(4, 8))
+    rank = np.arange(32)
+    down, right = (rank + 16) % 32, rank // 8 * 8 + (rank + 1) % 8
+    rounds = [Round(rank, down, rank % 3, rank % 3 + 2, np.full(32, 1))] * 3 + [
+        Round(rank, right, 0 * rank, 0 * rank + 1, np.zeros(32, dtype=int))
+    ]
+    schedule = Schedule("down", "allreduce", 32, 4, lambda: rounds)
+    start = np.tile(np.linspace(0, 3e-6, 8), 4)
+    fold = _fold(schedule, fabric, start)
+    assert fold is not None and fold.ranks == 8
+    routes = fold.links(fabric.routes(rank[:8], down[:8]))
+    assert all(np.unique(row[row >= 0]).size < (row >= 0).sum() for row in routes)  # an orbit twice
+    _close(
+        FluidExecutor(fabric, fold=fold).run(schedule, 1e6, start), MessageExecutor(fabric).run(schedule, 1e6, start)
+    )
