@@ -395,9 +395,9 @@ class FluidExecutor:
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
-                for k in [k for k in rounds if k < current.min()]:
-                    del rounds[k]  # every rank has left it
                 low = int(current.min())
+                for k in [k for k in rounds if k < low]:
+                    del rounds[k]  # every rank has left it
                 if self.extrapolate and log is None and (not recent or low != recent[-1].first):
                     run = int(np.searchsorted(run_end, low, side="right"))
                     if built <= run_end[run] and np.isnan(finish).all():  # every round reached is of one run
