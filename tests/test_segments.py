@@ -6,7 +6,7 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.simulator.engine import round_fluid, segments
+from ddlsim.simulator.engine import fluid_fold, round_fluid, segments
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
@@ -28,7 +28,8 @@ def _tree(nodes, devices_per_node, chunks):
 
 
 class _Counting:
-    """Wraps ``FluidExecutor`` in ``segments``: the rounds each fluid simulation there was given."""
+    """Wraps ``FluidExecutor`` where ``segments`` runs it (``fluid_fold.run_fluid``): the rounds each fluid
+    simulation there was given."""
 
     def __init__(self, monkeypatch):
         self.rounds: list[int] = []
@@ -39,7 +40,7 @@ class _Counting:
                 counting.rounds.append(sum(1 for _ in schedule.rounds()))
                 return super().run(schedule, message_bytes, start_s, *args, **kwargs)
 
-        monkeypatch.setattr(segments, "FluidExecutor", Fluid)
+        monkeypatch.setattr(fluid_fold, "FluidExecutor", Fluid)
 
 
 def test_pipelined_tree_rounds_share_their_arrays_in_steady_state():

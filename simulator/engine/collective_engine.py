@@ -44,6 +44,8 @@ and record its flows, and decide what the next round may skip. Its pieces live a
 * collectives in flight together, each in lockstep (``round_lockstep.py`` over ``lockstep.py``);
 * where the round path declines a collective, the segments before the decline kept on it and the
   rest on the fluid path, cut only where no flow crosses the cut (``segments.py``, ``run_collective``).
+* the fluid path over one period of the ranks where the schedule and the fabric repeat every few
+  ranks (``fluid_fold.py``: torus_2d's rows on a dragonfly).
 
 Links whose constraint is implied by others (``Fabric.redundant``) are left out of all of it.
 
@@ -59,7 +61,8 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fluid_executor import FluidExecutor, LinkUse, Resume
+from ddlsim.simulator.engine.fluid_executor import LinkUse, Resume
+from ddlsim.simulator.engine.fluid_fold import run_fluid
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
 from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
@@ -838,7 +841,7 @@ def run_collective(
     if mode in ("auto", "fluid"):
         try:
             # from the last point before the round path gave up where every rank was in step, if any
-            return FluidExecutor(fabric).run(schedule, message_bytes, start_s, resume, runs=runs), "fluid"
+            return run_fluid(fabric, schedule, message_bytes, start_s, resume, runs), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

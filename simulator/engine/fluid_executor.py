@@ -36,7 +36,8 @@ the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
 (``Resume``). In a run of identical rounds, once the state repeats a few rounds later, whole
-periods are skipped (``fluid_steady``; not where a transfer log is kept).
+periods are skipped (``fluid_steady``; not where a transfer log is kept). Where the schedule and the
+fabric repeat every few ranks, only one period of ranks is simulated (``fold``: ``fluid_fold``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 
@@ -51,6 +52,7 @@ met them and to check later flows against them (``RoleExecutor``, over
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -62,6 +64,9 @@ from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, perio
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.message_executor import MemberLog, TransferLog
 from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
+
+if TYPE_CHECKING:
+    from ddlsim.simulator.engine.fluid_fold import Fold  # which runs this module's executor
 
 __all__ = ["FluidExecutor", "LinkUse"]
 
@@ -176,7 +181,7 @@ class _Round:
 class FluidExecutor:
     """Per-rank finish times of a collective from one fluid simulation of all its flows (see the module)."""
 
-    def __init__(self, fabric: Fabric, extrapolate: bool = True) -> None:
+    def __init__(self, fabric: Fabric, extrapolate: bool = True, fold: Fold | None = None) -> None:
         if fabric.spec.loggp:
             raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
         self.fabric = fabric
@@ -200,17 +205,20 @@ class FluidExecutor:
         self.skipped_rounds = 0  # rounds of a repeating period moved over, not simulated (``fluid_steady``)
         self.transfers = 0
         self.link_use: LinkUse | None = None  # of the last run, where asked for
+        self.fold = fold  # simulate ranks 0..fold.ranks-1 only, standing for every copy (``fluid_fold``)
 
     # --- rounds ----------------------------------------------------------------------------------
     def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
-        fabric, ranks = self.fabric, schedule.ranks
+        fabric, ranks = self.fabric, schedule.ranks if self.fold is None else self.fold.ranks
         found, routes = self._routes.get(rnd, None)
         if not found:
             routes = self._route(rnd, ranks)
             self._routes.put(rnd, None, routes)
-        src, dst, overhead_s, latency_s, cap, hop_link, hop_ptr, send_order, send_ptr = routes
-        nbytes = np.array(np.broadcast_to(schedule.transfer_bytes(rnd, message_bytes), src.shape), dtype=np.float64)
-        reduce_s = fabric.reduce_times(nbytes, rnd.op)
+        src, dst, overhead_s, latency_s, cap, hop_link, hop_ptr, send_order, send_ptr, kept = routes
+        nbytes = np.broadcast_to(schedule.transfer_bytes(rnd, message_bytes), (len(rnd),))
+        op = rnd.op if kept is None else np.broadcast_to(np.asarray(rnd.op), (len(rnd),))[kept]
+        nbytes = np.array(nbytes if kept is None else nbytes[kept], dtype=np.float64)
+        reduce_s = fabric.reduce_times(nbytes, op)
         return _Round(
             src,
             dst,
@@ -229,14 +237,21 @@ class FluidExecutor:
             np.full(ranks, -np.inf),
         )
 
-    def _route(self, rnd: Round, ranks: int) -> tuple[np.ndarray, ...]:
+    def _route(self, rnd: Round, ranks: int) -> tuple[np.ndarray | None, ...]:
         """What a round's transfer arrays imply, kept while the same arrays come back (a ring's
         steps): (src, dst, overhead, latency, bottleneck, hop links, hop pointers, send order, send
-        pointers)."""
-        fabric = self.fabric
+        pointers, the transfers kept where folded: ``fold.sent``, else None)."""
+        fabric, fold = self.fabric, self.fold
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
+        kept = None
+        if fold is not None:  # the transfers the kept ranks send, over their links' orbits
+            kept = fold.sent(src)
+            src, dst = src[kept], dst[kept]
         routes = fabric.routes(src, dst)
+        overhead_s = np.asarray(fabric.overheads(src, dst), dtype=np.float64)
+        if fold is not None:  # an orbit's link is a fabric link of the same capacity and latency
+            routes, dst = fold.links(routes), dst % fold.ranks
         cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
         links, owner = binding_hops(routes, self._redundant)
         compact = self._compact[links]
@@ -250,13 +265,14 @@ class FluidExecutor:
         return (
             src,
             dst,
-            np.asarray(fabric.overheads(src, dst), dtype=np.float64),
+            overhead_s,
             self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
             cap,
             compact,
             _pointers(owner, src.size),
             order,
             _pointers(src, ranks),
+            kept,
         )
 
     def _grow(self, fresh: np.ndarray) -> None:
@@ -293,8 +309,12 @@ class FluidExecutor:
         the round path gave up (``resume``; ``start_s`` is then not read); with ``link_use``, what its
         flows did on each link is left in ``self.link_use``; ``log`` gets every transfer (its sender's
         round entry to its arrival); ``runs``: the schedule's runs of identical rounds where the caller
-        has them (``ScheduleRuns``: else they are found here)."""
-        ranks = schedule.ranks
+        has them (``ScheduleRuns``: else they are found here). Where ``fold``, the kept ranks' times
+        are those of every copy (``start_s`` and ``resume`` must repeat as the fold does)."""
+        fold = self.fold
+        ranks = schedule.ranks if fold is None else fold.ranks
+        if fold is not None and (link_use or log is not None):
+            raise ValueError("a folded run keeps neither a transfer log nor link use")
         tracker = _UseTracker() if link_use else None
         self.link_use = None
         if runs is None:
@@ -386,7 +406,8 @@ class FluidExecutor:
                 for rd in (rounds[k] for k in range(low, built))
             ]
 
-        start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (ranks,))
+        start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,))[:ranks]
+        transfers = self.transfers
         batches = enter(np.arange(ranks), np.array(start), 0)
         now, changed = -np.inf, False
         while True:
@@ -469,7 +490,7 @@ class FluidExecutor:
                             current += skip
                             built += skip
                             now += shift
-                            self.transfers += skip * len(runs[run][0])
+                            self.transfers += skip * rounds[low + skip].src.size  # as built (folded)
                             self.skipped_rounds += skip
                             recent = []
             if not flying and not w_index.size:
@@ -513,6 +534,9 @@ class FluidExecutor:
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         if tracker is not None:
             self.link_use = tracker.use(self._fabric_link)
+        if fold is not None:  # each transfer counted stands for one per copy
+            self.transfers += (self.transfers - transfers) * (fold.copies - 1)
+            return np.tile(finish, fold.copies)
         return finish
 
     def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:

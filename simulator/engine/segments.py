@@ -32,7 +32,7 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+from ddlsim.simulator.engine.fluid_fold import run_fluid
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.round_fluid import unique_ints
 from ddlsim.simulator.engine.round_structures import ScheduleRuns
@@ -120,6 +120,6 @@ def run_in_segments(
         return None
     rest = [run for segment in segments[index:] for run in segment]
     try:
-        return FluidExecutor(fabric).run(_part(schedule, rest), message_bytes, t, runs=rest), "fluid"
+        return run_fluid(fabric, _part(schedule, rest), message_bytes, t, runs=rest), "fluid"
     except ContentionDetected:
         return None
