@@ -126,3 +126,15 @@ def test_components_hooked_equal_components_propagated(monkeypatch, seed):
     searched = round_fluid._components(owner, link, flows, used.size)
     np.testing.assert_array_equal(searched[0], propagated[0])
     assert searched[1] == propagated[1]
+
+
+@pytest.mark.parametrize(("count", "bound"), [(50, 10_000), (5_000, 10_000), (3, 4), (0, 100)])
+def test_relabel_is_numpys_unique_with_inverse(count, bound):
+    """``relabel`` numbers distinct link ids as ``np.unique(..., return_inverse=True)`` does: by
+    sorting for a few values in a large range, by a table of the range for many."""
+    values = np.random.default_rng(count).integers(0, bound, count)
+    distinct, inverse = round_fluid.relabel(values, bound)
+    expected, expected_inverse = np.unique(values, return_inverse=True)
+    np.testing.assert_array_equal(distinct, expected)
+    np.testing.assert_array_equal(inverse, expected_inverse.ravel())
+    np.testing.assert_array_equal(distinct[inverse], values)
