@@ -84,7 +84,14 @@ from ddlsim.simulator.engine.round_structures import (
     round_bytes,
 )
 from ddlsim.simulator.engine.segments import run_in_segments
-from ddlsim.simulator.engine.steady_state import Steady, affine_horizon, rounding, uniform_advance
+from ddlsim.simulator.engine.steady_state import (
+    Steady,
+    affine_horizon,
+    magnitude,
+    tolerance,
+    uniform_advance,
+    uniform_of,
+)
 
 __all__ = ["Checkpoint", "ContentionDetected", "MessageExecutor", "TransferLog", "VectorisedExecutor", "run_collective"]
 
@@ -372,6 +379,7 @@ class VectorisedExecutor:
             rnd, count = runs[index]
             index += 1
             previous_input: np.ndarray | None = None  # entry times of the previous identical round
+            scale: float | None = None  # magnitude(t), where the last steady-state check measured it
             done = 0
             while done < count:
                 self._serial += 1
@@ -393,13 +401,13 @@ class VectorisedExecutor:
                     )
                 self.transfers += len(rnd)
                 done += 1
-                steady = None
+                steady = measured = None
                 if overlapped:  # this round's times depend on the previous round's flows, not on t alone
                     previous_input = None
                     self.overlapping_rounds += 1
                 elif self.extrapolate and previous_input is not None and done < count:
-                    steady = self._steady_advance(st, previous_input, t, new)
-                previous_input, t = t, new
+                    steady, measured = self._steady_advance(st, previous_input, t, new, scale)
+                previous_input, t, scale = t, new, measured
                 synced.advance(1, t)
                 if steady is not None:
                     skip = int(min(count - done, steady.budget))
@@ -407,7 +415,7 @@ class VectorisedExecutor:
                     done += skip
                     if log is not None:
                         log.extrapolated += skip * len(rnd)
-                    previous_input = None  # the rounds before were skipped: detect afresh
+                    previous_input = scale = None  # the rounds before were skipped: detect afresh
                     synced.advance(skip, t)
         return t
 
@@ -603,25 +611,44 @@ class VectorisedExecutor:
             np.maximum.at(new, st.dst, received)
         return new
 
-    def _steady_advance(self, st: Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray) -> Steady | None:
-        """How the identical rounds after this one can be skipped (``steady_state``), if they can.
+    def _steady_advance(
+        self, st: Structure, before: np.ndarray, t: np.ndarray, after: np.ndarray, scale: float | None
+    ) -> tuple[Steady | None, float | None]:
+        """How the identical rounds after this one can be skipped (``steady_state``), if they can, and
+        ``magnitude(after)`` where this check measured it (None otherwise).
 
         ``before``, ``t``: entry times of the previous identical round and of this one; ``after``:
-        this round's exit times (the next round's entry times).
+        this round's exit times (the next round's entry times); ``scale``: ``magnitude(t)`` where the
+        check of the round before measured it (as its ``after``).
+
+        A round that is executed rather than skipped (a ring's long transient, thousands of rounds at
+        131,072 ranks) pays for this check on every rank, so it makes as few passes over the times as
+        it can: ``t - before`` serves both tests, the affine test's difference is written in its place,
+        and each array's magnitude (the tolerance's scale) is taken once, by ``magnitude``, which
+        equals ``np.abs(a).max()`` to the bit. The tolerances and the values compared are the ones of
+        ``uniform_advance`` and ``np.abs(delta - (t - before)).max() > rounding(after)``: the same
+        rounds are skipped by the same advances.
         """
-        advance = uniform_advance(before, t, st.participants)
-        if advance is not None:
-            return Steady(st, advance)
+        if st.participants is None:
+            advance = t - before
+            uniform = uniform_of(advance, t, scale)
+        else:  # ``scale`` is of every rank's time: the tolerance is of the taking-part ones'
+            advance = None
+            uniform = uniform_advance(before, t, st.participants)
+        if uniform is not None:
+            return Steady(st, uniform), None
         rb = st.bytes
         if not st.permutation or st.checked.size or st.contention.flows.size or rb is None:
-            return None
+            return None, None
         delta = after - t
-        if np.abs(delta - (t - before)).max() > rounding(after):
-            return None
+        change = np.subtract(delta, t - before if advance is None else advance, out=advance)
+        measured = magnitude(after)
+        if magnitude(change) > tolerance(measured):
+            return None, measured
         end_offset = st.alpha_s + rb.flow_s
         received = end_offset if rb.reduce_s is None else end_offset + rb.reduce_s
         horizon = affine_horizon(st.src, st.dst, end_offset, received, after, delta)
-        return Steady(st, delta, budget=horizon) if horizon >= 2 else None
+        return (Steady(st, delta, budget=horizon) if horizon >= 2 else None), measured
 
     def _skip(self, steady: Steady, rounds: int, t: np.ndarray) -> np.ndarray:
         """Times after ``rounds`` more identical rounds, extrapolated rather than executed: every

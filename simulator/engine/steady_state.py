@@ -44,19 +44,42 @@ class Steady:
     budget: float = math.inf
 
 
-def rounding(*arrays: np.ndarray) -> float:
-    """The tolerance for comparing differences of these times: ``ULPS`` ulps of the largest."""
-    scale = max((float(np.abs(a).max()) for a in arrays if a.size), default=0.0)
+def magnitude(a: np.ndarray) -> float:
+    """The largest ``abs`` of ``a`` (0 if empty), without the temporary array of ``np.abs(a).max()``:
+    ``abs`` is exact, so the largest magnitude is the larger of ``a.max()`` and ``-a.min()``, to the bit
+    (a NaN, if any, comes out of both)."""
+    if not a.size:
+        return 0.0
+    return max(float(a.max()), -float(a.min()))
+
+
+def tolerance(scale: float) -> float:
+    """``ULPS`` ulps of ``scale``, the largest magnitude of the times compared (``rounding``)."""
     return ULPS * float(np.spacing(max(scale, 1e-300)))
 
 
-def uniform_advance(before: np.ndarray, t: np.ndarray, participants: np.ndarray | None) -> float | None:
-    """c when every taking-part rank entered at ``t`` exactly c after ``before`` (None otherwise)."""
+def rounding(*arrays: np.ndarray) -> float:
+    """The tolerance for comparing differences of these times: ``ULPS`` ulps of the largest."""
+    return tolerance(max((magnitude(a) for a in arrays if a.size), default=0.0))
+
+
+def uniform_advance(
+    before: np.ndarray, t: np.ndarray, participants: np.ndarray | None, scale: float | None = None
+) -> float | None:
+    """c when every taking-part rank entered at ``t`` exactly c after ``before`` (None otherwise).
+
+    ``scale``: ``magnitude(t)`` where the caller knows it already (every rank taking part)."""
     advance = t - before if participants is None else t[participants] - before[participants]
+    return uniform_of(advance, t if participants is None else t[participants], scale)
+
+
+def uniform_of(advance: np.ndarray, t: np.ndarray, scale: float | None = None) -> float | None:
+    """``uniform_advance`` from the per-rank advances ``advance`` of the taking-part ranks' times ``t``
+    (``scale``: ``magnitude(t)``, if known). Equal advances pass without the tolerance (it is positive)."""
     if not advance.size:
         return None
     low, high = float(advance.min()), float(advance.max())
-    if high - low > rounding(t if participants is None else t[participants]):
+    if high != low and high - low > tolerance(magnitude(t) if scale is None else scale):
         return None
     return high
 
