@@ -11,10 +11,12 @@ from ddlsim.simulator.engine.collective_engine import (
     MessageExecutor,
     TransferLog,
     VectorisedExecutor,
+    _shifted_leave,
     run_collective,
 )
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.link_state import LinkState
+from ddlsim.simulator.engine.steady_state import ULPS, magnitude, rounding
 
 
 def _paths(schedule, fabric, nbytes, start=0.0):
@@ -423,6 +425,49 @@ def test_affine_advance_equals_round_by_round_on_a_long_transient():
     assert every.extrapolated_rounds == 0
     np.testing.assert_allclose(fast, slow, rtol=1e-12)
     assert skipping.transfers == every.transfers == 511 * 512
+
+
+def test_ring_transient_on_a_3d_torus_equals_round_by_round():
+    """A ring of 512 ranks on a 3D torus: the hops that leave a row are slower, and the round path
+    executes its transient round by round (the shift rounds' ``_shifted_leave``, the steady-state
+    check that reuses its passes) before skipping the rest. The times are those of executing every
+    round, and most rounds are still skipped."""
+    from ddlsim.simulator.collective_sim import CollectiveSetup
+
+    setup = CollectiveSetup(devices_per_node=1, topology="torus_3d", network="ib_edr")
+    schedule = COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 512, devices_per_node=1)
+    fabric = setup.fabric(512, 100e6)
+    skipping = VectorisedExecutor(fabric)
+    fast = skipping.run(schedule, 100e6, 0.0)
+    every = VectorisedExecutor(fabric, extrapolate=False)
+    slow = every.run(schedule, 100e6, 0.0)
+    assert skipping.extrapolated_rounds > 900 and every.extrapolated_rounds == 0
+    assert skipping.transfers == every.transfers == 2 * 511 * 512
+    np.testing.assert_allclose(fast, slow, rtol=1e-12)
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 7, 64])
+def test_shifted_leave_is_the_rolled_maximum_to_the_bit(ranks):
+    """``_shifted_leave`` writes max(end, roll(end + reduce_s, shift)) without the temporaries: the
+    same bits for every shift, with no reduction, a scalar one and one per transfer."""
+    rng = np.random.default_rng(ranks)
+    end = rng.random(ranks)
+    for shift in range(1, max(ranks, 2)):
+        for reduce_s in (None, np.asarray(0.25), rng.random(ranks)):
+            received = end if reduce_s is None else end + reduce_s
+            expected = np.maximum(end, np.roll(received, shift))
+            got = _shifted_leave(end, reduce_s, shift)
+            assert got.view(np.int64).tolist() == expected.view(np.int64).tolist()
+
+
+def test_magnitude_is_the_largest_abs_to_the_bit():
+    """``steady_state.magnitude`` (the tolerance's scale, taken without np.abs's temporary) is
+    ``np.abs(a).max()`` for mixed signs, all-negative, signed zeros and infinities."""
+    rng = np.random.default_rng(3)
+    for a in (rng.normal(size=100), -rng.random(10), np.array([-0.0, 0.0]), np.array([-np.inf, 1.0]), np.array([2.5])):
+        assert magnitude(a) == float(np.abs(a).max())
+        np.testing.assert_equal(rounding(a), ULPS * float(np.spacing(max(float(np.abs(a).max()), 1e-300))))
+    assert magnitude(np.array([])) == 0.0
 
 
 @pytest.mark.parametrize("algorithm", ["double_binary_tree", "torus_2d", "recursive_doubling", "halving_doubling"])
