@@ -293,8 +293,11 @@ def fluid_ends(
     np.minimum.at(now, component[known], start[known])
     while pending.any():
         active = pending & known & (start <= now[component])
-        keep = active[owner]
-        rates = max_min_fair_rates_flat(owner[keep], link[keep], flows, capacity_Bps)
+        if active.all():  # every flow under way (a round's first step): the entries as they are, uncopied
+            rates = max_min_fair_rates_flat(owner, link, flows, capacity_Bps)
+        else:
+            keep = active[owner]
+            rates = max_min_fair_rates_flat(owner[keep], link[keep], flows, capacity_Bps)
         finish = np.where(active, now[component] + remaining / np.where(active, rates, 1.0), np.inf)
         step_to = np.full(count, np.inf)
         np.minimum.at(step_to, component, finish)
