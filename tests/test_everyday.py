@@ -617,8 +617,8 @@ def test_an_interrupted_sweep_stops_at_once_ends_its_workers_and_keeps_finished_
     import time
 
     signum = getattr(signal, signum_name)
-    child = subprocess.Popen([sys.executable, "-c", SWEEP_SCRIPT], stdout=subprocess.PIPE, text=True,
-                             start_new_session=True)  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", SWEEP_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, start_new_session=True)  # fmt: skip
     try:
         assert child.stdout is not None
         assert child.stdout.readline().split() == ["row", "3", "4"]  # the finished point, as it finished
@@ -635,7 +635,8 @@ def test_an_interrupted_sweep_stops_at_once_ends_its_workers_and_keeps_finished_
     finally:
         if child.poll() is None:
             os.killpg(child.pid, signal.SIGKILL)
-    assert code == 128 + signum and rest.split() == ["kept", "[3]", str(int(signum))]
+    # with what the child printed and logged, so that a failure says how the sweep ended
+    assert code == 128 + signum and rest.split() == ["kept", "[3]", str(int(signum))], (code, rest, child.stderr.read())
     assert stopped_s < 3.0, stopped_s  # not the 60 s the running points would take
     time.sleep(0.2)
     assert _group_members(child.pid) == []  # no worker left behind
