@@ -63,14 +63,10 @@ def rounding(*arrays: np.ndarray) -> float:
     return tolerance(max((magnitude(a) for a in arrays if a.size), default=0.0))
 
 
-def uniform_advance(
-    before: np.ndarray, t: np.ndarray, participants: np.ndarray | None, scale: float | None = None
-) -> float | None:
-    """c when every taking-part rank entered at ``t`` exactly c after ``before`` (None otherwise).
-
-    ``scale``: ``magnitude(t)`` where the caller knows it already (every rank taking part)."""
+def uniform_advance(before: np.ndarray, t: np.ndarray, participants: np.ndarray | None) -> float | None:
+    """c when every taking-part rank entered at ``t`` exactly c after ``before`` (None otherwise)."""
     advance = t - before if participants is None else t[participants] - before[participants]
-    return uniform_of(advance, t if participants is None else t[participants], scale)
+    return uniform_of(advance, t if participants is None else t[participants])
 
 
 def uniform_of(advance: np.ndarray, t: np.ndarray, scale: float | None = None) -> float | None:
