@@ -573,7 +573,11 @@ def test_two_bench_runs_share_no_row_id_and_report_progress(tmp_path):
 # --- 9. interrupting a process-pool sweep ---------------------------------------------------------------
 
 SWEEP_SCRIPT = """
-import sys, time
+import signal, sys, time
+# as started from a terminal: a shell that runs a command in the background without job control
+# (a CI script's `cmd &`) starts it with SIGINT ignored, and Python then keeps it ignored, as nohup
+# does; the test is of Ctrl-C at a terminal, so the child starts as one would there
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from ddlsim.simulator import sweep
 from ddlsim.simulator.scenario import Scenario
 
