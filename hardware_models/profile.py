@@ -36,6 +36,9 @@ units) written by ``ddlsim calibrate``::
     [noise]                                    # lognormal sigma per kind of prediction, from the
     "training: compute from datasheet" = { value = 0.09, source = "..." }  # leave-one-source-out residuals
 
+    [calibrated_scale]                         # largest device count calibrated, per row kind,
+    "training/k80/parameter_server" = { value = 16, source = "..." }  # device and algorithm
+
 The segment of a message of S bytes is the number of breakpoints <= S. A fitted link replaces the
 datasheet's (latency + per-message overhead, line rate x efficiency x links) by (alpha, beta):
 alpha is all the per-message time the path's other (uncalibrated) parts do not already carry.
@@ -76,6 +79,7 @@ TOP_KEYS = (
     "bootstrap",
     "compute",
     "noise",
+    "calibrated_scale",
 )
 
 
@@ -232,6 +236,9 @@ class Profile:
     compute: ComputeFit | None = None  # the cross-device compute model (None: datasheets)
     # lognormal sigma per kind of prediction (``noise_sigma`` for kinds not listed)
     noise: dict[str, float] = field(default_factory=dict)
+    # the largest device count among the calibration rows of each "kind/device/algorithm": a
+    # prediction beyond it extrapolates, and its interval says so (simulator.calibration.intervals)
+    calibrated_scale: dict[str, float] = field(default_factory=dict)
 
     # --- applying ------------------------------------------------------------------------------
     def device(self, device: Device) -> Device:
@@ -376,6 +383,7 @@ class Profile:
             "transformer_slowdown": self.transformer_slowdown,
             "noise_sigma": self.noise_sigma,
             "noise": dict(self.noise),
+            "calibrated_scale": dict(self.calibrated_scale),
             "compute": dict(self.compute.values) if self.compute else None,
             "bootstrap_samples": len(self.bootstrap),
         }
@@ -452,15 +460,19 @@ def profile_to_toml(profile: Profile) -> str:
 
 
 def _extension_toml(profile: Profile) -> list[str]:
-    """The ``[compute]`` and ``[noise]`` tables (written only when fitted)."""
+    """The ``[compute]``, ``[noise]`` and ``[calibrated_scale]`` tables (written only when fitted)."""
     lines: list[str] = []
     compute = profile.compute or ComputeFit()
-    tables = (("compute", compute.values, compute.sources), ("noise", profile.noise, profile.sources))
+    tables = (
+        ("compute", compute.values, compute.sources),
+        ("noise", profile.noise, profile.sources),
+        ("calibrated_scale", profile.calibrated_scale, profile.sources),
+    )
     for table, values, sources in tables:
         if values:
             lines += ["", f"[{table}]"]
             for key in sorted(values):
-                source = sources.get(key if table == "compute" else f"noise.{key}", "fitted")
+                source = sources.get(key if table == "compute" else f"{table}.{key}", "fitted")
                 lines.append(f"{_toml_string(key)} = {_entry(values[key], source)}")
     return lines
 
@@ -473,10 +485,14 @@ COMPUTE_BOUNDS = {
     "launch_s.": (0.0, 1.0),
 }
 NOISE_BOUNDS = (0.0, 5.0)
+SCALE_BOUNDS = (1.0, 1e9)  # devices
 
 
-def parse_extensions(data: dict[str, Any], where: str) -> tuple[ComputeFit | None, dict[str, float], dict[str, str]]:
-    """The ``[compute]`` and ``[noise]`` tables: (compute fit or None, noise per kind, noise sources)."""
+def parse_extensions(
+    data: dict[str, Any], where: str
+) -> tuple[ComputeFit | None, dict[str, float], dict[str, float], dict[str, str]]:
+    """The ``[compute]``, ``[noise]`` and ``[calibrated_scale]`` tables: (compute fit or None, noise
+    per kind, calibrated scale per key, the sources of the last two)."""
     compute = None
     table = data.get("compute")
     if table is not None:
@@ -493,16 +509,19 @@ def parse_extensions(data: dict[str, Any], where: str) -> tuple[ComputeFit | Non
             value, sources[name] = _number_entry(table, name, f"{where} [compute]", *bounds)
             values[name] = float(value)
         compute = ComputeFit(values, sources)
-    noise: dict[str, float] = {}
-    noise_sources: dict[str, str] = {}
-    table = data.get("noise")
-    if table is not None:
+    tables: dict[str, dict[str, float]] = {"noise": {}, "calibrated_scale": {}}
+    extension_sources: dict[str, str] = {}
+    kinds = (("noise", NOISE_BOUNDS, "prediction kind"), ("calibrated_scale", SCALE_BOUNDS, "kind/device/algorithm"))
+    for name, bounds, what in kinds:
+        table = data.get(name)
+        if table is None:
+            continue
         if not isinstance(table, dict):
-            raise ProfileError(f"{where}: key 'noise' must be a table of prediction kind = {{ value, source }}")
-        for kind in table:
-            value, noise_sources[f"noise.{kind}"] = _number_entry(table, kind, f"{where} [noise]", *NOISE_BOUNDS)
-            noise[kind] = float(value)
-    return compute, noise, noise_sources
+            raise ProfileError(f"{where}: key {name!r} must be a table of {what} = {{ value, source }}")
+        for key in table:
+            value, extension_sources[f"{name}.{key}"] = _number_entry(table, key, f"{where} [{name}]", *bounds)
+            tables[name][key] = float(value)
+    return compute, tables["noise"], tables["calibrated_scale"], extension_sources
 
 
 def _number_entry(
@@ -619,11 +638,12 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         for name, value in sample.items():
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise ProfileError(f"{where}: [[bootstrap]] {index + 1}, key {name!r}: must be a number, got {value!r}")
-    compute, noise, noise_sources = parse_extensions(data, where)
-    sources.update(noise_sources)
+    compute, noise, scale, extension_sources = parse_extensions(data, where)
+    sources.update(extension_sources)
     return Profile(
         compute=compute,
         noise=noise,
+        calibrated_scale=scale,
         devices=devices,
         links=links,
         overlap_interference=float(interference),

@@ -180,3 +180,53 @@ def test_validate_writes_strict_json(tmp_path):
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in summary.json"))
     with (tmp_path / "r" / "validation.csv").open(newline="") as handle:
         assert len(list(csv.DictReader(handle))) == 2
+
+
+def test_a_row_beyond_the_calibrated_scale_widens_by_the_modelled_change_from_it():
+    """Calibrated up to 2 nodes of 8 (16 P100s, nccl, EDR), predicted at 8 nodes: the modelled change
+    of the per-device rate from 16 to 64 devices becomes the interval's half-width (in quadrature
+    with the kind's sigma), and the note says so; at 16 devices, or for another algorithm, no change."""
+    import math
+
+    from ddlsim.hardware_models.profile import Profile
+
+    sigma = 0.05
+    profile = Profile(noise_sigma=sigma, rank_jitter_sigma=0.065, calibrated_scale={"training/p100_sxm2/nccl": 16.0})
+    estimator = Estimator(profile, ci=0.9)
+    far = _measurement(nodes=8, network="ib_edr")
+    estimate = estimator.estimate(far)
+    # the change, worked out from two plain predictions: the per-device rate at 64 and at 16 devices
+    at_64 = predict(far, profile).value
+    at_16 = predict(dataclasses.replace(far, nodes=2), profile).value
+    change = abs(math.log((at_64 / 64) / (at_16 / 16)))
+    assert change > 0.01  # the slowest of 64 ranks waits longer than the slowest of 16
+    z = 1.6448536269514722
+    assert estimate.value == pytest.approx(at_64)
+    assert math.log(estimate.high / estimate.value) == pytest.approx(z * math.hypot(sigma, change / z))
+    assert "64 devices, beyond the 16 of the calibration rows" in estimate.note
+    assert Estimator(profile).estimate(dataclasses.replace(far, nodes=2)).width == pytest.approx(
+        math.exp(2 * z * sigma)
+    )
+    other = Estimator(profile).estimate(dataclasses.replace(far, algorithm="ring"))
+    assert other.width == pytest.approx(math.exp(2 * z * sigma)) and "beyond" not in other.note
+
+
+def test_calibration_records_its_largest_scale_and_the_profile_keeps_it(tmp_path):
+    """The calibrated scale per kind/device/algorithm is the largest device count of its rows, and it
+    survives the profile's TOML (a bad entry is refused with the key named)."""
+    from ddlsim.hardware_models.profile import Profile, ProfileError, profile_to_toml
+    from ddlsim.simulator.calibration.fit import calibrated_scale
+
+    rows = [_measurement(id="A", nodes=1), _measurement(id="B", nodes=4, network="ib_edr"),
+            _measurement(id="C", devices_per_node=2, algorithm="ring")]  # fmt: skip
+    scale, sources = calibrated_scale(rows)
+    assert scale == {"training/p100_sxm2/nccl": 32.0, "training/p100_sxm2/ring": 2.0}
+    assert "among the 2 calibration rows" in sources["calibrated_scale.training/p100_sxm2/nccl"]
+    profile = Profile(calibrated_scale=scale, sources=sources)
+    back = parse_profile(tomllib.loads(profile_to_toml(profile)), tmp_path / "p.toml")
+    assert back.calibrated_scale == scale
+    key = "calibrated_scale.training/p100_sxm2/ring"
+    assert back.sources[key] == sources[key]
+    text = profile_to_toml(profile).replace("value = 2.0", "value = 0.0")
+    with pytest.raises(ProfileError, match=r"\[calibrated_scale\].*training/p100_sxm2/ring"):
+        parse_profile(tomllib.loads(text), tmp_path / "q.toml")

@@ -32,7 +32,7 @@ import numpy as np
 
 from ddlsim.hardware_models.profile import DeviceFit, Profile, workload_key
 from ddlsim.simulator.calibration.compute_fit import ComputeModelFit, fit_compute_model
-from ddlsim.simulator.calibration.intervals import Estimator
+from ddlsim.simulator.calibration.intervals import Estimator, scale_key
 from ddlsim.simulator.calibration.link_fit import distinct_measurements, fit_links
 from ddlsim.simulator.calibration.measurements import Measurement, rows_sha256
 from ddlsim.simulator.calibration.open_fields import open_choices
@@ -387,9 +387,29 @@ def calibrate(
                 f"no {root} row calibrated: {UNCALIBRATED_SIGMA} (a typical datasheet-only prediction in the "
                 "published data is 20-30 % off, some a factor of 2)"
             )
-    profile = dataclasses.replace(profile, noise=noise, sources={**profile.sources, **noise_sources})
+    scale, scale_sources = calibrated_scale(usable)
+    profile = dataclasses.replace(
+        profile, noise=noise, calibrated_scale=scale, sources={**profile.sources, **noise_sources, **scale_sources}
+    )
     warnings += check_fit(profile, residuals)
     return Calibration(profile, residuals, unused, warnings)
+
+
+def calibrated_scale(usable: Sequence[Measurement]) -> tuple[dict[str, float], dict[str, str]]:
+    """The largest device count of the calibration rows per ``intervals.scale_key`` (kind, device,
+    algorithm), and each entry's source: what a prediction beyond it extrapolates from."""
+    largest: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for row in usable:
+        key = scale_key(row)
+        largest[key] = max(largest.get(key, 0.0), float(row.devices))
+        counts[key] = counts.get(key, 0) + 1
+    sources = {
+        f"calibrated_scale.{key}": f"largest device count among the {counts[key]} calibration rows of this "
+        "kind, device and algorithm; a prediction beyond it widens its interval by the modelled change from it"
+        for key in largest
+    }
+    return largest, sources
 
 
 def _residuals(fitted: Fitted, usable: list[Measurement]) -> tuple[list[Residual], list[float]]:

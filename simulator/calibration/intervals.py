@@ -11,6 +11,12 @@ The interval at level ``ci`` is p x exp(-/+ z sigma) with sigma^2 = sigma_kind^2
   predicted by the cross-device model, the prior uncertainty of every factor no calibration row
   informed (a generation, precision class, device or workload the data did not contain): one
   prior standard deviation of each moves log p by the amount added (in quadrature).
+* ``sigma_scale``: a row with more devices than any calibration row of its kind, device and
+  algorithm (``Profile.calibrated_scale``) extrapolates. The change the model predicts from the
+  largest calibrated scale to the row's (per device, for a throughput) is what no calibration row
+  has checked, so it is taken as uncertain by its own size: it is the interval's half-width at
+  level ``ci`` (sigma_scale = |log change| / z), added in quadrature. Within the calibrated scale,
+  and for a device or algorithm no calibration row has, it is 0 (the kind's sigma carries those).
 
 A field the source leaves open is filled with its default (``open_fields``); the interval then
 spans every alternative's interval too, and the note says what was assumed. Predictions are cached
@@ -51,6 +57,17 @@ CONFIG_FIELDS = (
     "per_device_batch",
     "precision",
 )
+
+
+def scale_key(row: Measurement) -> str:
+    """The ``Profile.calibrated_scale`` key of ``row``: ``"kind/device/algorithm"``."""
+    return f"{row.kind}/{row.device}/{row.algorithm}"
+
+
+def per_device(value: float, row: Measurement) -> float:
+    """``value`` made comparable across scales: a throughput per device; times, efficiencies and
+    bus bandwidths as they are."""
+    return value / row.devices if row.metric == "throughput_samples_per_s" else value
 
 
 def config_key(row: Measurement) -> tuple[Any, ...]:
@@ -155,10 +172,14 @@ class Estimator:
         logs = [math.log(p.value) for i in range(len(self._samples)) if (p := self.predict(resolved, i)).value]
         sigma_param = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
         unfitted, sigma_prior = self._unfitted_compute(resolved, kind, value)
-        sigma = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2)
+        sigma_scale, scale_note = self._beyond_scale(resolved, value)
+        sigma = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2 + sigma_scale**2)
         spread = math.exp(self.z * sigma)
         low, high = value / spread, value * spread
         notes = [choice.note for choice in choices]
+        if scale_note:
+            within = math.exp(2 * self.z * math.sqrt(sigma**2 - sigma_scale**2))
+            notes.append(f"{scale_note} (interval x{spread**2:.2f} wide, x{within:.2f} without)")
         if self.intervals:
             for choice in choices:
                 for alternative in choice.alternatives:
@@ -176,6 +197,30 @@ class Estimator:
                 "for a pinned shape)"
             )
         return Estimate(value, low, high, kind, sigma, "; ".join(notes), detail=prediction.detail)
+
+    def _beyond_scale(self, row: Measurement, value: float) -> tuple[float, str]:
+        """(sigma_scale, note) of ``row`` predicted as ``value`` (module docstring)."""
+        calibrated = self.profile.calibrated_scale.get(scale_key(row))
+        if not self.intervals or calibrated is None or row.devices <= calibrated:
+            return 0.0, ""
+        nodes = int(calibrated) // row.devices_per_node
+        # the largest calibrated scale in whole nodes of this row's size, else one smaller node
+        base = (
+            dataclasses.replace(row, nodes=nodes)
+            if nodes >= 1
+            else dataclasses.replace(row, nodes=1, devices_per_node=int(calibrated))
+        )
+        reference = self.predict(base).value
+        if reference is None or reference <= 0:
+            return 0.0, ""
+        change = per_device(value, row) / per_device(reference, base)
+        what = "per-device rate" if row.metric == "throughput_samples_per_s" else row.metric
+        note = (
+            f"{row.devices} devices, beyond the {int(calibrated)} of the calibration rows of this device and "
+            f"algorithm: the modelled change from {base.devices} ({what} {100 * (change - 1):+.1f} %) is taken "
+            "as uncertain by its own size"
+        )
+        return abs(math.log(change)) / self.z, note
 
     def _unfitted_compute(self, row: Measurement, kind: str, value: float) -> tuple[list[str], float]:
         """(compute parameters of ``row`` that no calibration row informed, the sigma they add to log p)."""
