@@ -118,6 +118,31 @@ class _ByLink:
         return self._transfers[spans(lo, ptr[links + 1] - lo)]
 
 
+class _Tail:
+    """An array appended to at every instant: a view of a buffer with room at its end, grown by half
+    again when full, so that an append copies what is there only now and then rather than every time."""
+
+    def __init__(self, dtype: type) -> None:
+        self._buffer: np.ndarray = np.empty(0, dtype=dtype)
+        self._size = 0
+
+    def append(self, values: np.ndarray) -> np.ndarray:
+        """The array so far (the last view returned) followed by ``values``."""
+        end = self._size + values.size
+        if end > self._buffer.size:
+            grown = np.empty(max(end, self._buffer.size * 3 // 2), dtype=self._buffer.dtype)
+            grown[: self._size] = self._buffer[: self._size]
+            self._buffer = grown
+        self._buffer[self._size : end] = values
+        self._size = end
+        return self._buffer[:end]
+
+    def replace(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (a new array) as the array so far."""
+        self._buffer, self._size = values, values.size
+        return values
+
+
 @dataclass
 class LinkUse:
     """Per fabric link that a run's flows crossed (binding hops only): the lowest and highest
@@ -389,6 +414,10 @@ class FluidExecutor:
         a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
         a_hop, a_hops = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)  # its hops: h_[a_hop:a_hop + a_hops]
+        # those appended to as flows start (views of buffers: each a_round, ... is the latest view)
+        t_round, t_index, t_remaining, t_cap, t_hop, t_hops, t_link = (
+            _Tail(dtype) for dtype in (np.int64, np.int64, np.float64, np.float64, np.int64, np.int64, np.int64)
+        )
         flying = 0  # flows in flight that have not ended
         # the hops of the flows in flight, in the a_ arrays' order: link (compact id; an ended flow's
         # hops on ``_NO_LINK``), flow (position in the a_ arrays)
@@ -492,13 +521,13 @@ class FluidExecutor:
                 # each link's flows' bounds and flows, kept as they start and end
                 np.add.at(self._load, links, np.repeat(bound, counts))
                 np.add.at(self._users, links, 1)
-                a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
-                a_hops = np.concatenate([a_hops, counts])
-                h_link = np.concatenate([h_link, links])
-                a_round = np.concatenate([a_round, new_round])
-                a_index = np.concatenate([a_index, index])
-                a_remaining = np.concatenate([a_remaining, nbytes])
-                a_cap = np.concatenate([a_cap, bound])
+                a_hop = t_hop.append(h_link.size + np.cumsum(counts) - counts)
+                a_hops = t_hops.append(counts)
+                h_link = t_link.append(links)
+                a_round = t_round.append(new_round)
+                a_index = t_index.append(index)
+                a_remaining = t_remaining.append(nbytes)
+                a_cap = t_cap.append(bound)
                 flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
@@ -547,7 +576,7 @@ class FluidExecutor:
                 float(a_finish.min()) if flying else np.inf, float(w_start.min()) if w_start.size else np.inf
             )
             if flying:
-                a_remaining = a_remaining - a_rate * (following - now)
+                a_remaining -= a_rate * (following - now)  # (in place: the same arithmetic)
             now = following
             # flows that end now
             limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
@@ -578,11 +607,12 @@ class FluidExecutor:
                 flying -= ended.size
                 if 2 * flying < a_index.size:  # more ended than not: drop them (keeping the order)
                     kept = np.flatnonzero(a_index >= 0)
-                    a_hops = a_hops[kept]
+                    a_hops = t_hops.replace(a_hops[kept])
                     hops = spans(a_hop[kept], a_hops)
-                    a_hop = np.cumsum(a_hops) - a_hops
-                    h_link = h_link[hops]
-                    a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
+                    a_hop = t_hop.replace(np.cumsum(a_hops) - a_hops)
+                    h_link = t_link.replace(h_link[hops])
+                    a_round, a_index = t_round.replace(a_round[kept]), t_index.replace(a_index[kept])
+                    a_remaining, a_cap = t_remaining.replace(a_remaining[kept]), t_cap.replace(a_cap[kept])
                     a_rate, a_finish = a_rate[kept], a_finish[kept]
                     for k in _distinct(a_round):
                         here = np.flatnonzero(a_round == k)
