@@ -12,6 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
+# ``max_min_fair_rates_flat``'s default: links whose shares lie this close (relative) above the
+# smallest freeze in the same pass
+MAX_MIN_TOLERANCE = 1e-12
+
 
 def alpha_beta_time_s(nbytes: float, alpha_s: float, bandwidth_Bps: float) -> float:
     """alpha + n / beta. Example: 1 MB at 1 GB/s with alpha 2 us -> 2e-6 + 1e-3 s."""
@@ -53,8 +57,9 @@ def max_min_fair_rates_flat(
     link: np.ndarray,
     flows: int,
     capacity_Bps: np.ndarray,
-    tolerance: float = 1e-12,
+    tolerance: float = MAX_MIN_TOLERANCE,
     bound: np.ndarray | None = None,
+    levels: list[tuple[float, bool]] | None = None,
 ) -> np.ndarray:
     """Vectorised max-min fair rates; the same answer as ``max_min_fair_rates``.
 
@@ -64,6 +69,15 @@ def max_min_fair_rates_flat(
     the entries. Each pass freezes every flow on every link whose equal share is the smallest left
     (all links at that level at once, which max-min allows), so a symmetric round takes one or two
     passes; the entries of frozen flows are dropped as they freeze, so later passes are smaller.
+
+    ``levels`` (optional): each pass appends (its level, whether every link and bound it froze was
+    exactly at the level rather than within ``tolerance`` above it). Where every pass was exact, each
+    connected component of the flows (over shared links) got what this function gives it alone: a
+    pass that freezes only links and bounds at exactly the level freezes in each component what that
+    component's own pass at that level would, and nothing in a component whose smallest share is
+    higher. (Components rated in separate calls would share a pass where two of their distinct
+    levels lie within ``tolerance`` of each other: a caller that combines such calls has to rule that
+    out, as ``fluid_executor`` does.) Asking for them changes no rate.
     """
     rates = np.full(flows, np.inf)
     remaining = np.asarray(capacity_Bps, dtype=np.float64).copy()
@@ -78,9 +92,16 @@ def max_min_fair_rates_flat(
         level = min(share.min() if links else np.inf, free_bound.min() if free.size else np.inf)
         cut = level * (1 + tolerance)
         newly = np.zeros(flows, dtype=bool)
-        newly[owner[(share <= cut)[link]]] = True  # the bottleneck links looked up per entry
+        bottleneck = share <= cut
+        newly[owner[bottleneck[link]]] = True  # the bottleneck links looked up per entry
         if free.size:
-            newly[free[free_bound <= cut]] = True
+            reached = free_bound <= cut
+            newly[free[reached]] = True
+        if levels is not None:
+            exact = bool(np.all(share[bottleneck] == level))
+            if free.size:
+                exact = exact and bool(np.all(free_bound[reached] == level))
+            levels.append((float(level), exact))
         rates[newly] = level
         entries = newly[owner]
         if free.size:

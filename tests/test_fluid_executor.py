@@ -6,6 +6,7 @@ import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.engine import fluid_executor
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
@@ -224,10 +225,11 @@ def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monk
     schedule = random_schedule(rng, nodes, most_rounds=8, most_repeats=2, smallest=0)
     start = np.where(rng.random(nodes) < 0.5, rng.random(nodes) * 3e-4, 0.0)
     fluid = FluidExecutor(fabric, extrapolate=False)
-    rates = FluidExecutor._rates
+    rerate = FluidExecutor._rerate
     checked = []
 
-    def checking(self, cap, link, owner):
+    def checking(self, cap, link, held, hop, hops, *rest):
+        owner = np.repeat(np.arange(cap.size), hops)
         live = link != 0  # an ended flow's hops point at compact id 0, no link
         size = self._load.size
         np.testing.assert_allclose(
@@ -235,9 +237,9 @@ def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monk
         )
         np.testing.assert_array_equal(self._users, np.bincount(link[live], minlength=size))
         checked.append(int(live.sum()))
-        return rates(self, cap, link, owner)
+        return rerate(self, cap, link, held, hop, hops, *rest)
 
-    monkeypatch.setattr(FluidExecutor, "_rates", checking)
+    monkeypatch.setattr(FluidExecutor, "_rerate", checking)
     exact = MessageExecutor(fabric).run(schedule, 8e6, start)
     for _ in range(2):
         np.testing.assert_allclose(fluid.run(schedule, 8e6, start), exact, rtol=1e-9)
@@ -255,3 +257,112 @@ def test_loggp_fabrics_go_message_by_message():
     finish, path = run_collective(schedule, fabric, 1.0)
     assert path == "message"
     np.testing.assert_allclose(finish, MessageExecutor(fabric).run(schedule, 1.0, 0.0), rtol=1e-12)
+
+
+def _checking_rerate(monkeypatch, calls):
+    """``_rerate`` compared, at every instant, with ``_rates`` over every flow in flight, bit for bit;
+    ``calls`` counts the re-ratings and those that rated every flow afresh."""
+    rerate, afresh = FluidExecutor._rerate, FluidExecutor._afresh
+
+    def checking(self, cap, link, held, hop, hops, rounds):
+        rates = rerate(self, cap, link, held, hop, hops, rounds)
+        calls["rerate"] += 1
+        np.testing.assert_array_equal(rates, self._rates(cap, link, np.repeat(np.arange(cap.size), hops)))
+        return rates
+
+    def counting(self, *args):
+        calls["afresh"] += 1
+        return afresh(self, *args)
+
+    monkeypatch.setattr(FluidExecutor, "_rerate", checking)
+    monkeypatch.setattr(FluidExecutor, "_afresh", counting)
+
+
+def test_a_rate_held_while_another_port_re_rates_by_hand(monkeypatch):
+    """Rank 0 sends S to rank 2 from t = 0, rank 1 sends S to rank 2 from t = d, and rank 3 sends S
+    to rank 4 from t = 0 (a switch). Only the first re-rating rates every flow (and the last, with
+    none left); when rank 1's flow
+    starts, it and rank 0's (rank 2's port, B/2 each) are re-rated and 3 -> 4 keeps B; when 3 -> 4
+    ends, no other flow shared a link with it and every rate is held; when rank 0's ends, rank 1's
+    gets B. The times are the hand-worked ones of two flows on a port, and S / B for 3 -> 4."""
+    calls = {"rerate": 0, "afresh": 0}
+    _checking_rerate(monkeypatch, calls)
+    monkeypatch.setattr(fluid_executor, "_FRESH", 1.0)  # (three flows: re-rating two is otherwise not worth it)
+    fabric = Fabric(FabricSpec(nodes=5, devices_per_node=1, network=IB))
+    schedule = schedule_of_rounds([(0, 2), (1, 2), (3, 4)], ranks=5, reduce=False)
+    o, B = IB.per_message_overhead_s, IB.port_bandwidth_Bps
+    L = fabric.hop_cost(0, 2).alpha_s - o
+    S, d = 1e6, 20e-6
+    a_end = o + d + 2 * (S - B * d) / B
+    b_end = a_end + (S - (a_end - o - d) * B / 2) / B
+    finish = FluidExecutor(fabric).run(schedule, S, np.array([0.0, d, 0.0, 0.0, 0.0]))
+    assert finish[0] == pytest.approx(a_end + L, rel=1e-12)
+    assert finish[1] == pytest.approx(b_end + L, rel=1e-12)
+    assert finish[2] == pytest.approx(b_end + L, rel=1e-12)
+    assert finish[3] == finish[4] == pytest.approx(o + S / B + L, rel=1e-12)
+    assert calls == {"rerate": 5, "afresh": 2}  # the first, and the last with no flow left
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "ranks", "dpn", "per_router", "per_group", "global_links"),
+    [case for case in DRAGONFLY_CASES if case[0] in ("halving_doubling", "torus_2d", "ring")],
+)
+@pytest.mark.parametrize("uneven", [False, True])
+def test_held_and_re_rated_rates_equal_rating_every_flow_afresh(
+    algorithm, ranks, dpn, per_router, per_group, global_links, uneven, monkeypatch
+):
+    """At every instant of collectives on dragonflies (flows of several rounds sharing global links),
+    the rates held for the components no start or end touched and re-rated for the rest are those of
+    rating every flow in flight afresh, bit for bit; and some instants did hold rates."""
+    calls = {"rerate": 0, "afresh": 0}
+    _checking_rerate(monkeypatch, calls)
+    fabric = dragonfly(ranks, dpn, per_router, per_group, global_links)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=dpn)
+    start = np.random.default_rng(ranks).random(ranks) * 2e-5 if uneven else 0.0
+    FluidExecutor(fabric, extrapolate=False).run(schedule, 8e6, start)
+    assert calls["afresh"] < calls["rerate"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_held_and_re_rated_rates_on_random_fabrics(seed, monkeypatch):
+    """The same on random rounds on random fabrics (as ``test_random_rounds_on_random_fabrics``)."""
+    calls = {"rerate": 0, "afresh": 0}
+    _checking_rerate(monkeypatch, calls)
+    rng = np.random.default_rng(300 + seed)
+    nodes = int(rng.integers(4, 13))
+    fabric = Fabric(
+        FabricSpec(
+            nodes=nodes,
+            devices_per_node=1,
+            network=IB,
+            topology=str(rng.choice(["switch", "fat_tree", "dragonfly"])),
+            nodes_per_leaf=2,
+            oversubscription=2.0,
+            nodes_per_router=2,
+            routers_per_group=2,
+        )
+    )
+    schedule = random_schedule(rng, nodes, most_rounds=8, most_repeats=2, smallest=0)
+    start = np.where(rng.random(nodes) < 0.5, rng.random(nodes) * 3e-4, 0.0)
+    exact = MessageExecutor(fabric).run(schedule, 8e6, start)
+    np.testing.assert_allclose(FluidExecutor(fabric, extrapolate=False).run(schedule, 8e6, start), exact, rtol=1e-9)
+    assert calls["rerate"] > 0
+
+
+def test_levels_too_close_together_are_not_certified():
+    """Two flows on link a (bounds C: C/2 each); on link b, one bound x 2e-12 below C/2 and one bound
+    C: x, then C - x. Rated together no pass joins two links or bounds (the tolerance is 1e-12), but
+    levels that close could be joined where the components are rated apart, so those rates are not
+    certified to be held; with x well below C/2, they are."""
+    fabric = Fabric(FabricSpec(nodes=4, devices_per_node=1, network=IB))
+    executor = FluidExecutor(fabric)
+    executor._grow(np.array([0, 1]))  # compact ids 1 and 2
+    C = executor._capacity[1]
+    link, hops = np.array([1, 1, 2, 2]), np.ones(4, dtype=np.int64)
+    for below, certified in ((2e-12, False), (0.25, True)):
+        x = C / 2 * (1 - below)
+        cap = np.array([C, C, x, C])
+        executor._load[1:3] = [2 * C, x + C]
+        rates = executor._afresh(cap, link, hops)
+        np.testing.assert_array_equal(rates, [C / 2, C / 2, x, C - x])
+        assert executor._certified is certified

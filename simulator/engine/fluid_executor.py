@@ -52,12 +52,12 @@ met them and to check later flows against them (``RoleExecutor``, over
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
+from ddlsim.hardware_models.network import MAX_MIN_TOLERANCE, max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
@@ -71,6 +71,10 @@ if TYPE_CHECKING:
 __all__ = ["FluidExecutor", "LinkUse"]
 
 _NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
+# two levels of max-min passes this close (relative) could have been frozen in one pass: wider than
+# the computation's tolerance, so that a pair it would join is never missed (``_Rerating``)
+_NEAR = 4 * MAX_MIN_TOLERANCE
+_FRESH = 0.5  # rate every flow afresh where the components reached have more than this share of them
 
 
 def _distinct(rounds: np.ndarray) -> list[int]:
@@ -88,6 +92,55 @@ def _pointers(keys: np.ndarray, count: int) -> np.ndarray:
     ptr = np.zeros(count + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=count), out=ptr[1:])
     return ptr
+
+
+class _ByLink:
+    """A round's transfers by the links they cross (compact ids), from its hop lists: built the first
+    time an instant's re-rating asks which transfers of the round cross some links, and kept with the
+    round's routes while the same arrays come back."""
+
+    def __init__(self, hop_link: np.ndarray, hop_ptr: np.ndarray) -> None:
+        self.hop_link, self.hop_ptr = hop_link, hop_ptr
+        self._ptr: np.ndarray | None = None  # link l's transfers: _transfers[_ptr[l]:_ptr[l + 1]]
+        self._transfers = np.empty(0, dtype=np.int64)
+
+    def transfers(self, links: np.ndarray) -> np.ndarray:
+        """The transfers crossing each of ``links``, link after link (a transfer once per hop)."""
+        if self._ptr is None:
+            transfers = self.hop_ptr.size - 1
+            owner = np.repeat(np.arange(transfers), np.diff(self.hop_ptr))
+            # by link, then transfer: one sort of the pairs as numbers (an argsort of the links is slower)
+            self._transfers = np.sort(self.hop_link * transfers + owner) % max(transfers, 1)
+            self._ptr = _pointers(self.hop_link, int(self.hop_link.max()) + 1 if self.hop_link.size else 0)
+        ptr = self._ptr
+        links = links[links < ptr.size - 1]  # links first crossed after this round was routed: none of its
+        lo = ptr[links]
+        return self._transfers[spans(lo, ptr[links + 1] - lo)]
+
+
+class _Tail:
+    """An array appended to at every instant: a view of a buffer with room at its end, grown by half
+    again when full, so that an append copies what is there only now and then rather than every time."""
+
+    def __init__(self, dtype: type) -> None:
+        self._buffer: np.ndarray = np.empty(0, dtype=dtype)
+        self._size = 0
+
+    def append(self, values: np.ndarray) -> np.ndarray:
+        """The array so far (the last view returned) followed by ``values``."""
+        end = self._size + values.size
+        if end > self._buffer.size:
+            grown = np.empty(max(end, self._buffer.size * 3 // 2), dtype=self._buffer.dtype)
+            grown[: self._size] = self._buffer[: self._size]
+            self._buffer = grown
+        self._buffer[self._size : end] = values
+        self._size = end
+        return self._buffer[:end]
+
+    def replace(self, values: np.ndarray) -> np.ndarray:
+        """``values`` (a new array) as the array so far."""
+        self._buffer, self._size = values, values.size
+        return values
 
 
 @dataclass
@@ -176,6 +229,9 @@ class _Round:
     done_s: np.ndarray  # per rank, the latest arrival (or end of reduction) so far
     entered: np.ndarray  # per rank, whether it has entered this round
     entry_s: np.ndarray  # per rank, when it entered
+    by_link: _ByLink  # its transfers by link
+    slot: np.ndarray  # per transfer, its flow's place in the in-flight arrays while in flight, else -1
+    flying: int = 0  # its flows in flight
 
 
 class FluidExecutor:
@@ -195,6 +251,11 @@ class FluidExecutor:
         self._load = np.zeros(1)  # the bounds of the flows in flight over it, summed
         self._users = np.zeros(1, dtype=np.int64)  # the flows in flight over it
         self._local = np.zeros(1, dtype=np.int64)  # scratch: binding link -> its number in ``_rates``
+        self._binding = np.zeros(1, dtype=bool)  # whether it bound at the last re-rating (``_rerate``)
+        self._cover = np.zeros(1, dtype=np.int64)  # scratch, zeros between re-ratings (``_rerate``)
+        self._changed = np.zeros(1, dtype=bool)  # whether its flows started or ended since the last re-rating
+        # whether the rates of the last re-rating are each connected component's own (``_rerate``)
+        self._certified = False
         self._fabric_link = np.array([-1], dtype=np.int64)
         # per fabric link and one more (what a route's padding, -1, reads): for routes' sums and minima
         self._link_latency = np.append(fabric.latency_s, 0.0)
@@ -214,7 +275,7 @@ class FluidExecutor:
         if not found:
             routes = self._route(rnd, ranks)
             self._routes.put(rnd, None, routes)
-        src, dst, overhead_s, latency_s, cap, hop_link, hop_ptr, send_order, send_ptr, kept = routes
+        src, dst, overhead_s, latency_s, cap, hop_link, hop_ptr, send_order, send_ptr, kept, by_link = routes
         nbytes = np.broadcast_to(schedule.transfer_bytes(rnd, message_bytes), (len(rnd),))
         op = rnd.op if kept is None else np.broadcast_to(np.asarray(rnd.op), (len(rnd),))[kept]
         nbytes = np.array(nbytes if kept is None else nbytes[kept], dtype=np.float64)
@@ -235,12 +296,14 @@ class FluidExecutor:
             np.full(ranks, -np.inf),
             np.zeros(ranks, dtype=bool),
             np.full(ranks, -np.inf),
+            by_link,
+            np.full(src.size, -1, dtype=np.int64),
         )
 
-    def _route(self, rnd: Round, ranks: int) -> tuple[np.ndarray | None, ...]:
+    def _route(self, rnd: Round, ranks: int) -> tuple[Any, ...]:
         """What a round's transfer arrays imply, kept while the same arrays come back (a ring's
         steps): (src, dst, overhead, latency, bottleneck, hop links, hop pointers, send order, send
-        pointers, the transfers kept where folded: ``fold.sent``, else None)."""
+        pointers, the transfers kept where folded: ``fold.sent``, else None, the transfers by link)."""
         fabric, fold = self.fabric, self.fold
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
@@ -262,6 +325,7 @@ class FluidExecutor:
             self._grow(np.flatnonzero(new))
             compact = self._compact[links]
         order = np.argsort(src, kind="stable")
+        hop_ptr = _pointers(owner, src.size)
         return (
             src,
             dst,
@@ -269,10 +333,11 @@ class FluidExecutor:
             self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
             cap,
             compact,
-            _pointers(owner, src.size),
+            hop_ptr,
             order,
             _pointers(src, ranks),
             kept,
+            _ByLink(compact, hop_ptr),
         )
 
     def _grow(self, fresh: np.ndarray) -> None:
@@ -288,6 +353,9 @@ class FluidExecutor:
             self._load = np.concatenate([self._load, np.zeros(spare)])
             self._users = np.concatenate([self._users, np.zeros(spare, dtype=np.int64)])
             self._local = np.concatenate([self._local, np.zeros(spare, dtype=np.int64)])
+            self._binding = np.concatenate([self._binding, np.zeros(spare, dtype=bool)])
+            self._cover = np.concatenate([self._cover, np.zeros(spare, dtype=np.int64)])
+            self._changed = np.concatenate([self._changed, np.zeros(spare, dtype=bool)])
         ids = slice(first, self._links)
         self._compact[fresh] = np.arange(first, self._links)
         self._capacity[ids] = self.fabric.capacity_Bps[fresh]
@@ -346,11 +414,16 @@ class FluidExecutor:
         a_round, a_index = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
         a_remaining, a_cap, a_rate, a_finish = (np.empty(0) for _ in range(4))
         a_hop, a_hops = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)  # its hops: h_[a_hop:a_hop + a_hops]
+        # those appended to as flows start (views of buffers: each a_round, ... is the latest view)
+        t_round, t_index, t_remaining, t_cap, t_hop, t_hops, t_link = (
+            _Tail(dtype) for dtype in (np.int64, np.int64, np.float64, np.float64, np.int64, np.int64, np.int64)
+        )
         flying = 0  # flows in flight that have not ended
         # the hops of the flows in flight, in the a_ arrays' order: link (compact id; an ended flow's
         # hops on ``_NO_LINK``), flow (position in the a_ arrays)
-        h_link, h_owner = np.empty(0, dtype=np.int64), np.empty(0, dtype=np.int64)
+        h_link = np.empty(0, dtype=np.int64)  # (flow i's hops: i repeated a_hops[i] times, where needed)
         self._load[:], self._users[:] = 0.0, 0  # (where an earlier run stopped short)
+        self._certified = False
 
         def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
@@ -424,6 +497,7 @@ class FluidExecutor:
                 new_round, new_index = w_round[due], w_index[due]
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
                 pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
+                place = a_index.size  # where the flows' places in the in-flight arrays start
                 for k in _distinct(new_round):
                     rd = rounds[k]
                     index = new_index[new_round == k]
@@ -438,23 +512,26 @@ class FluidExecutor:
                         senders = np.repeat(rd.src[index], counts)
                         tracker.started(links, senders, now, self._capacity.size)
                     pieces.append((np.full(index.size, k), index, counts, links, rd.nbytes[index], rd.cap_Bps[index]))
+                    rd.slot[index] = np.arange(place, place + index.size)
+                    rd.flying += index.size
+                    place += index.size
                 # appended once per instant, not once per round: each append copies the arrays whole
                 new_round, index, counts, links, nbytes, bound = (np.concatenate(p) for p in zip(*pieces, strict=True))
+                self._changed[links] = True
                 # each link's flows' bounds and flows, kept as they start and end
                 np.add.at(self._load, links, np.repeat(bound, counts))
                 np.add.at(self._users, links, 1)
-                a_hop = np.concatenate([a_hop, h_link.size + np.cumsum(counts) - counts])
-                a_hops = np.concatenate([a_hops, counts])
-                h_link = np.concatenate([h_link, links])
-                h_owner = np.concatenate([h_owner, a_index.size + np.repeat(np.arange(index.size), counts)])
-                a_round = np.concatenate([a_round, new_round])
-                a_index = np.concatenate([a_index, index])
-                a_remaining = np.concatenate([a_remaining, nbytes])
-                a_cap = np.concatenate([a_cap, bound])
+                a_hop = t_hop.append(h_link.size + np.cumsum(counts) - counts)
+                a_hops = t_hops.append(counts)
+                h_link = t_link.append(links)
+                a_round = t_round.append(new_round)
+                a_index = t_index.append(index)
+                a_remaining = t_remaining.append(nbytes)
+                a_cap = t_cap.append(bound)
                 flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
-                a_rate = self._rates(a_cap, h_link, h_owner)
+                a_rate = self._rerate(a_cap, h_link, a_rate, a_hop, a_hops, rounds)
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
@@ -499,7 +576,7 @@ class FluidExecutor:
                 float(a_finish.min()) if flying else np.inf, float(w_start.min()) if w_start.size else np.inf
             )
             if flying:
-                a_remaining = a_remaining - a_rate * (following - now)
+                a_remaining -= a_rate * (following - now)  # (in place: the same arithmetic)
             now = following
             # flows that end now
             limit = now + FINISH_TOLERANCE * max(abs(now), 1e-9)
@@ -516,6 +593,13 @@ class FluidExecutor:
                 np.subtract.at(load, links, np.repeat(a_cap[ended], counts))
                 np.subtract.at(users, links, 1)
                 load[links[users[links] == 0]] = 0.0  # no drift: an idle link carries exactly nothing
+                self._changed[links] = True
+                for k in _distinct(a_round[ended]):
+                    rd = rounds[k]
+                    gone = a_index[ended[a_round[ended] == k]]
+                    rd.slot[gone] = -1
+                    rd.flying -= gone.size
+                a_rate[ended] = a_cap[ended]  # crossing no link now, as a re-rating from scratch would give it
                 h_link[position] = _NO_LINK
                 a_index[ended] = -1
                 a_remaining[ended] = np.inf
@@ -523,13 +607,16 @@ class FluidExecutor:
                 flying -= ended.size
                 if 2 * flying < a_index.size:  # more ended than not: drop them (keeping the order)
                     kept = np.flatnonzero(a_index >= 0)
-                    a_hops = a_hops[kept]
+                    a_hops = t_hops.replace(a_hops[kept])
                     hops = spans(a_hop[kept], a_hops)
-                    a_hop = np.cumsum(a_hops) - a_hops
-                    h_link = h_link[hops]
-                    h_owner = np.repeat(np.arange(kept.size), a_hops)
-                    a_round, a_index, a_remaining, a_cap = a_round[kept], a_index[kept], a_remaining[kept], a_cap[kept]
+                    a_hop = t_hop.replace(np.cumsum(a_hops) - a_hops)
+                    h_link = t_link.replace(h_link[hops])
+                    a_round, a_index = t_round.replace(a_round[kept]), t_index.replace(a_index[kept])
+                    a_remaining, a_cap = t_remaining.replace(a_remaining[kept]), t_cap.replace(a_cap[kept])
                     a_rate, a_finish = a_rate[kept], a_finish[kept]
+                    for k in _distinct(a_round):
+                        here = np.flatnonzero(a_round == k)
+                        rounds[k].slot[a_index[here]] = here
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         if tracker is not None:
@@ -539,7 +626,160 @@ class FluidExecutor:
             return np.tile(finish, fold.copies)
         return finish
 
-    def _rates(self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray) -> np.ndarray:
+    def _rerate(
+        self,
+        cap: np.ndarray,
+        link: np.ndarray,
+        held: np.ndarray,
+        hop: np.ndarray,
+        hops: np.ndarray,
+        rounds: dict[int, _Round],
+    ) -> np.ndarray:
+        """The rates of the flows in flight at an instant, to the bit those of ``_rates`` over them all
+        (bound ``cap``; flow i crosses ``link[hop[i]:hop[i] + hops[i]]``), from ``held``: the rates at
+        the instant before of the flows then in flight (those past them are new; the ended among them
+        at their ``cap``, crossing no link now). ``rounds``: the rounds built, whose transfers in
+        flight are the flows (``_Round.slot``); ``_changed`` marks the links of the flows that started
+        or ended since.
+
+        Max-min fair rates are those of each connected component of the flows (over the links that
+        bind) on its own. A component none of whose flows is new or crosses a changed link that binds
+        now or bound before (a link's load changes only as its flows start and end, and whether it
+        binds with it) is a component of the instant before with the same flows, bounds and links:
+        its rates are held. The rest, the components reached from the new flows and from those
+        changed links, are rated by ``max_min_fair_rates_flat`` over their flows alone.
+
+        One computation over every flow gives the same only where none of its passes joins links of
+        two components whose levels differ, which its tolerance allows where they lie within 1e-12
+        (relative) of each other. So rates are held and recomputed only while they are certified
+        (``_certified``) to be each component's own: every pass exact (``max_min_fair_rates_flat``'s
+        ``levels``) and no two distinct levels among the rates in flight within ``_NEAR`` of each
+        other. Otherwise, and where the components reached hold a good part of the flows
+        (``_FRESH``), every flow is rated afresh (``_afresh``), which certifies its rates again where
+        its passes were exact and its levels apart."""
+        if not self._certified or not held.size:
+            return self._afresh(cap, link, hops)
+        # whether a link binds changes only where its flows started or ended: kept up to date there
+        links = np.flatnonzero(self._changed[: self._links])
+        self._changed[links] = False
+        binding = self._binding
+        before = binding[links]
+        now = self._load[links] > self._threshold[links]
+        binding[links] = now
+        pending = links[before | now]
+        users, cover = self._users, self._cover
+        most = _FRESH * cap.size
+        # the components reached, a frontier of flows at a time, from the new flows and the changed
+        # links: a link is looked up (its flows in flight, round by round) only where it has more
+        # flows in flight than reached flows cross it (``cover``: their hops on it, counted)
+        reached = np.zeros(cap.size, dtype=bool)
+        covered: list[np.ndarray] = []  # the reached flows' hops, to clear ``cover`` after
+        frontier = np.arange(held.size, cap.size)
+        across = link[hop[held.size] :] if frontier.size else link[:0]  # the new flows' hops: the last ones
+        looked: np.ndarray | None = None  # links looked up (scratch, made where one is)
+        tag: np.ndarray | None = None  # scratch per flow
+        live: list[_Round] | None = None
+        count = 0
+        while True:
+            if frontier.size:
+                reached[frontier] = True
+                count += frontier.size
+                if count > most:  # as costly as rating every flow afresh
+                    for hop_links in covered:
+                        cover[hop_links] = 0
+                    return self._afresh(cap, link, hops)
+                np.add.at(cover, across, 1)
+                if tag is not None:  # (found by looking up: the new flows' links changed, pending where they bind)
+                    pending = np.concatenate([pending, across[binding[across]]])
+                covered.append(across)
+            pending = pending[users[pending] > cover[pending]]
+            if looked is not None:
+                pending = pending[~looked[pending]]
+            pending = self._once(pending)
+            if not pending.size:
+                break
+            # the flows still to find, counted once per link they cross here: so many that rating
+            # every flow afresh costs no more
+            if count + int(users[pending].sum() - cover[pending].sum()) > _FRESH * cap.size:
+                for hop_links in covered:
+                    cover[hop_links] = 0
+                return self._afresh(cap, link, hops)
+            if looked is None:
+                looked = np.zeros(self._links, dtype=bool)
+                live = [rd for rd in rounds.values() if rd.flying]
+            assert live is not None
+            looked[pending] = True
+            found = [rd.slot[rd.by_link.transfers(pending)] for rd in live]
+            flows = np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+            flows = flows[flows >= 0]
+            flows = flows[~reached[flows]]
+            if tag is None:
+                tag = np.empty(cap.size, dtype=np.int64)
+            place = np.arange(flows.size)
+            tag[flows] = place
+            frontier = flows[tag[flows] == place]  # each flow found once
+            across = link[spans(hop[frontier], hops[frontier])]
+            pending = pending[:0]
+        for hop_links in covered:
+            cover[hop_links] = 0
+        rates = np.concatenate([held, cap[held.size :]])
+        flows = np.flatnonzero(reached)
+        if not flows.size:
+            return rates
+        # the reached flows' binding hops, the flows numbered in order among them, their links in
+        # any order (the computation reads a link's share and sums over its entries, whatever its number)
+        at = spans(hop[flows], hops[flows])
+        hop_link = link[at]
+        on = binding[hop_link]
+        sub = cap[flows]
+        levels: list[tuple[float, bool]] = []
+        if on.any():
+            hop_owner = np.repeat(np.arange(flows.size), hops[flows])[on]
+            hop_link = hop_link[on]
+            constrained = np.zeros(flows.size, dtype=bool)
+            constrained[hop_owner] = True
+            rows = np.flatnonzero(constrained)
+            renumber = np.empty(flows.size, dtype=np.int64)
+            renumber[rows] = np.arange(rows.size)
+            used = self._once(hop_link)
+            self._local[used] = np.arange(used.size)
+            sub[rows] = max_min_fair_rates_flat(
+                renumber[hop_owner],
+                self._local[hop_link],
+                rows.size,
+                self._capacity[used],
+                bound=sub[rows],
+                levels=levels,
+            )
+        rates[flows] = sub
+        if not all(exact for _, exact in levels):
+            return self._afresh(cap, link, hops)
+        for level in {value for value, _ in levels}:  # no other rate in flight close to a new level
+            close = (rates >= level * (1 - _NEAR)) & (rates <= level * (1 + _NEAR))
+            if np.any(rates[close] != level):
+                return self._afresh(cap, link, hops)
+        return rates
+
+    def _once(self, links: np.ndarray) -> np.ndarray:
+        """``links`` (compact ids) with each one kept once, at one of its places: with ``_local`` as
+        scratch, in their number of steps rather than the links' or a sort's."""
+        place = np.arange(links.size)
+        self._local[links] = place
+        return links[self._local[links] == place]
+
+    def _afresh(self, cap: np.ndarray, link: np.ndarray, hops: np.ndarray) -> np.ndarray:
+        """``_rates`` over every flow in flight, and whether each component got its own rates there
+        (``_certified``): every pass exact, no two distinct levels within ``_NEAR`` of each other."""
+        levels: list[tuple[float, bool]] = []
+        rates = self._rates(cap, link, np.repeat(np.arange(cap.size), hops), levels)
+        self._changed[:] = False
+        values = np.unique(np.array([value for value, _ in levels]))  # a few
+        self._certified = all(exact for _, exact in levels) and not np.any(values[1:] <= values[:-1] * (1 + _NEAR))
+        return rates
+
+    def _rates(
+        self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, levels: list[tuple[float, bool]] | None = None
+    ) -> np.ndarray:
         """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
         ``link[e]``), as ``FlowNetwork._rerate`` computes them: a link binds where the bounds of its
         flows (``_load``, kept as they start and end) sum to more than its capacity.
@@ -549,9 +789,10 @@ class FluidExecutor:
         The binding links are numbered in order of their compact ids (``_local`` is scratch space),
         the constrained flows in order, as ``relabel`` would."""
         rates = cap.copy()
+        binding = self._load[: self._links] > self._threshold[: self._links]
+        self._binding[: self._links] = binding  # (``_rerate`` keeps it up to date from here)
         if not link.size:
             return rates
-        binding = self._load[: self._links] > self._threshold[: self._links]
         on = binding[link]
         if on.all():
             hop_owner, hop_link = owner, link
@@ -574,5 +815,7 @@ class FluidExecutor:
         links = np.flatnonzero(binding)
         self._local[links] = np.arange(links.size)
         local_link = self._local[hop_link]
-        rates[rows] = max_min_fair_rates_flat(local_owner, local_link, flows, self._capacity[links], bound=cap[rows])
+        rates[rows] = max_min_fair_rates_flat(
+            local_owner, local_link, flows, self._capacity[links], bound=cap[rows], levels=levels
+        )
         return rates
