@@ -68,7 +68,7 @@ from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
-from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, relabel, unique_ints
 from ddlsim.simulator.engine.round_lockstep import lockstep_round, time_in_lockstep
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.round_relay import RELAY_MIN, relay_exits, relay_length
@@ -409,6 +409,8 @@ class VectorisedExecutor:
                     steady, measured = self._steady_advance(st, previous_input, t, new, scale)
                 previous_input, t, scale = t, new, measured
                 synced.advance(1, t)
+                if steady is None and done == 1 and count - done >= 2 and log is None and self._bound_to_decline(st):
+                    raise ContentionDetected("this round's flows meet those two rounds on: the fluid path takes over")
                 if steady is not None:
                     skip = int(min(count - done, steady.budget))
                     t = self._skip(steady, skip, t)
@@ -517,6 +519,72 @@ class VectorisedExecutor:
         if log is not None:
             log.add(st.senders, st.dst if members is None else members[st.dst], rb.nbytes, begin, end)
         return self._leave(st, t, end, rb.reduce_s), group is not None
+
+    def _bound_to_decline(self, st: Structure | ArcStructure) -> bool:
+        """Whether the round path must decline within the next two rounds, proved from the round just
+        executed (``handover`` only): the first of a run of at least three identical rounds k, k+1,
+        k+2 whose ranks entered it apart (torus_2d's first column step on the dragonfly, after the row
+        ring left its ranks 17 us apart at 131,072 ranks: the round path timed k and k+1 by fluid
+        simulations over every flow, 10 s, and declined at k+2).
+
+        Bounds, from round k as executed (its flow starts, durations and ranks' entries): a flow of
+        k+1 or k+2 lasts at most its bytes over the least of c_l / n_l over its hops (n_l: the
+        round's flows on link l; max-min gives a flow at least its bottleneck link's equal share, and
+        the round path simulates on a link at most the flows of two consecutive identical rounds, of
+        which a sender's are never in flight together, so at most n_l at once); a flow of round k
+        re-timed with round k+1's flows lasts at most that too. So each rank's exit from k and from
+        k+1 has an upper bound, as ``_leave`` takes it (latencies, reductions), and each flow of k+2 an
+        upper bound on its start. A flow of round k lasts at least its bytes over its route's slowest
+        link. Where a flow a of round k+2 must start on a checked link L before a flow b of round k
+        there can have ended, a's flow of round k+1 (starting no later) meets b there: round k+1 is
+        simulated with round k (no steady-state skip after it) or declines, and round k+2 finds L
+        busy (its busy time and, after k+1's commit, the time before which older flows may be there,
+        both at least b's end) and declines, before any rank could be in step again (a's sender
+        enters k+2 before b's sender leaves k): the same decline, the same hand-over point."""
+        if not self.handover or not isinstance(st, Structure) or st.bundles is not None or not st.checked.size:
+            return False
+        placed = self._placed
+        if not isinstance(placed, Placed) or placed.serial != self._serial or placed.structure is not st:
+            return False
+        rb = st.bytes
+        if rb is None or not st.contention.flows.size:
+            return False
+        size = st.src.size
+        entry, start = placed.entry, placed.flow_start
+        links, owner = st.flat_links, st.flat_owner
+        _, local = relabel(links, self.fabric.capacity_Bps.size)
+        capacity = self.fabric.capacity_Bps[links]
+        slowest_share = np.array(st.bottleneck_Bps, dtype=np.float64)  # a flow's rate is at least this
+        np.minimum.at(slowest_share, owner, capacity / np.bincount(local)[local])
+        fastest = np.full(size, np.inf)  # and at most this: its slowest hop, or where it has none its bottleneck
+        np.minimum.at(fastest, owner, capacity)
+        fastest = np.maximum(st.bottleneck_Bps, np.where(np.isfinite(fastest), fastest, 0.0))
+        nbytes = np.broadcast_to(np.asarray(placed.nbytes, dtype=np.float64), (size,))
+        longest = nbytes / slowest_share * (1 + 1e-9)
+        latency = np.broadcast_to(st.alpha_s - st.overhead_s, (size,))
+        overhead = np.broadcast_to(st.overhead_s, (size,))
+        reduce_s = np.zeros(size) if placed.reduce_s is None else np.broadcast_to(placed.reduce_s, (size,))
+
+        def exits(entered: np.ndarray, starts: np.ndarray, seconds: np.ndarray) -> np.ndarray:
+            arrival = starts + seconds + latency
+            out = entered.copy()
+            np.maximum.at(out, st.src, arrival)
+            np.maximum.at(out, st.dst, arrival + reduce_s)
+            return out
+
+        first = exits(entry, start, np.maximum(placed.duration, longest))  # k, as re-timed at most
+        second = exits(first, first[st.src] + overhead, longest)  # k + 1
+        latest_start = second[st.src] + overhead  # of round k + 2's flows
+        earliest_end = start + nbytes / fastest  # of round k's flows
+        scale = max(float(np.abs(first).max()), float(np.abs(second).max()), 1e-9)
+        hop_links, hop_owner = links[st.checked], owner[st.checked]
+        # per checked link: the latest a round-k flow ends at least, the earliest a round-(k+2) flow starts at most
+        order = np.argsort(hop_links, kind="stable")
+        hop_links, hop_owner = hop_links[order], hop_owner[order]
+        heads = np.flatnonzero(np.concatenate(([True], hop_links[1:] != hop_links[:-1])))
+        ends_by = np.maximum.reduceat(earliest_end[hop_owner], heads)
+        starts_by = np.minimum.reduceat(latest_start[hop_owner], heads)
+        return bool(np.any(starts_by < ends_by - 1e-9 * scale))
 
     def _drifting(self, st: Structure, flow_start: np.ndarray) -> bool:
         """Whether to give up on this round for the fluid path (``handover``): its contended flows
