@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["FluidExecutor", "LinkUse"]
 
 _NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
+_FEW = 32  # transfers ending at one instant that ``arrive`` handles as Python sets, not rank-wide masks
 
 
 def _distinct(rounds: np.ndarray) -> list[int]:
@@ -78,7 +79,9 @@ def _distinct(rounds: np.ndarray) -> list[int]:
     than ``np.unique``, which hashes (several ms at 100k flows)."""
     if not rounds.size:
         return []
-    low = int(rounds.min())
+    low, high = int(rounds.min()), int(rounds.max())
+    if low == high:  # one round (almost every instant): no count
+        return [low]
     return (np.flatnonzero(np.bincount(rounds - low)) + low).tolist()
 
 
@@ -168,6 +171,7 @@ class _Round:
     latency_s: np.ndarray
     reduce_s: np.ndarray  # the receiver's reduction seconds (zeros where free)
     cap_Bps: np.ndarray  # the route's slowest link (inf: no route, the transfer ends as it starts)
+    instant: np.ndarray  # whether the transfer ends as it starts (no bytes, or no route)
     hop_link: np.ndarray  # compact link ids of the binding hops, transfer by transfer
     hop_ptr: np.ndarray  # transfer i's hops: hop_link[hop_ptr[i]:hop_ptr[i + 1]]
     send_order: np.ndarray  # transfers sorted by sender
@@ -227,6 +231,7 @@ class FluidExecutor:
             latency_s,
             np.zeros(src.size) if reduce_s is None else np.broadcast_to(reduce_s, src.shape).astype(np.float64),
             cap,
+            (nbytes <= 0) | (cap == np.inf),
             hop_link,
             hop_ptr,
             send_order,
@@ -378,9 +383,10 @@ class FluidExecutor:
         def arrive(ended_round: np.ndarray, ended_index: np.ndarray, now: float) -> list:
             """The transfers ended at ``now`` arrive; ranks with nothing left in their round move on."""
             started = []
-            for k in _distinct(ended_round):
+            distinct = _distinct(ended_round)
+            for k in distinct:
                 rd = rounds[k]
-                index = ended_index[ended_round == k]
+                index = ended_index if len(distinct) == 1 else ended_index[ended_round == k]
                 self.transfers += index.size
                 arrival = now + rd.latency_s[index]
                 src, dst = rd.src[index], rd.dst[index]
@@ -390,10 +396,13 @@ class FluidExecutor:
                 np.maximum.at(rd.done_s, dst, arrival + rd.reduce_s[index])
                 np.subtract.at(rd.left, src, 1)
                 np.subtract.at(rd.left, dst, 1)
-                mark = np.zeros(ranks, dtype=bool)
-                mark[src] = True
-                mark[dst] = True
-                touched = np.flatnonzero(mark)
+                if index.size <= _FEW:  # a few transfers (most instants): their ranks as a sorted set
+                    touched = np.array(sorted({*src.tolist(), *dst.tolist()}), dtype=np.int64)
+                else:
+                    mark = np.zeros(ranks, dtype=bool)
+                    mark[src] = True
+                    mark[dst] = True
+                    touched = np.flatnonzero(mark)
                 moving = touched[(rd.left[touched] == 0) & rd.entered[touched] & (current[touched] == k)]
                 if moving.size:
                     at = np.maximum(rd.entry_s[moving], rd.done_s[moving])
@@ -424,10 +433,11 @@ class FluidExecutor:
                 new_round, new_index = w_round[due], w_index[due]
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
                 pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
-                for k in _distinct(new_round):
+                distinct = _distinct(new_round)
+                for k in distinct:
                     rd = rounds[k]
-                    index = new_index[new_round == k]
-                    instant = (rd.nbytes[index] <= 0) | (rd.cap_Bps[index] == np.inf)
+                    index = new_index if len(distinct) == 1 else new_index[new_round == k]
+                    instant = rd.instant[index]
                     if instant.any():
                         batches += arrive(np.full(int(instant.sum()), k), index[instant], now)
                         index = index[~instant]
@@ -439,7 +449,12 @@ class FluidExecutor:
                         tracker.started(links, senders, now, self._capacity.size)
                     pieces.append((np.full(index.size, k), index, counts, links, rd.nbytes[index], rd.cap_Bps[index]))
                 # appended once per instant, not once per round: each append copies the arrays whole
-                new_round, index, counts, links, nbytes, bound = (np.concatenate(p) for p in zip(*pieces, strict=True))
+                if len(pieces) == 1:
+                    new_round, index, counts, links, nbytes, bound = pieces[0]
+                else:
+                    new_round, index, counts, links, nbytes, bound = (
+                        np.concatenate(p) for p in zip(*pieces, strict=True)
+                    )
                 # each link's flows' bounds and flows, kept as they start and end
                 np.add.at(self._load, links, np.repeat(bound, counts))
                 np.add.at(self._users, links, 1)
