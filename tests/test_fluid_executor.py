@@ -277,7 +277,7 @@ def test_a_run_entered_too_far_apart_is_handed_over_at_its_first_round(monkeypat
     declined = {}
     for proved in (True, False):
         if not proved:
-            monkeypatch.setattr(VectorisedExecutor, "_bound_to_decline", lambda self, st: False)
+            monkeypatch.setattr(VectorisedExecutor, "_bound_to_decline", lambda *args: False)
         executor = VectorisedExecutor(fabric, handover=True)
         with pytest.raises(ContentionDetected) as error:
             executor.run(schedule, 1e6, start)

@@ -383,6 +383,10 @@ class VectorisedExecutor:
             done = 0
             while done < count:
                 self._serial += 1
+                if not done and count >= 3 and self.handover and log is None:
+                    st = self._structure(rnd, ranks, t, members)
+                    if self._bound_to_decline(st, t, round_bytes(self.fabric, st, schedule, rnd, message_bytes)):
+                        raise ContentionDetected("this run's flows meet those two rounds on: the fluid path takes over")
                 # a round run once may go as arcs (repeated ones keep the hop lists that their
                 # steady-state shortcut reads); where the arcs decline, hop by hop
                 arc = self._arc_structure(rnd, ranks, t, members) if count == 1 and log is None else None
@@ -409,8 +413,6 @@ class VectorisedExecutor:
                     steady, measured = self._steady_advance(st, previous_input, t, new, scale)
                 previous_input, t, scale = t, new, measured
                 synced.advance(1, t)
-                if steady is None and done == 1 and count - done >= 2 and log is None and self._bound_to_decline(st):
-                    raise ContentionDetected("this round's flows meet those two rounds on: the fluid path takes over")
                 if steady is not None:
                     skip = int(min(count - done, steady.budget))
                     t = self._skip(steady, skip, t)
@@ -520,38 +522,37 @@ class VectorisedExecutor:
             log.add(st.senders, st.dst if members is None else members[st.dst], rb.nbytes, begin, end)
         return self._leave(st, t, end, rb.reduce_s), group is not None
 
-    def _bound_to_decline(self, st: Structure | ArcStructure) -> bool:
-        """Whether the round path must decline within the next two rounds, proved from the round just
-        executed (``handover`` only): the first of a run of at least three identical rounds k, k+1,
-        k+2 whose ranks entered it apart (torus_2d's first column step on the dragonfly, after the row
-        ring left its ranks 17 us apart at 131,072 ranks: the round path timed k and k+1 by fluid
-        simulations over every flow, 10 s, and declined at k+2).
+    def _bound_to_decline(self, st: Structure, t: np.ndarray, rb: RoundBytes) -> bool:
+        """Whether the round path must decline within the first three rounds k, k+1, k+2 of a run of
+        identical rounds, proved before round k is executed (``handover`` only): torus_2d's column
+        steps on the dragonfly at 131,072 ranks, entered 17 us apart within each group's 64 flows on
+        its global link by the row ring, a step taking at most ~7 us, so the early ranks run two
+        rounds ahead of the late ones. The round path timed rounds k and k+1 by fluid simulations
+        over every flow (1.2 s + 8.1 s, k+1 simulated with k) and declined at k+2.
 
-        Bounds, from round k as executed (its flow starts, durations and ranks' entries): a flow of
-        k+1 or k+2 lasts at most its bytes over the least of c_l / n_l over its hops (n_l: the
-        round's flows on link l; max-min gives a flow at least its bottleneck link's equal share, and
-        the round path simulates on a link at most the flows of two consecutive identical rounds, of
-        which a sender's are never in flight together, so at most n_l at once); a flow of round k
-        re-timed with round k+1's flows lasts at most that too. So each rank's exit from k and from
-        k+1 has an upper bound, as ``_leave`` takes it (latencies, reductions), and each flow of k+2 an
-        upper bound on its start. A flow of round k lasts at least its bytes over its route's slowest
-        link. Where a flow a of round k+2 must start on a checked link L before a flow b of round k
-        there can have ended, a's flow of round k+1 (starting no later) meets b there: round k+1 is
-        simulated with round k (no steady-state skip after it) or declines, and round k+2 finds L
-        busy (its busy time and, after k+1's commit, the time before which older flows may be there,
-        both at least b's end) and declines, before any rank could be in step again (a's sender
-        enters k+2 before b's sender leaves k): the same decline, the same hand-over point."""
-        if not self.handover or not isinstance(st, Structure) or st.bundles is not None or not st.checked.size:
-            return False
-        placed = self._placed
-        if not isinstance(placed, Placed) or placed.serial != self._serial or placed.structure is not st:
-            return False
-        rb = st.bytes
-        if rb is None or not st.contention.flows.size:
+        Where no flow of round k meets an earlier flow (``_execute``'s check), its flows start at
+        ``t`` plus their overheads, as timed. Upper bounds: a flow of k, k+1 or k+2 lasts at most its
+        bytes over the least c_l / n_l over its hops (n_l: the round's flows on link l; max-min
+        gives a flow at least its bottleneck link's equal share, and the round path simulates on a
+        link at most the flows of two consecutive rounds of the run, a sender's flows of k and k+1
+        never in flight together: at most n_l at once); so each rank's exit from k and from k+1,
+        as ``_leave`` takes it (latencies, reductions), and each flow's start in k+2. Lower bound: a
+        flow of round k lasts at least its bytes over its slowest hop. Where on a checked link a
+        flow a of k+2 must start before a flow b of k there can have ended, a's flow of k+1 (no
+        later) meets b there: k+1 is simulated with k (no steady-state skip after it) or declines,
+        and k+2 finds the link busy (its busy time and the time before which older flows may be
+        there, as k+1's commit left it, both at least b's end) and declines, with no rank in step
+        before (a's sender enters k+2 before b's sender leaves k). The same decline, in the same
+        run (so the same segments), from the same hand-over point (``resume``)."""
+        if st.bundles is not None or not st.checked.size or not st.contention.flows.size:
             return False
         size = st.src.size
-        entry, start = placed.entry, placed.flow_start
+        overhead = np.broadcast_to(st.overhead_s, (size,))
+        start = (t if st.identity_src else t[st.src]) + overhead
         links, owner = st.flat_links, st.flat_owner
+        hop_links, hop_owner = links[st.checked], owner[st.checked]
+        if np.any(start[hop_owner] < self.links.busy_until[hop_links]):
+            return False  # round k meets the round before: its times are not yet known
         _, local = relabel(links, self.fabric.capacity_Bps.size)
         capacity = self.fabric.capacity_Bps[links]
         slowest_share = np.array(st.bottleneck_Bps, dtype=np.float64)  # a flow's rate is at least this
@@ -559,32 +560,30 @@ class VectorisedExecutor:
         fastest = np.full(size, np.inf)  # and at most this: its slowest hop, or where it has none its bottleneck
         np.minimum.at(fastest, owner, capacity)
         fastest = np.maximum(st.bottleneck_Bps, np.where(np.isfinite(fastest), fastest, 0.0))
-        nbytes = np.broadcast_to(np.asarray(placed.nbytes, dtype=np.float64), (size,))
+        nbytes = np.broadcast_to(np.asarray(rb.nbytes, dtype=np.float64), (size,))
         longest = nbytes / slowest_share * (1 + 1e-9)
         latency = np.broadcast_to(st.alpha_s - st.overhead_s, (size,))
-        overhead = np.broadcast_to(st.overhead_s, (size,))
-        reduce_s = np.zeros(size) if placed.reduce_s is None else np.broadcast_to(placed.reduce_s, (size,))
+        reduce_s = np.zeros(size) if rb.reduce_s is None else np.broadcast_to(rb.reduce_s, (size,))
 
-        def exits(entered: np.ndarray, starts: np.ndarray, seconds: np.ndarray) -> np.ndarray:
-            arrival = starts + seconds + latency
+        def exits(entered: np.ndarray, starts: np.ndarray) -> np.ndarray:
+            arrival = starts + longest + latency
             out = entered.copy()
             np.maximum.at(out, st.src, arrival)
             np.maximum.at(out, st.dst, arrival + reduce_s)
             return out
 
-        first = exits(entry, start, np.maximum(placed.duration, longest))  # k, as re-timed at most
-        second = exits(first, first[st.src] + overhead, longest)  # k + 1
+        first = exits(t, start)  # from k
+        second = exits(first, first[st.src] + overhead)  # from k + 1
         latest_start = second[st.src] + overhead  # of round k + 2's flows
         earliest_end = start + nbytes / fastest  # of round k's flows
-        scale = max(float(np.abs(first).max()), float(np.abs(second).max()), 1e-9)
-        hop_links, hop_owner = links[st.checked], owner[st.checked]
+        margin = 1e-9 * max(float(np.abs(second).max()), 1e-9)
         # per checked link: the latest a round-k flow ends at least, the earliest a round-(k+2) flow starts at most
         order = np.argsort(hop_links, kind="stable")
         hop_links, hop_owner = hop_links[order], hop_owner[order]
         heads = np.flatnonzero(np.concatenate(([True], hop_links[1:] != hop_links[:-1])))
         ends_by = np.maximum.reduceat(earliest_end[hop_owner], heads)
         starts_by = np.minimum.reduceat(latest_start[hop_owner], heads)
-        return bool(np.any(starts_by < ends_by - 1e-9 * scale))
+        return bool(np.any(starts_by < ends_by - margin))
 
     def _drifting(self, st: Structure, flow_start: np.ndarray) -> bool:
         """Whether to give up on this round for the fluid path (``handover``): its contended flows
