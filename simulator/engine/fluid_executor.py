@@ -376,6 +376,8 @@ class FluidExecutor:
                     sent = rd.send_order[position]
                     started.append((np.full(sent.size, k), sent, np.repeat(at, counts) + rd.overhead_s[sent]))
                 through = rd.left[who] == 0  # nothing of this round still to arrive
+                if not through.any():  # (most entries: every rank waits for what it sends and receives)
+                    break
                 who, at = who[through], np.maximum(at[through], rd.done_s[who[through]])
                 k += 1
             return started
@@ -392,17 +394,36 @@ class FluidExecutor:
                 src, dst = rd.src[index], rd.dst[index]
                 if log is not None:
                     log.add(src, dst, rd.nbytes[index], rd.entry_s[src], arrival)
+                if index.size <= _FEW:  # a few transfers (most instants): one by one, as the .at calls below
+                    done_s, left, entered = rd.done_s, rd.left, rd.entered
+                    senders, receivers = src.tolist(), dst.tolist()
+                    received = (arrival + rd.reduce_s[index]).tolist()
+                    for rank, at_s in zip(senders, arrival.tolist(), strict=True):
+                        if at_s > done_s[rank]:
+                            done_s[rank] = at_s
+                    for rank, at_s in zip(receivers, received, strict=True):
+                        if at_s > done_s[rank]:
+                            done_s[rank] = at_s
+                    for rank in senders:
+                        left[rank] -= 1
+                    for rank in receivers:
+                        left[rank] -= 1
+                    # their ranks in order, those with nothing left that entered this round and are in it
+                    ready = [
+                        r for r in sorted({*senders, *receivers}) if not left[r] and entered[r] and current[r] == k
+                    ]
+                    if ready:
+                        moving = np.array(ready, dtype=np.int64)
+                        started += enter(moving, np.maximum(rd.entry_s[moving], rd.done_s[moving]), k + 1)
+                    continue
                 np.maximum.at(rd.done_s, src, arrival)
                 np.maximum.at(rd.done_s, dst, arrival + rd.reduce_s[index])
                 np.subtract.at(rd.left, src, 1)
                 np.subtract.at(rd.left, dst, 1)
-                if index.size <= _FEW:  # a few transfers (most instants): their ranks as a sorted set
-                    touched = np.array(sorted({*src.tolist(), *dst.tolist()}), dtype=np.int64)
-                else:
-                    mark = np.zeros(ranks, dtype=bool)
-                    mark[src] = True
-                    mark[dst] = True
-                    touched = np.flatnonzero(mark)
+                mark = np.zeros(ranks, dtype=bool)
+                mark[src] = True
+                mark[dst] = True
+                touched = np.flatnonzero(mark)
                 moving = touched[(rd.left[touched] == 0) & rd.entered[touched] & (current[touched] == k)]
                 if moving.size:
                     at = np.maximum(rd.entry_s[moving], rd.done_s[moving])
