@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import Schedule
 from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine import fluid_executor
 from ddlsim.simulator.engine.collective_engine import (
@@ -366,3 +367,55 @@ def test_levels_too_close_together_are_not_certified():
         rates = executor._afresh(cap, link, hops)
         np.testing.assert_array_equal(rates, [C / 2, C / 2, x, C - x])
         assert executor._certified is certified
+
+
+def _incast_apart(late_s):
+    """Ranks 0-3 each send 1 MB to rank 4 in five identical rounds (one Round object: a run), over
+    one switch (they share rank 4's port); ranks 2 and 3 enter ``late_s`` after the others."""
+    fabric = Fabric(FabricSpec(nodes=5, devices_per_node=1, network=IB))
+    (rnd,) = schedule_of_rounds([(0, 4), (1, 4), (2, 4), (3, 4)], ranks=5).rounds()
+    schedule = Schedule("incast", "allreduce", 5, 1, lambda: [rnd] * 5)
+    return fabric, schedule, np.array([0.0, 0.0, late_s, late_s, 0.0])
+
+
+def test_a_run_entered_too_far_apart_is_handed_over_at_its_first_round(monkeypatch):
+    """Ranks 0 and 1 run two rounds ahead on rank 4's port while the late ranks' first flows there
+    have not even started: the round path would simulate rounds 1 and 2 together and decline at
+    round 3 (a flow starts while flows older than the previous round's may be there); with
+    ``handover`` it proves so after round 1 (``_bound_to_decline``) and declines there, with the
+    same hand-over point (none: never in step), and ``auto`` gives the same times to the bit."""
+    fabric, schedule, start = _incast_apart(1e-3)
+    declined = {}
+    for proved in (True, False):
+        if not proved:
+            monkeypatch.setattr(VectorisedExecutor, "_bound_to_decline", lambda *args: False)
+        executor = VectorisedExecutor(fabric, handover=True)
+        with pytest.raises(ContentionDetected) as error:
+            executor.run(schedule, 1e6, start)
+        declined[proved] = (executor._serial, str(error.value), executor.resume)
+        finish, path = run_collective(schedule, fabric, 1e6, start)
+        assert path == "fluid"
+        declined[proved] += (finish,)
+    assert declined[True][0] == 1 and "two rounds on" in declined[True][1]
+    assert declined[False][0] == 3 and "older than the previous round's" in declined[False][1]
+    assert declined[True][2] is None and declined[False][2] is None
+    np.testing.assert_array_equal(declined[True][3], declined[False][3])
+    np.testing.assert_allclose(declined[True][3], MessageExecutor(fabric).run(schedule, 1e6, start), rtol=1e-9)
+
+
+def test_a_run_entered_a_little_apart_is_not_handed_over_early():
+    """The same run with the late ranks a round behind, not two: no proof of a decline, and the round
+    path goes on as without it (the same outcome either way)."""
+    fabric, schedule, start = _incast_apart(1e-4)
+    outcomes = []
+    for handover in (False, True):
+        executor = VectorisedExecutor(fabric, handover=handover)
+        try:
+            outcomes.append(executor.run(schedule, 1e6, start))
+        except ContentionDetected as error:
+            outcomes.append((executor._serial, str(error)))
+    assert "two rounds on" not in str(outcomes[1])
+    if isinstance(outcomes[0], tuple):
+        assert outcomes[1] == outcomes[0]
+    else:
+        np.testing.assert_array_equal(outcomes[1], outcomes[0])

@@ -68,7 +68,7 @@ from ddlsim.simulator.engine.lockstep import LockstepRound
 from ddlsim.simulator.engine.message_executor import MessageExecutor, TransferLog
 from ddlsim.simulator.engine.round_arcs import ArcRound
 from ddlsim.simulator.engine.round_bundles import Bundles
-from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, unique_ints
+from ddlsim.simulator.engine.round_fluid import Contention, fluid_ends, relabel, unique_ints
 from ddlsim.simulator.engine.round_lockstep import lockstep_round, time_in_lockstep
 from ddlsim.simulator.engine.round_overlap import OverlapGroup, Placed
 from ddlsim.simulator.engine.round_relay import RELAY_MIN, relay_exits, relay_length
@@ -383,6 +383,10 @@ class VectorisedExecutor:
             done = 0
             while done < count:
                 self._serial += 1
+                if not done and count >= 3 and self.handover and log is None:
+                    st = self._structure(rnd, ranks, t, members)
+                    if self._bound_to_decline(st, t, round_bytes(self.fabric, st, schedule, rnd, message_bytes)):
+                        raise ContentionDetected("this run's flows meet those two rounds on: the fluid path takes over")
                 # a round run once may go as arcs (repeated ones keep the hop lists that their
                 # steady-state shortcut reads); where the arcs decline, hop by hop
                 arc = self._arc_structure(rnd, ranks, t, members) if count == 1 and log is None else None
@@ -517,6 +521,69 @@ class VectorisedExecutor:
         if log is not None:
             log.add(st.senders, st.dst if members is None else members[st.dst], rb.nbytes, begin, end)
         return self._leave(st, t, end, rb.reduce_s), group is not None
+
+    def _bound_to_decline(self, st: Structure, t: np.ndarray, rb: RoundBytes) -> bool:
+        """Whether the round path must decline within the first three rounds k, k+1, k+2 of a run of
+        identical rounds, proved before round k is executed (``handover`` only): torus_2d's column
+        steps on the dragonfly at 131,072 ranks, entered 17 us apart within each group's 64 flows on
+        its global link by the row ring, a step taking at most ~7 us, so the early ranks run two
+        rounds ahead of the late ones. The round path timed rounds k and k+1 by fluid simulations
+        over every flow (1.2 s + 8.1 s, k+1 simulated with k) and declined at k+2.
+
+        Where no flow of round k meets an earlier flow (``_execute``'s check), its flows start at
+        ``t`` plus their overheads, as timed. Upper bounds: a flow of k, k+1 or k+2 lasts at most its
+        bytes over the least c_l / n_l over its hops (n_l: the round's flows on link l; max-min
+        gives a flow at least its bottleneck link's equal share, and the round path simulates on a
+        link at most the flows of two consecutive rounds of the run, a sender's flows of k and k+1
+        never in flight together: at most n_l at once); so each rank's exit from k and from k+1,
+        as ``_leave`` takes it (latencies, reductions), and each flow's start in k+2. Lower bound: a
+        flow of round k lasts at least its bytes over its slowest hop. Where on a checked link a
+        flow a of k+2 must start before a flow b of k there can have ended, a's flow of k+1 (no
+        later) meets b there: k+1 is simulated with k (no steady-state skip after it) or declines,
+        and k+2 finds the link busy (its busy time and the time before which older flows may be
+        there, as k+1's commit left it, both at least b's end) and declines, with no rank in step
+        before (a's sender enters k+2 before b's sender leaves k). The same decline, in the same
+        run (so the same segments), from the same hand-over point (``resume``)."""
+        if st.bundles is not None or not st.checked.size or not st.contention.flows.size:
+            return False
+        size = st.src.size
+        overhead = np.broadcast_to(st.overhead_s, (size,))
+        start = (t if st.identity_src else t[st.src]) + overhead
+        links, owner = st.flat_links, st.flat_owner
+        hop_links, hop_owner = links[st.checked], owner[st.checked]
+        if np.any(start[hop_owner] < self.links.busy_until[hop_links]):
+            return False  # round k meets the round before: its times are not yet known
+        _, local = relabel(links, self.fabric.capacity_Bps.size)
+        capacity = self.fabric.capacity_Bps[links]
+        slowest_share = np.array(st.bottleneck_Bps, dtype=np.float64)  # a flow's rate is at least this
+        np.minimum.at(slowest_share, owner, capacity / np.bincount(local)[local])
+        fastest = np.full(size, np.inf)  # and at most this: its slowest hop, or where it has none its bottleneck
+        np.minimum.at(fastest, owner, capacity)
+        fastest = np.maximum(st.bottleneck_Bps, np.where(np.isfinite(fastest), fastest, 0.0))
+        nbytes = np.broadcast_to(np.asarray(rb.nbytes, dtype=np.float64), (size,))
+        longest = nbytes / slowest_share * (1 + 1e-9)
+        latency = np.broadcast_to(st.alpha_s - st.overhead_s, (size,))
+        reduce_s = np.zeros(size) if rb.reduce_s is None else np.broadcast_to(rb.reduce_s, (size,))
+
+        def exits(entered: np.ndarray, starts: np.ndarray) -> np.ndarray:
+            arrival = starts + longest + latency
+            out = entered.copy()
+            np.maximum.at(out, st.src, arrival)
+            np.maximum.at(out, st.dst, arrival + reduce_s)
+            return out
+
+        first = exits(t, start)  # from k
+        second = exits(first, first[st.src] + overhead)  # from k + 1
+        latest_start = second[st.src] + overhead  # of round k + 2's flows
+        earliest_end = start + nbytes / fastest  # of round k's flows
+        margin = 1e-9 * max(float(np.abs(second).max()), 1e-9)
+        # per checked link: the latest a round-k flow ends at least, the earliest a round-(k+2) flow starts at most
+        order = np.argsort(hop_links, kind="stable")
+        hop_links, hop_owner = hop_links[order], hop_owner[order]
+        heads = np.flatnonzero(np.concatenate(([True], hop_links[1:] != hop_links[:-1])))
+        ends_by = np.maximum.reduceat(earliest_end[hop_owner], heads)
+        starts_by = np.minimum.reduceat(latest_start[hop_owner], heads)
+        return bool(np.any(starts_by < ends_by - margin))
 
     def _drifting(self, st: Structure, flow_start: np.ndarray) -> bool:
         """Whether to give up on this round for the fluid path (``handover``): its contended flows

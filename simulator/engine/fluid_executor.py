@@ -75,6 +75,7 @@ _NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's h
 # the computation's tolerance, so that a pair it would join is never missed (``_Rerating``)
 _NEAR = 4 * MAX_MIN_TOLERANCE
 _FRESH = 0.5  # rate every flow afresh where the components reached have more than this share of them
+_FEW = 32  # transfers ending at one instant that ``arrive`` handles as Python sets, not rank-wide masks
 
 
 def _distinct(rounds: np.ndarray) -> list[int]:
@@ -82,7 +83,9 @@ def _distinct(rounds: np.ndarray) -> list[int]:
     than ``np.unique``, which hashes (several ms at 100k flows)."""
     if not rounds.size:
         return []
-    low = int(rounds.min())
+    low, high = int(rounds.min()), int(rounds.max())
+    if low == high:  # one round (almost every instant): no count
+        return [low]
     return (np.flatnonzero(np.bincount(rounds - low)) + low).tolist()
 
 
@@ -221,6 +224,7 @@ class _Round:
     latency_s: np.ndarray
     reduce_s: np.ndarray  # the receiver's reduction seconds (zeros where free)
     cap_Bps: np.ndarray  # the route's slowest link (inf: no route, the transfer ends as it starts)
+    instant: np.ndarray  # whether the transfer ends as it starts (no bytes, or no route)
     hop_link: np.ndarray  # compact link ids of the binding hops, transfer by transfer
     hop_ptr: np.ndarray  # transfer i's hops: hop_link[hop_ptr[i]:hop_ptr[i + 1]]
     send_order: np.ndarray  # transfers sorted by sender
@@ -288,6 +292,7 @@ class FluidExecutor:
             latency_s,
             np.zeros(src.size) if reduce_s is None else np.broadcast_to(reduce_s, src.shape).astype(np.float64),
             cap,
+            (nbytes <= 0) | (cap == np.inf),
             hop_link,
             hop_ptr,
             send_order,
@@ -444,6 +449,8 @@ class FluidExecutor:
                     sent = rd.send_order[position]
                     started.append((np.full(sent.size, k), sent, np.repeat(at, counts) + rd.overhead_s[sent]))
                 through = rd.left[who] == 0  # nothing of this round still to arrive
+                if not through.any():  # (most entries: every rank waits for what it sends and receives)
+                    break
                 who, at = who[through], np.maximum(at[through], rd.done_s[who[through]])
                 k += 1
             return started
@@ -451,14 +458,37 @@ class FluidExecutor:
         def arrive(ended_round: np.ndarray, ended_index: np.ndarray, now: float) -> list:
             """The transfers ended at ``now`` arrive; ranks with nothing left in their round move on."""
             started = []
-            for k in _distinct(ended_round):
+            distinct = _distinct(ended_round)
+            for k in distinct:
                 rd = rounds[k]
-                index = ended_index[ended_round == k]
+                index = ended_index if len(distinct) == 1 else ended_index[ended_round == k]
                 self.transfers += index.size
                 arrival = now + rd.latency_s[index]
                 src, dst = rd.src[index], rd.dst[index]
                 if log is not None:
                     log.add(src, dst, rd.nbytes[index], rd.entry_s[src], arrival)
+                if index.size <= _FEW:  # a few transfers (most instants): one by one, as the .at calls below
+                    done_s, left, entered = rd.done_s, rd.left, rd.entered
+                    senders, receivers = src.tolist(), dst.tolist()
+                    received = (arrival + rd.reduce_s[index]).tolist()
+                    for rank, at_s in zip(senders, arrival.tolist(), strict=True):
+                        if at_s > done_s[rank]:
+                            done_s[rank] = at_s
+                    for rank, at_s in zip(receivers, received, strict=True):
+                        if at_s > done_s[rank]:
+                            done_s[rank] = at_s
+                    for rank in senders:
+                        left[rank] -= 1
+                    for rank in receivers:
+                        left[rank] -= 1
+                    # their ranks in order, those with nothing left that entered this round and are in it
+                    ready = [
+                        r for r in sorted({*senders, *receivers}) if not left[r] and entered[r] and current[r] == k
+                    ]
+                    if ready:
+                        moving = np.array(ready, dtype=np.int64)
+                        started += enter(moving, np.maximum(rd.entry_s[moving], rd.done_s[moving]), k + 1)
+                    continue
                 np.maximum.at(rd.done_s, src, arrival)
                 np.maximum.at(rd.done_s, dst, arrival + rd.reduce_s[index])
                 np.subtract.at(rd.left, src, 1)
@@ -498,10 +528,11 @@ class FluidExecutor:
                 w_round, w_index, w_start = w_round[~due], w_index[~due], w_start[~due]
                 pieces = []  # per round: (round, transfers, their hop counts, hops' links, bytes, bounds)
                 place = a_index.size  # where the flows' places in the in-flight arrays start
-                for k in _distinct(new_round):
+                distinct = _distinct(new_round)
+                for k in distinct:
                     rd = rounds[k]
-                    index = new_index[new_round == k]
-                    instant = (rd.nbytes[index] <= 0) | (rd.cap_Bps[index] == np.inf)
+                    index = new_index if len(distinct) == 1 else new_index[new_round == k]
+                    instant = rd.instant[index]
                     if instant.any():
                         batches += arrive(np.full(int(instant.sum()), k), index[instant], now)
                         index = index[~instant]
@@ -516,7 +547,12 @@ class FluidExecutor:
                     rd.flying += index.size
                     place += index.size
                 # appended once per instant, not once per round: each append copies the arrays whole
-                new_round, index, counts, links, nbytes, bound = (np.concatenate(p) for p in zip(*pieces, strict=True))
+                if len(pieces) == 1:
+                    new_round, index, counts, links, nbytes, bound = pieces[0]
+                else:
+                    new_round, index, counts, links, nbytes, bound = (
+                        np.concatenate(p) for p in zip(*pieces, strict=True)
+                    )
                 self._changed[links] = True
                 # each link's flows' bounds and flows, kept as they start and end
                 np.add.at(self._load, links, np.repeat(bound, counts))

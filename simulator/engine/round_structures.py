@@ -194,9 +194,17 @@ def identity_and_shift(src: np.ndarray, dst: np.ndarray, ranks: int) -> tuple[bo
     return identity, shift
 
 
+_FEW_SPANS = 16
+
+
 def spans(lo: np.ndarray, counts: np.ndarray) -> np.ndarray:
     """The positions lo[i], lo[i] + 1, ..., lo[i] + counts[i] - 1 for every i, in order: the entries of
     ranges of a flat array (a rank's sends, a transfer's hops) gathered in one index array."""
+    if lo.size <= _FEW_SPANS:  # a few ranges (the fluid path's instants): listed, not five array passes
+        return np.array(
+            [p for start, count in zip(lo.tolist(), counts.tolist(), strict=True) for p in range(start, start + count)],
+            dtype=np.int64,
+        )
     return np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(int(counts.sum()))
 
 
