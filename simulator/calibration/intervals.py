@@ -173,12 +173,13 @@ class Estimator:
         sigma_param = float(np.std(logs, ddof=1)) if len(logs) >= 2 else 0.0
         unfitted, sigma_prior = self._unfitted_compute(resolved, kind, value)
         sigma_scale, scale_note = self._beyond_scale(resolved, value)
-        sigma = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2 + sigma_scale**2)
+        sigma_within = math.sqrt(sigma_kind**2 + sigma_param**2 + sigma_prior**2)
+        sigma = math.hypot(sigma_within, sigma_scale)
         spread = math.exp(self.z * sigma)
         low, high = value / spread, value * spread
         notes = [choice.note for choice in choices]
         if scale_note:
-            within = math.exp(2 * self.z * math.sqrt(sigma**2 - sigma_scale**2))
+            within = math.exp(2 * self.z * sigma_within)
             notes.append(f"{scale_note} (interval x{spread**2:.2f} wide, x{within:.2f} without)")
         if self.intervals:
             for choice in choices:
