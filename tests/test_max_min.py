@@ -19,17 +19,24 @@ def test_flat_equals_reference(seed, links, flows):
     np.testing.assert_allclose(max_min_fair_rates_flat(owner, link, flows, capacity), expected, rtol=1e-12)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(1, 25))
-def test_per_flow_bounds_are_private_links(seed, links, flows):
-    """``bound`` gives what a private link per flow gives, bit for bit, and the reference's answer
-    with those links; some flows cross no shared link (then their bound is their rate)."""
+def _random_flows(seed: int, links: int, flows: int):
+    """(link capacities, flow bounds, routes, and the routes flat: hop owners, hop links) of a random
+    instance; some flows cross no link."""
     rng = np.random.default_rng(seed)
     capacity = rng.choice([1.0, 2.0, 5.0, 10.0], size=links)
     bound = rng.choice([0.5, 1.0, 3.0, 20.0], size=flows)
     routes = [sorted(set(rng.integers(0, links, size=rng.integers(0, 4)).tolist())) for _ in range(flows)]
     owner = np.array([f for f, route in enumerate(routes) for _ in route], dtype=np.int64)
     link = np.array([lk for route in routes for lk in route], dtype=np.int64)
+    return capacity, bound, routes, owner, link
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(0, 2**32 - 1), st.integers(1, 12), st.integers(1, 25))
+def test_per_flow_bounds_are_private_links(seed, links, flows):
+    """``bound`` gives what a private link per flow gives, bit for bit, and the reference's answer
+    with those links; some flows cross no shared link (then their bound is their rate)."""
+    capacity, bound, routes, owner, link = _random_flows(seed, links, flows)
     private = max_min_fair_rates_flat(
         np.concatenate([owner, np.arange(flows)]),
         np.concatenate([link, links + np.arange(flows)]),
@@ -80,12 +87,7 @@ def test_levels_report_a_pass_that_freezes_a_link_above_its_level():
 def test_asking_for_levels_changes_no_rate(seed, links, flows):
     """The rates with ``levels`` asked for are those without, bit for bit; every rate is one of the
     levels reported, and every level is some flow's rate."""
-    rng = np.random.default_rng(seed)
-    capacity = rng.choice([1.0, 2.0, 5.0, 10.0], size=links)
-    bound = rng.choice([0.5, 1.0, 3.0, 20.0], size=flows)
-    routes = [sorted(set(rng.integers(0, links, size=rng.integers(0, 4)).tolist())) for _ in range(flows)]
-    owner = np.array([f for f, route in enumerate(routes) for _ in route], dtype=np.int64)
-    link = np.array([lk for route in routes for lk in route], dtype=np.int64)
+    capacity, bound, _, owner, link = _random_flows(seed, links, flows)
     levels = []
     rates = max_min_fair_rates_flat(owner, link, flows, capacity, bound=bound, levels=levels)
     np.testing.assert_array_equal(rates, max_min_fair_rates_flat(owner, link, flows, capacity, bound=bound))
