@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from ddlsim.simulator.cli.allocator import keep_freed_memory
 from ddlsim.simulator.parsing import InputError
 
 # command: (module defining register(subparsers), the one-line help shown by ``ddlsim --help``)
@@ -167,6 +168,7 @@ def is_user_error(error: BaseException) -> bool:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    keep_freed_memory()  # the process is ours: glibc tuned for arrays made and dropped at every step
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         catalogs, argv = catalog_arguments(argv)
