@@ -18,7 +18,6 @@ itself (a library) leaves the process's allocator alone. Elsewhere than glibc, n
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 
 __all__ = ["DISABLE_VARIABLE", "keep_freed_memory"]
@@ -39,13 +38,9 @@ def keep_freed_memory() -> bool:
     (False off glibc, or where ``DDLSIM_DEFAULT_MALLOC`` is set)."""
     if os.environ.get(DISABLE_VARIABLE) is not None:
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # not glibc (musl has no mallopt; macOS, Windows)
+    try:  # the interpreter's own symbols, which hold the C library's (no search for its file)
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl has no mallopt; macOS, Windows)
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
