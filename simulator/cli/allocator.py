@@ -1,18 +1,20 @@
 """Keeping freed memory in the process: glibc's allocator tuned for numpy arrays made and dropped
 at every step.
 
-A large simulation makes arrays of one to tens of MB at every instant (per flow, per hop) and
-drops them at once. glibc's defaults return such memory to the operating system: blocks above a
-threshold (128 KB at first, raised as they are freed, at most 32 MB) are mapped and unmapped one by
-one, and the top of the heap is given back whenever more than twice that is free there. The next
-instant then touches fresh pages, a page fault each 4 KB: the halving-doubling all-reduce on a
-dragonfly of 131,072 ranks took 246,000 page faults and 1.0-1.6 s of system time in a 7.7-8.0 s
-run; with the three settings below, 156,000 and 0.6-0.9 s (same peak memory, 1.24 GB).
+A large simulation makes arrays of one to hundreds of MB at every instant or round (per flow, per
+hop) and drops them at once. glibc's defaults return such memory to the operating system: blocks
+above a threshold (128 KB at first, raised as they are freed, at most 32 MB) are mapped and unmapped
+one by one, and the top of the heap is given back whenever more than twice that is free there. The
+next instant then touches fresh pages, a page fault each 4 KB. Both thresholds at 1 GiB, 131,072
+ranks, 100 MB all-reduce (26 Nov 2026, two runs each beside another job, load 1.6-1.8):
+halving doubling on the dragonfly 246,000 -> 126,000 faults, 1.2-2.2 -> 1.0-1.2 s of system time;
+the parameter server on a 2D torus (hop arrays of 190 MB) 59,000 -> 24,000 faults, 2.5-4.3 ->
+1.5-2.2 s, its peak 2.02 -> 2.16 GB (freed blocks reused rather than handed back, a few % more).
 
-Setting one of them alone does harm: any explicit setting turns off glibc's raising of the
-mapping threshold, so with only a trim threshold every large array is mapped afresh (2.5 million
-faults, twice the time). Hence all three, once, where the command line starts; the simulator
-itself (a library) leaves the process's allocator alone. Elsewhere than glibc, nothing is done.
+Setting one alone does harm: any explicit setting turns off glibc's raising of the mapping
+threshold, so with only a trim threshold every block above 128 KB is mapped afresh (2.5 million
+faults, twice the time). Hence both, once, where the command line starts; the simulator itself (a
+library) leaves the process's allocator alone. Elsewhere than glibc, nothing is done.
 """
 
 from __future__ import annotations
@@ -24,12 +26,12 @@ __all__ = ["DISABLE_VARIABLE", "keep_freed_memory"]
 
 DISABLE_VARIABLE = "DDLSIM_DEFAULT_MALLOC"  # set (to anything) to leave glibc's defaults alone
 
-# mallopt parameters (malloc.h) and the values set
-_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
+# mallopt parameters (malloc.h) and the values set: those the harness gives its ranks through the
+# environment (``real_runs.environment.ALLOCATOR_ENV``), so that simulations and runs share one policy
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _SETTINGS = (
-    (_M_MMAP_THRESHOLD, 32 << 20),  # glibc's largest: blocks up to 32 MB come from the heap, reused
-    (_M_TRIM_THRESHOLD, 1 << 30),  # give the heap's top back only past 1 GB free
-    (_M_TOP_PAD, 256 << 20),  # and grow it 256 MB at a time
+    (_M_MMAP_THRESHOLD, 1 << 30),  # blocks up to 1 GiB come from the heap and are reused there
+    (_M_TRIM_THRESHOLD, 1 << 30),  # the heap's top is given back only past 1 GiB free
 )
 
 
