@@ -202,13 +202,9 @@ def test_random_rounds_on_random_fabrics_equal_the_message_path(seed):
     np.testing.assert_allclose(FluidExecutor(fabric).run(schedule, 8e6, start), exact, rtol=1e-9)
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monkeypatch):
-    """The per-link sums of the bounds of the flows in flight, and their counts, kept as flows start
-    and end (``_load``, ``_users``), equal those summed afresh over the flows in flight at every
-    instant; they are exactly nothing once the run is over, and a second run on the same executor
-    gives the message path's times again."""
-    rng = np.random.default_rng(100 + seed)
+def _random_case(rng: np.random.Generator) -> tuple[Fabric, Schedule, np.ndarray]:
+    """A random fabric of 4-12 single-device nodes (switch, fat tree or dragonfly), random rounds on
+    it and random entry times (half the ranks at 0)."""
     nodes = int(rng.integers(4, 13))
     topology = str(rng.choice(["switch", "fat_tree", "dragonfly"]))
     fabric = Fabric(
@@ -225,6 +221,16 @@ def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monk
     )
     schedule = random_schedule(rng, nodes, most_rounds=8, most_repeats=2, smallest=0)
     start = np.where(rng.random(nodes) < 0.5, rng.random(nodes) * 3e-4, 0.0)
+    return fabric, schedule, start
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monkeypatch):
+    """The per-link sums of the bounds of the flows in flight, and their counts, kept as flows start
+    and end (``_load``, ``_users``), equal those summed afresh over the flows in flight at every
+    instant; they are exactly nothing once the run is over, and a second run on the same executor
+    gives the message path's times again."""
+    fabric, schedule, start = _random_case(np.random.default_rng(100 + seed))
     fluid = FluidExecutor(fabric, extrapolate=False)
     rerate = FluidExecutor._rerate
     checked = []
@@ -330,22 +336,7 @@ def test_held_and_re_rated_rates_on_random_fabrics(seed, monkeypatch):
     """The same on random rounds on random fabrics (as ``test_random_rounds_on_random_fabrics``)."""
     calls = {"rerate": 0, "afresh": 0}
     _checking_rerate(monkeypatch, calls)
-    rng = np.random.default_rng(300 + seed)
-    nodes = int(rng.integers(4, 13))
-    fabric = Fabric(
-        FabricSpec(
-            nodes=nodes,
-            devices_per_node=1,
-            network=IB,
-            topology=str(rng.choice(["switch", "fat_tree", "dragonfly"])),
-            nodes_per_leaf=2,
-            oversubscription=2.0,
-            nodes_per_router=2,
-            routers_per_group=2,
-        )
-    )
-    schedule = random_schedule(rng, nodes, most_rounds=8, most_repeats=2, smallest=0)
-    start = np.where(rng.random(nodes) < 0.5, rng.random(nodes) * 3e-4, 0.0)
+    fabric, schedule, start = _random_case(np.random.default_rng(300 + seed))
     exact = MessageExecutor(fabric).run(schedule, 8e6, start)
     np.testing.assert_allclose(FluidExecutor(fabric, extrapolate=False).run(schedule, 8e6, start), exact, rtol=1e-9)
     assert calls["rerate"] > 0
