@@ -22,17 +22,17 @@ from __future__ import annotations
 import ctypes
 import os
 
+from ddlsim.real_runs.environment import ALLOCATOR_ENV
+
 __all__ = ["DISABLE_VARIABLE", "keep_freed_memory"]
 
 DISABLE_VARIABLE = "DDLSIM_DEFAULT_MALLOC"  # set (to anything) to leave glibc's defaults alone
 
-# mallopt parameters (malloc.h) and the values set: those the harness gives its ranks through the
-# environment (``real_runs.environment.ALLOCATOR_ENV``), so that simulations and runs share one policy
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_SETTINGS = (
-    (_M_MMAP_THRESHOLD, 1 << 30),  # blocks up to 1 GiB come from the heap and are reused there
-    (_M_TRIM_THRESHOLD, 1 << 30),  # the heap's top is given back only past 1 GiB free
-)
+# the mallopt parameter (malloc.h) of each of the harness's allocator variables: the values are the
+# ones its ranks get through the environment (``ALLOCATOR_ENV``, both 1 GiB: blocks up to 1 GiB come
+# from the heap and are reused there, its top is given back only past 1 GiB free), so that
+# simulations and runs share one policy
+_MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
 
 
 def keep_freed_memory() -> bool:
@@ -46,4 +46,4 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     mallopt.restype = ctypes.c_int
-    return all(mallopt(parameter, value) == 1 for parameter, value in _SETTINGS)
+    return all(mallopt(_MALLOPT[name], int(value)) == 1 for name, value in ALLOCATOR_ENV.items())
