@@ -120,6 +120,47 @@ def test_the_round_path_hands_over_where_ranks_in_step_drift_apart(algorithm, ra
 
 
 @pytest.mark.parametrize(("algorithm", "ranks", "dpn"), HANDOVER_CASES)
+def test_after_a_handover_the_fluid_path_takes_the_rounds_the_round_path_routed(algorithm, ranks, dpn):
+    """The rounds the round path routed before it handed over (the one it gave up in, and the earlier
+    ones a schedule hands out again, as halving doubling's all-gather) are not routed a second time:
+    the fluid path takes their costs and binding hops from the round path's structures, and its
+    times are those of a fluid run that routes every round itself, to the bit."""
+    fabric = dragonfly(ranks, dpn, 2, 4)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks, devices_per_node=dpn)
+    executor = VectorisedExecutor(fabric, handover=True)
+    with pytest.raises(ContentionDetected):
+        executor.run(schedule, 1e8, 0.0)
+    runs = executor._runs.get(schedule)  # the round path's rounds: its structures are keyed by their arrays
+    alone = FluidExecutor(fabric)
+    expected = alone.run(schedule, 1e8, 0.0, executor.resume, runs=runs)
+    taking = FluidExecutor(fabric, routed=executor._structures)
+    np.testing.assert_array_equal(taking.run(schedule, 1e8, 0.0, executor.resume, runs=runs), expected)
+    assert alone.taken_routes == 0
+    assert taking.taken_routes >= 1  # at least the round it gave up in
+    assert taking.instants == alone.instants
+
+
+def test_path_costs_keep_the_latency_summed_link_by_link_unless_counted():
+    """``Fabric.path_costs``: the summed latency is ``Fabric.latencies`` of the routes to the bit (what
+    the fluid path sums itself), and None where a uniform torus counted its links instead."""
+    fabric = dragonfly(64, 1, 2, 4)
+    src = np.arange(64)
+    dst = (src * 7 + 3) % 64
+    costs = fabric.path_costs(src, dst)
+    np.testing.assert_array_equal(costs.latency_s, fabric.latencies(costs.routes))
+    routes, alpha, bottleneck = fabric.path_properties(src, dst)
+    np.testing.assert_array_equal(routes, costs.routes)
+    np.testing.assert_array_equal(alpha, costs.alpha_s)
+    np.testing.assert_array_equal(bottleneck, costs.bottleneck_Bps)
+    torus = Fabric(FabricSpec(nodes=64, devices_per_node=1, network=IB, topology="torus_2d"))  # 8 x 8
+    everyone = np.arange(64)
+    # a batch with at least as many hops as the torus has links (256): its torus hops counted
+    assert torus.path_costs(everyone, (everyone + 36) % 64).latency_s is None
+    fewer = torus.path_costs(everyone, (everyone + 8) % 64)  # one hop each, 192 entries: summed
+    np.testing.assert_array_equal(fewer.latency_s, torus.latencies(fewer.routes))
+
+
+@pytest.mark.parametrize(("algorithm", "ranks", "dpn"), HANDOVER_CASES)
 def test_ranks_never_in_step_are_not_handed_over(algorithm, ranks, dpn):
     """Ranks that enter at different times are never in step: ``handover`` changes nothing, and the
     round path proves what it proved without it (or gives up where it gave up)."""

@@ -171,8 +171,8 @@ class VectorisedExecutor:
             dst = np.asarray(rnd.dst, dtype=np.int64)
             global_src = src if members is None else members[src]
             global_dst = dst if members is None else members[dst]
-            routes, alpha, bottleneck = self.fabric.path_properties(global_src, global_dst)
-            flat_links, owner = binding_hops(routes, self._redundant)
+            costs = self.fabric.path_costs(global_src, global_dst)
+            flat_links, owner = binding_hops(costs.routes, self._redundant)
             contention = Contention.of(flat_links, owner, self.fabric.capacity_Bps)
             # a link that gains a second sender takes its first sender's clock as busy time: bring
             # the clocks up to now (they are otherwise refreshed per call, not per round)
@@ -190,9 +190,9 @@ class VectorisedExecutor:
                 global_src,
                 flat_links,
                 owner,
-                alpha,
+                costs.alpha_s,
                 overhead,
-                bottleneck,
+                costs.bottleneck_Bps,
                 identity,
                 permutation,
                 shift,
@@ -204,6 +204,7 @@ class VectorisedExecutor:
                 None
                 if self.bundles is False or not contention.flows.size
                 else Bundles.of(flat_links, owner, src.size, self.links.link_sender.size, halve=self.bundles is None),
+                latency_s=costs.latency_s,
             )
             self._structures.put(rnd, members, structure)
         if structure.version != self.links.shared_version:
@@ -943,6 +944,7 @@ def run_collective(
         raise ValueError(f"unknown execution mode {mode!r}; valid: auto, vectorised, fluid, message")
     runs: list[tuple[Round, int]] | None = None  # the schedule's runs of identical rounds, once found
     resume = None  # where the round path handed over with every rank in step
+    routed = None  # the round path's structures of the rounds it routed
     if mode in ("auto", "vectorised"):
         # no handover where the fluid path declines (LogGP): the round path may still prove those
         executor = VectorisedExecutor(fabric, handover=mode == "auto" and not fabric.spec.loggp)
@@ -951,7 +953,7 @@ def run_collective(
         except ContentionDetected:
             if mode == "vectorised":
                 raise
-        resume = executor.resume
+        resume, routed = executor.resume, executor._structures
         if mode == "auto":  # what came before the decline on the round path, the rest fluid (``segments``)
             runs = executor._runs.get(schedule)  # kept, not walked again
             segmented = run_in_segments(schedule, fabric, message_bytes, start_s, executor._serial - 1, runs)
@@ -960,7 +962,7 @@ def run_collective(
     if mode in ("auto", "fluid"):
         try:
             # from the last point before the round path gave up where every rank was in step, if any
-            return run_fluid(fabric, schedule, message_bytes, start_s, resume, runs), "fluid"
+            return run_fluid(fabric, schedule, message_bytes, start_s, resume, runs, routed), "fluid"
         except ContentionDetected:
             if mode == "fluid":
                 raise

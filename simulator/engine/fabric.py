@@ -76,6 +76,18 @@ class TorusRound:
     bottleneck_Bps: np.ndarray
 
 
+@dataclass(frozen=True)
+class PathCosts:
+    """What ``Fabric.path_costs`` gives per transfer: routes (padded with -1), alpha (overheads and
+    latency), the slowest link, and the link latencies summed one by one along the route (None where
+    a uniform torus's were counted instead: equal up to rounding, not to the bit)."""
+
+    routes: np.ndarray
+    alpha_s: np.ndarray
+    bottleneck_Bps: np.ndarray
+    latency_s: np.ndarray | None
+
+
 class Fabric:
     """Directed links as arrays; ``route`` and ``cost`` work on arrays of (src, dst) device ranks."""
 
@@ -517,6 +529,12 @@ class Fabric:
 
         alpha = send overhead + summed link latency + receive overhead (zero unless LogGP).
         """
+        costs = self.path_costs(src, dst)
+        return costs.routes, costs.alpha_s, costs.bottleneck_Bps
+
+    def path_costs(self, src: np.ndarray, dst: np.ndarray) -> PathCosts:
+        """``path_properties`` and the summed link latency it took alpha from: the fluid path's
+        ``latency_s`` (``fluid_executor``) to the bit where it was summed link by link, not counted."""
         routes, first, hops = self._route_table(src, dst)
         uniform = None
         # the check reads every torus link once: worth it only for a batch with at least as many hops
@@ -530,7 +548,8 @@ class Fabric:
             core_width = routes.shape[1] - 2 * first
             edge = np.concatenate([routes[:, :first], routes[:, first + core_width :]], axis=1)
             bottleneck, latency = self._counted_costs(edge, hops, uniform)
-        return routes, self._alpha(src, dst, latency), bottleneck
+            return PathCosts(routes, self._alpha(src, dst, latency), bottleneck, None)
+        return PathCosts(routes, self._alpha(src, dst, latency), bottleneck, latency)
 
     def _alpha(self, src: np.ndarray, dst: np.ndarray, latency: np.ndarray) -> np.ndarray:
         """alpha of transfers whose routes sum to ``latency``: send overhead + latency + receive overhead."""

@@ -35,7 +35,8 @@ A flow that ends keeps its place in the in-flight arrays (its hops moved onto ``
 the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
-(``Resume``). In a run of identical rounds, once the state repeats a few rounds later, whole
+(``Resume``), and take the routes' costs and binding hops of the rounds that path routed from its
+structures rather than route them again (``routed``). In a run of identical rounds, once the state repeats a few rounds later, whole
 periods are skipped (``fluid_steady``; not where a transfer log is kept). Where the schedule and the
 fabric repeat every few ranks, only one period of ranks is simulated (``fold``: ``fluid_fold``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
@@ -63,7 +64,7 @@ from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLER
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.message_executor import MemberLog, TransferLog
-from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, binding_hops, spans
+from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns, Structure, binding_hops, spans
 
 if TYPE_CHECKING:
     from ddlsim.simulator.engine.fluid_fold import Fold  # which runs this module's executor
@@ -247,7 +248,9 @@ class _Round:
 class FluidExecutor:
     """Per-rank finish times of a collective from one fluid simulation of all its flows (see the module)."""
 
-    def __init__(self, fabric: Fabric, extrapolate: bool = True, fold: Fold | None = None) -> None:
+    def __init__(
+        self, fabric: Fabric, extrapolate: bool = True, fold: Fold | None = None, routed: RoundCache | None = None
+    ) -> None:
         if fabric.spec.loggp:
             raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
         self.fabric = fabric
@@ -277,6 +280,10 @@ class FluidExecutor:
         self.transfers = 0
         self.link_use: LinkUse | None = None  # of the last run, where asked for
         self.fold = fold  # simulate ranks 0..fold.ranks-1 only, standing for every copy (``fluid_fold``)
+        # the round path's structures (``Structure``) of the rounds it routed before it handed over:
+        # their routes' costs and binding hops are taken from there, not routed again (``_route``)
+        self.routed = routed
+        self.taken_routes = 0  # rounds whose routes' costs came from ``routed``
 
     # --- rounds ----------------------------------------------------------------------------------
     def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
@@ -319,15 +326,24 @@ class FluidExecutor:
         src = np.asarray(rnd.src, dtype=np.int64)
         dst = np.asarray(rnd.dst, dtype=np.int64)
         kept = None
-        if fold is not None:  # the transfers the kept ranks send, over their links' orbits
-            kept = fold.sent(src)
-            src, dst = src[kept], dst[kept]
-        routes = fabric.routes(src, dst)
-        overhead_s = np.asarray(fabric.overheads(src, dst), dtype=np.float64)
-        if fold is not None:  # an orbit's link is a fabric link of the same capacity and latency
-            routes, dst = fold.links(routes), dst % fold.ranks
-        cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
-        links, owner = binding_hops(routes, self._redundant)
+        structure = None if self.routed is None or fold is not None else self.routed.get(rnd, None)[1]
+        if isinstance(structure, Structure) and structure.latency_s is not None:
+            # the round path's costs of these routes: the same arithmetic on the same links
+            overhead_s = np.asarray(structure.overhead_s, dtype=np.float64)
+            latency_s, cap = structure.latency_s, structure.bottleneck_Bps
+            links, owner = structure.flat_links, structure.flat_owner
+            self.taken_routes += 1
+        else:
+            if fold is not None:  # the transfers the kept ranks send, over their links' orbits
+                kept = fold.sent(src)
+                src, dst = src[kept], dst[kept]
+            routes = fabric.routes(src, dst)
+            overhead_s = np.asarray(fabric.overheads(src, dst), dtype=np.float64)
+            if fold is not None:  # an orbit's link is a fabric link of the same capacity and latency
+                routes, dst = fold.links(routes), dst % fold.ranks
+            cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
+            latency_s = self._link_latency[routes].sum(axis=1)  # as ``Fabric.latencies``
+            links, owner = binding_hops(routes, self._redundant)
         compact = self._compact[links]
         unseen = links[compact < 0]
         if unseen.size:  # (a mask over the fabric's links: np.unique hashes, slower by far at 600k hops)
@@ -341,7 +357,7 @@ class FluidExecutor:
             src,
             dst,
             overhead_s,
-            self._link_latency[routes].sum(axis=1),  # as ``Fabric.latencies``
+            latency_s,
             cap,
             compact,
             hop_ptr,

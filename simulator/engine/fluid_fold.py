@@ -36,7 +36,7 @@ import numpy as np
 from ddlsim.algorithms.schedule import Round, Schedule
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor, Resume, _after
-from ddlsim.simulator.engine.round_structures import ScheduleRuns
+from ddlsim.simulator.engine.round_structures import RoundCache, ScheduleRuns
 
 __all__ = ["Fold", "find_fold", "run_fluid"]
 
@@ -204,10 +204,12 @@ def run_fluid(
     start_s: np.ndarray | float,
     resume: Resume | None = None,
     runs: list[tuple[Round, int]] | None = None,
+    routed: RoundCache | None = None,
 ) -> np.ndarray:
     """``FluidExecutor(fabric).run(...)``, over one period of the ranks where the rounds it simulates
-    (those after ``resume``), the fabric and their start repeat (``find_fold``)."""
+    (those after ``resume``), the fabric and their start repeat (``find_fold``); ``routed``: the round
+    path's structures of the rounds it routed (used where the run is not folded)."""
     runs = ScheduleRuns().get(schedule) if runs is None else runs
     left, start = (runs, start_s) if resume is None else (_after(runs, resume.rounds), resume.entry_s)
     fold = find_fold(schedule, fabric, left, start)
-    return FluidExecutor(fabric, fold=fold).run(schedule, message_bytes, start_s, resume, runs=runs)
+    return FluidExecutor(fabric, fold=fold, routed=routed).run(schedule, message_bytes, start_s, resume, runs=runs)

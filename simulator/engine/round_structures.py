@@ -78,6 +78,9 @@ class Structure:
     participants: np.ndarray | None  # ranks that send or receive in the round (None: every rank)
     bundles: Bundles | None  # contended transfers in bundles of one route each (``round_bundles``)
     bytes: RoundBytes | None = None
+    # the link latencies summed along each route (``PathCosts.latency_s``): what the fluid path takes
+    # over where it times the same round after a handover, rather than routing it again
+    latency_s: np.ndarray | None = None
 
 
 @dataclass
