@@ -36,9 +36,10 @@ the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
 (``Resume``), and take the routes' costs and binding hops of the rounds that path routed from its
-structures rather than route them again (``routed``). In a run of identical rounds, once the state repeats a few rounds later, whole
-periods are skipped (``fluid_steady``; not where a transfer log is kept). Where the schedule and the
-fabric repeat every few ranks, only one period of ranks is simulated (``fold``: ``fluid_fold``).
+structures rather than route them again (``routed``). In a run of identical rounds, once the state
+repeats a few rounds later, whole periods are skipped (``fluid_steady``; not where a transfer log is
+kept). Where the schedule and the fabric repeat every few ranks, only one period of ranks is
+simulated (``fold``: ``fluid_fold``).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 
