@@ -7,7 +7,7 @@ import pytest
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import Schedule
 from ddlsim.hardware_models.catalog import load_link
-from ddlsim.simulator.engine import fluid_executor
+from ddlsim.simulator.engine import fluid_rates
 from ddlsim.simulator.engine.collective_engine import (
     ContentionDetected,
     MessageExecutor,
@@ -16,6 +16,7 @@ from ddlsim.simulator.engine.collective_engine import (
 )
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+from ddlsim.simulator.engine.fluid_rates import LinkRates
 from tests.test_collective_engine import random_schedule, schedule_of_rounds
 
 IB = load_link("ib_edr")
@@ -268,30 +269,30 @@ def _random_case(rng: np.random.Generator) -> tuple[Fabric, Schedule, np.ndarray
 @pytest.mark.parametrize("seed", range(6))
 def test_link_loads_kept_as_flows_start_and_end_equal_recomputed_ones(seed, monkeypatch):
     """The per-link sums of the bounds of the flows in flight, and their counts, kept as flows start
-    and end (``_load``, ``_users``), equal those summed afresh over the flows in flight at every
+    and end (``LinkRates.load``, ``LinkRates.users``), equal those summed afresh over the flows in flight at every
     instant; they are exactly nothing once the run is over, and a second run on the same executor
     gives the message path's times again."""
     fabric, schedule, start = _random_case(np.random.default_rng(100 + seed))
     fluid = FluidExecutor(fabric, extrapolate=False)
-    rerate = FluidExecutor._rerate
+    rerate = LinkRates.rerate
     checked = []
 
     def checking(self, cap, link, held, hop, hops, *rest):
         owner = np.repeat(np.arange(cap.size), hops)
         live = link != 0  # an ended flow's hops point at compact id 0, no link
-        size = self._load.size
+        size = self.load.size
         np.testing.assert_allclose(
-            self._load, np.bincount(link[live], weights=cap[owner[live]], minlength=size), rtol=1e-12, atol=0.0
+            self.load, np.bincount(link[live], weights=cap[owner[live]], minlength=size), rtol=1e-12, atol=0.0
         )
-        np.testing.assert_array_equal(self._users, np.bincount(link[live], minlength=size))
+        np.testing.assert_array_equal(self.users, np.bincount(link[live], minlength=size))
         checked.append(int(live.sum()))
         return rerate(self, cap, link, held, hop, hops, *rest)
 
-    monkeypatch.setattr(FluidExecutor, "_rerate", checking)
+    monkeypatch.setattr(LinkRates, "rerate", checking)
     exact = MessageExecutor(fabric).run(schedule, 8e6, start)
     for _ in range(2):
         np.testing.assert_allclose(fluid.run(schedule, 8e6, start), exact, rtol=1e-9)
-        assert not fluid._load.any() and not fluid._users.any()
+        assert not fluid.links.load.any() and not fluid.links.users.any()
     assert max(checked) > 0
 
 
@@ -308,23 +309,23 @@ def test_loggp_fabrics_go_message_by_message():
 
 
 def _checking_rerate(monkeypatch, calls):
-    """``_rerate`` compared, at every instant, with ``_rates`` over every flow in flight, bit for bit;
-    ``calls`` counts the re-ratings and those that rated every flow afresh."""
-    rerate, afresh = FluidExecutor._rerate, FluidExecutor._afresh
+    """``LinkRates.rerate`` compared, at every instant, with ``LinkRates.rates`` over every flow in
+    flight, bit for bit; ``calls`` counts the re-ratings and those that rated every flow afresh."""
+    rerate, afresh = LinkRates.rerate, LinkRates.afresh
 
-    def checking(self, cap, link, held, hop, hops, rounds):
-        rates = rerate(self, cap, link, held, hop, hops, rounds)
+    def checking(self, cap, link, held, hop, hops, crossing):
+        rates = rerate(self, cap, link, held, hop, hops, crossing)
         calls["rerate"] += 1
-        np.testing.assert_array_equal(rates, self._rates(cap, link, np.repeat(np.arange(cap.size), hops)))
+        np.testing.assert_array_equal(rates, self.rates(cap, link, np.repeat(np.arange(cap.size), hops)))
         return rates
 
     def counting(self, *args):
         calls["afresh"] += 1
         return afresh(self, *args)
 
-    monkeypatch.setattr(FluidExecutor, "_rerate", checking)
-    monkeypatch.setattr(FluidExecutor, "_afresh", counting)
-    monkeypatch.setattr(fluid_executor, "_FEW_FLOWS", 0)  # (these runs have few flows: held all the same)
+    monkeypatch.setattr(LinkRates, "rerate", checking)
+    monkeypatch.setattr(LinkRates, "afresh", counting)
+    monkeypatch.setattr(fluid_rates, "_FEW_FLOWS", 0)  # (these runs have few flows: held all the same)
 
 
 def test_a_rate_held_while_another_port_re_rates_by_hand(monkeypatch):
@@ -336,7 +337,7 @@ def test_a_rate_held_while_another_port_re_rates_by_hand(monkeypatch):
     gets B. The times are the hand-worked ones of two flows on a port, and S / B for 3 -> 4."""
     calls = {"rerate": 0, "afresh": 0}
     _checking_rerate(monkeypatch, calls)
-    monkeypatch.setattr(fluid_executor, "_FRESH", 1.0)  # (three flows: re-rating two is otherwise not worth it)
+    monkeypatch.setattr(fluid_rates, "_FRESH", 1.0)  # (three flows: re-rating two is otherwise not worth it)
     fabric = Fabric(FabricSpec(nodes=5, devices_per_node=1, network=IB))
     schedule = schedule_of_rounds([(0, 2), (1, 2), (3, 4)], ranks=5, reduce=False)
     o, B = IB.per_message_overhead_s, IB.port_bandwidth_Bps
@@ -389,17 +390,17 @@ def test_levels_too_close_together_are_not_certified():
     levels that close could be joined where the components are rated apart, so those rates are not
     certified to be held; with x well below C/2, they are."""
     fabric = Fabric(FabricSpec(nodes=4, devices_per_node=1, network=IB))
-    executor = FluidExecutor(fabric)
-    executor._grow(np.array([0, 1]))  # compact ids 1 and 2
-    C = executor._capacity[1]
+    links = LinkRates(fabric.capacity_Bps)
+    np.testing.assert_array_equal(links.ids(np.array([0, 1])), [1, 2])  # compact ids 1 and 2
+    C = links.capacity[1]
     link, hops = np.array([1, 1, 2, 2]), np.ones(4, dtype=np.int64)
     for below, certified in ((2e-12, False), (0.25, True)):
         x = C / 2 * (1 - below)
         cap = np.array([C, C, x, C])
-        executor._load[1:3] = [2 * C, x + C]
-        rates = executor._afresh(cap, link, hops)
+        links.load[1:3] = [2 * C, x + C]
+        rates = links.afresh(cap, link, hops)
         np.testing.assert_array_equal(rates, [C / 2, C / 2, x, C - x])
-        assert executor._certified is certified
+        assert links.certified is certified
 
 
 def _incast_apart(late_s):

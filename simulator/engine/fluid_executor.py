@@ -26,12 +26,13 @@ flight rather than an event per message:
   most its route's slowest link, links that cannot bind (the flows' bounds sum to no more than
   the capacity) left out, ``max_min_fair_rates_flat`` over the rest. As in the flow network, each
   link's sum of bounds (and count of flows) is kept as flows start and end, an idle link's set to
-  exactly nothing, rather than summed afresh over every hop at every instant.
+  exactly nothing, rather than summed afresh over every hop at every instant (``fluid_rates``: the
+  links by compact id and the re-rating, which rates again only what an instant's changes reach).
 
 So the times are the message path's up to the rounding of the same arithmetic in another order
 (``tests/test_fluid_executor.py`` holds them to 1e-9 relative). The cost is a few passes over the
 flows in flight per instant: halving doubling on the dragonfly at 131,072 ranks has a few hundred.
-A flow that ends keeps its place in the in-flight arrays (its hops moved onto ``_NO_LINK``) until
+A flow that ends keeps its place in the in-flight arrays (its hops moved onto ``NO_LINK``) until
 the ended outnumber the rest, so that an instant's ends do not copy every array.
 Rounds are built as the first rank reaches them and dropped once every rank has left them. A run
 may start after rounds the round path timed already, where every rank entered the next in step
@@ -59,9 +60,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import MAX_MIN_TOLERANCE, max_min_fair_rates_flat
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE, FINISH_TOLERANCE
+from ddlsim.simulator.engine.flow_network import FINISH_TOLERANCE
+from ddlsim.simulator.engine.fluid_rates import NO_LINK, LinkRates
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected
 from ddlsim.simulator.engine.message_executor import MemberLog, TransferLog
@@ -72,17 +73,6 @@ if TYPE_CHECKING:
 
 __all__ = ["FluidExecutor", "LinkUse"]
 
-_NO_LINK = 0  # the compact id of no link (infinite capacity): an ended flow's hops until they are dropped
-# two levels of max-min passes this close (relative) could have been frozen in one pass: wider than
-# the computation's tolerance, so that a pair it would join is never missed (``_Rerating``)
-_NEAR = 4 * MAX_MIN_TOLERANCE
-_FRESH = 0.5  # rate every flow afresh where the components reached have more than this share of them
-# below this many flows in flight (ended places included), every flow is rated afresh without looking
-# for the components reached or certifying the rates for holding: torus_2d on the dragonfly at
-# 131,072 ranks (100-500 flows) reached more than ``_FRESH`` of them at 126,508 of 139,032 instants,
-# each paying the search (~50 us) before rating afresh anyway (~190 us); halving doubling there,
-# which holds most instants' rates, has over 5,000 flows at every instant but its first few
-_FEW_FLOWS = 1000
 _FEW = 32  # transfers ending at one instant that ``arrive`` handles as Python sets, not rank-wide masks
 
 
@@ -256,21 +246,7 @@ class FluidExecutor:
             raise ContentionDetected("LogGP overheads serialise a rank's messages: not modelled by the fluid path")
         self.fabric = fabric
         self._redundant = fabric.redundant if fabric.redundant.any() else None
-        self._compact = np.full(fabric.capacity_Bps.size, -1, dtype=np.int64)  # fabric link -> compact id
-        # per compact id (``_NO_LINK`` first: where an ended flow's hops point until they are dropped;
-        # ids past ``_links`` are spare room, as ``_NO_LINK``: ``_grow``)
-        self._links = 1
-        self._capacity = np.array([np.inf])
-        self._threshold = np.array([np.inf])  # a link binds where its flows' bounds sum to more than this
-        self._load = np.zeros(1)  # the bounds of the flows in flight over it, summed
-        self._users = np.zeros(1, dtype=np.int64)  # the flows in flight over it
-        self._local = np.zeros(1, dtype=np.int64)  # scratch: binding link -> its number in ``_rates``
-        self._binding = np.zeros(1, dtype=bool)  # whether it bound at the last re-rating (``_rerate``)
-        self._cover = np.zeros(1, dtype=np.int64)  # scratch, zeros between re-ratings (``_rerate``)
-        self._changed = np.zeros(1, dtype=bool)  # whether its flows started or ended since the last re-rating
-        # whether the rates of the last re-rating are each connected component's own (``_rerate``)
-        self._certified = False
-        self._fabric_link = np.array([-1], dtype=np.int64)
+        self.links = LinkRates(fabric.capacity_Bps)  # the links crossed, by compact id, and the rating
         # per fabric link and one more (what a route's padding, -1, reads): for routes' sums and minima
         self._link_latency = np.append(fabric.latency_s, 0.0)
         self._link_capacity = np.append(fabric.capacity_Bps, np.inf)
@@ -345,13 +321,7 @@ class FluidExecutor:
             cap = self._link_capacity[routes].min(axis=1) if routes.shape[1] else np.full(src.size, np.inf)
             latency_s = self._link_latency[routes].sum(axis=1)  # as ``Fabric.latencies``
             links, owner = binding_hops(routes, self._redundant)
-        compact = self._compact[links]
-        unseen = links[compact < 0]
-        if unseen.size:  # (a mask over the fabric's links: np.unique hashes, slower by far at 600k hops)
-            new = np.zeros(self._compact.size, dtype=bool)
-            new[unseen] = True
-            self._grow(np.flatnonzero(new))
-            compact = self._compact[links]
+        compact = self.links.ids(links)
         order = np.argsort(src, kind="stable")
         hop_ptr = _pointers(owner, src.size)
         return (
@@ -367,28 +337,6 @@ class FluidExecutor:
             kept,
             _ByLink(compact, hop_ptr),
         )
-
-    def _grow(self, fresh: np.ndarray) -> None:
-        """Compact ids for fabric links ``fresh`` (crossed for the first time), the per-id arrays grown
-        by half again where they are full: not at every round, each time copying them all."""
-        first = self._links
-        self._links += fresh.size
-        if self._links > self._capacity.size:
-            spare = max(self._links, self._capacity.size * 3 // 2) - self._capacity.size
-            self._capacity = np.concatenate([self._capacity, np.full(spare, np.inf)])
-            self._threshold = np.concatenate([self._threshold, np.full(spare, np.inf)])
-            self._fabric_link = np.concatenate([self._fabric_link, np.full(spare, -1)])
-            self._load = np.concatenate([self._load, np.zeros(spare)])
-            self._users = np.concatenate([self._users, np.zeros(spare, dtype=np.int64)])
-            self._local = np.concatenate([self._local, np.zeros(spare, dtype=np.int64)])
-            self._binding = np.concatenate([self._binding, np.zeros(spare, dtype=bool)])
-            self._cover = np.concatenate([self._cover, np.zeros(spare, dtype=np.int64)])
-            self._changed = np.concatenate([self._changed, np.zeros(spare, dtype=bool)])
-        ids = slice(first, self._links)
-        self._compact[fresh] = np.arange(first, self._links)
-        self._capacity[ids] = self.fabric.capacity_Bps[fresh]
-        self._threshold[ids] = self._capacity[ids] * (1 + BINDING_TOLERANCE)
-        self._fabric_link[ids] = fresh
 
     # --- the simulation --------------------------------------------------------------------------
     def run(
@@ -448,10 +396,9 @@ class FluidExecutor:
         )
         flying = 0  # flows in flight that have not ended
         # the hops of the flows in flight, in the a_ arrays' order: link (compact id; an ended flow's
-        # hops on ``_NO_LINK``), flow (position in the a_ arrays)
+        # hops on ``NO_LINK``), flow (position in the a_ arrays)
         h_link = np.empty(0, dtype=np.int64)  # (flow i's hops: i repeated a_hops[i] times, where needed)
-        self._load[:], self._users[:] = 0.0, 0  # (where an earlier run stopped short)
-        self._certified = False
+        self.links.reset()
 
         def enter(who: np.ndarray, at: np.ndarray, k: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
             """Ranks ``who`` enter round k (and pass through every round they have nothing left in) at
@@ -532,6 +479,12 @@ class FluidExecutor:
                 for rd in (rounds[k] for k in range(low, built))
             ]
 
+        def crossing(links: np.ndarray) -> np.ndarray:
+            """Where the re-rating looks: the flows in flight over each of ``links`` (their places in
+            the in-flight arrays, a flow once per hop; -1 for a transfer of a round not in flight)."""
+            found = [rd.slot[rd.by_link.transfers(links)] for rd in rounds.values() if rd.flying]
+            return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
+
         start = np.broadcast_to(np.asarray(start_s, dtype=np.float64), (schedule.ranks,))[:ranks]
         transfers = self.transfers
         batches = enter(np.arange(ranks), np.array(start), 0)
@@ -564,7 +517,7 @@ class FluidExecutor:
                     links = rd.hop_link[spans(lo, counts)]
                     if tracker is not None:
                         senders = np.repeat(rd.src[index], counts)
-                        tracker.started(links, senders, now, self._capacity.size)
+                        tracker.started(links, senders, now, self.links.capacity.size)
                     pieces.append((np.full(index.size, k), index, counts, links, rd.nbytes[index], rd.cap_Bps[index]))
                     rd.slot[index] = np.arange(place, place + index.size)
                     rd.flying += index.size
@@ -576,10 +529,7 @@ class FluidExecutor:
                     new_round, index, counts, links, nbytes, bound = (
                         np.concatenate(p) for p in zip(*pieces, strict=True)
                     )
-                self._changed[links] = True
-                # each link's flows' bounds and flows, kept as they start and end
-                np.add.at(self._load, links, np.repeat(bound, counts))
-                np.add.at(self._users, links, 1)
+                self.links.started(links, np.repeat(bound, counts))
                 a_hop = t_hop.append(h_link.size + np.cumsum(counts) - counts)
                 a_hops = t_hops.append(counts)
                 h_link = t_link.append(links)
@@ -590,7 +540,7 @@ class FluidExecutor:
                 flying += index.size
                 continue
             if changed:  # one re-rating per instant, after every start and end in it
-                a_rate = self._rerate(a_cap, h_link, a_rate, a_hop, a_hops, rounds)
+                a_rate = self.links.rerate(a_cap, h_link, a_rate, a_hop, a_hops, crossing)
                 a_finish = now + np.maximum(a_remaining, 0.0) / a_rate
                 self.instants += 1
                 changed = False
@@ -648,18 +598,14 @@ class FluidExecutor:
                 links = h_link[position]
                 if tracker is not None:
                     tracker.ended(links, now)
-                load, users = self._load, self._users
-                np.subtract.at(load, links, np.repeat(a_cap[ended], counts))
-                np.subtract.at(users, links, 1)
-                load[links[users[links] == 0]] = 0.0  # no drift: an idle link carries exactly nothing
-                self._changed[links] = True
+                self.links.ended(links, np.repeat(a_cap[ended], counts))
                 for k in _distinct(a_round[ended]):
                     rd = rounds[k]
                     gone = a_index[ended[a_round[ended] == k]]
                     rd.slot[gone] = -1
                     rd.flying -= gone.size
                 a_rate[ended] = a_cap[ended]  # crossing no link now, as a re-rating from scratch would give it
-                h_link[position] = _NO_LINK
+                h_link[position] = NO_LINK
                 a_index[ended] = -1
                 a_remaining[ended] = np.inf
                 a_finish[ended] = np.inf
@@ -679,210 +625,8 @@ class FluidExecutor:
         if np.isnan(finish).any():
             raise ContentionDetected("a rank never finished: the schedule's transfers do not match up")
         if tracker is not None:
-            self.link_use = tracker.use(self._fabric_link)
+            self.link_use = tracker.use(self.links.fabric_link)
         if fold is not None:  # each transfer counted stands for one per copy
             self.transfers += (self.transfers - transfers) * (fold.copies - 1)
             return np.tile(finish, fold.copies)
         return finish
-
-    def _rerate(
-        self,
-        cap: np.ndarray,
-        link: np.ndarray,
-        held: np.ndarray,
-        hop: np.ndarray,
-        hops: np.ndarray,
-        rounds: dict[int, _Round],
-    ) -> np.ndarray:
-        """The rates of the flows in flight at an instant, to the bit those of ``_rates`` over them all
-        (bound ``cap``; flow i crosses ``link[hop[i]:hop[i] + hops[i]]``), from ``held``: the rates at
-        the instant before of the flows then in flight (those past them are new; the ended among them
-        at their ``cap``, crossing no link now). ``rounds``: the rounds built, whose transfers in
-        flight are the flows (``_Round.slot``); ``_changed`` marks the links of the flows that started
-        or ended since.
-
-        Max-min fair rates are those of each connected component of the flows (over the links that
-        bind) on its own. A component none of whose flows is new or crosses a changed link that binds
-        now or bound before (a link's load changes only as its flows start and end, and whether it
-        binds with it) is a component of the instant before with the same flows, bounds and links:
-        its rates are held. The rest, the components reached from the new flows and from those
-        changed links, are rated by ``max_min_fair_rates_flat`` over their flows alone.
-
-        One computation over every flow gives the same only where none of its passes joins links of
-        two components whose levels differ, which its tolerance allows where they lie within 1e-12
-        (relative) of each other. So rates are held and recomputed only while they are certified
-        (``_certified``) to be each component's own: every pass exact (``max_min_fair_rates_flat``'s
-        ``levels``) and no two distinct levels among the rates in flight within ``_NEAR`` of each
-        other. Otherwise, and where the components reached hold a good part of the flows
-        (``_FRESH``), every flow is rated afresh (``_afresh``), which certifies its rates again where
-        its passes were exact and its levels apart. Among few flows (``_FEW_FLOWS``) every flow is
-        rated afresh at once, uncertified: the components reached there were most of them."""
-        if cap.size < _FEW_FLOWS:
-            return self._afresh(cap, link, hops, certify=False)
-        if not self._certified or not held.size:
-            return self._afresh(cap, link, hops)
-        # whether a link binds changes only where its flows started or ended: kept up to date there
-        links = np.flatnonzero(self._changed[: self._links])
-        self._changed[links] = False
-        binding = self._binding
-        before = binding[links]
-        now = self._load[links] > self._threshold[links]
-        binding[links] = now
-        pending = links[before | now]
-        users, cover = self._users, self._cover
-        most = _FRESH * cap.size
-        # the components reached, a frontier of flows at a time, from the new flows and the changed
-        # links: a link is looked up (its flows in flight, round by round) only where it has more
-        # flows in flight than reached flows cross it (``cover``: their hops on it, counted)
-        reached = np.zeros(cap.size, dtype=bool)
-        covered: list[np.ndarray] = []  # the reached flows' hops, to clear ``cover`` after
-        frontier = np.arange(held.size, cap.size)
-        across = link[hop[held.size] :] if frontier.size else link[:0]  # the new flows' hops: the last ones
-        looked: np.ndarray | None = None  # links looked up (scratch, made where one is)
-        tag: np.ndarray | None = None  # scratch per flow
-        live: list[_Round] | None = None
-        count = 0
-        while True:
-            if frontier.size:
-                reached[frontier] = True
-                count += frontier.size
-                if count > most:  # as costly as rating every flow afresh
-                    for hop_links in covered:
-                        cover[hop_links] = 0
-                    return self._afresh(cap, link, hops)
-                np.add.at(cover, across, 1)
-                if tag is not None:  # (found by looking up: the new flows' links changed, pending where they bind)
-                    pending = np.concatenate([pending, across[binding[across]]])
-                covered.append(across)
-            pending = pending[users[pending] > cover[pending]]
-            if looked is not None:
-                pending = pending[~looked[pending]]
-            pending = self._once(pending)
-            if not pending.size:
-                break
-            # the flows still to find, counted once per link they cross here: so many that rating
-            # every flow afresh costs no more
-            if count + int(users[pending].sum() - cover[pending].sum()) > _FRESH * cap.size:
-                for hop_links in covered:
-                    cover[hop_links] = 0
-                return self._afresh(cap, link, hops)
-            if looked is None:
-                looked = np.zeros(self._links, dtype=bool)
-                live = [rd for rd in rounds.values() if rd.flying]
-            assert live is not None
-            looked[pending] = True
-            found = [rd.slot[rd.by_link.transfers(pending)] for rd in live]
-            flows = np.concatenate(found) if found else np.empty(0, dtype=np.int64)
-            flows = flows[flows >= 0]
-            flows = flows[~reached[flows]]
-            if tag is None:
-                tag = np.empty(cap.size, dtype=np.int64)
-            place = np.arange(flows.size)
-            tag[flows] = place
-            frontier = flows[tag[flows] == place]  # each flow found once
-            across = link[spans(hop[frontier], hops[frontier])]
-            pending = pending[:0]
-        for hop_links in covered:
-            cover[hop_links] = 0
-        rates = np.concatenate([held, cap[held.size :]])
-        flows = np.flatnonzero(reached)
-        if not flows.size:
-            return rates
-        # the reached flows' binding hops, the flows numbered in order among them, their links in
-        # any order (the computation reads a link's share and sums over its entries, whatever its number)
-        at = spans(hop[flows], hops[flows])
-        hop_link = link[at]
-        on = binding[hop_link]
-        sub = cap[flows]
-        levels: list[tuple[float, bool]] = []
-        if on.any():
-            hop_owner = np.repeat(np.arange(flows.size), hops[flows])[on]
-            hop_link = hop_link[on]
-            constrained = np.zeros(flows.size, dtype=bool)
-            constrained[hop_owner] = True
-            rows = np.flatnonzero(constrained)
-            renumber = np.empty(flows.size, dtype=np.int64)
-            renumber[rows] = np.arange(rows.size)
-            used = self._once(hop_link)
-            self._local[used] = np.arange(used.size)
-            sub[rows] = max_min_fair_rates_flat(
-                renumber[hop_owner],
-                self._local[hop_link],
-                rows.size,
-                self._capacity[used],
-                bound=sub[rows],
-                levels=levels,
-            )
-        rates[flows] = sub
-        if not all(exact for _, exact in levels):
-            return self._afresh(cap, link, hops)
-        for level in {value for value, _ in levels}:  # no other rate in flight close to a new level
-            close = (rates >= level * (1 - _NEAR)) & (rates <= level * (1 + _NEAR))
-            if np.any(rates[close] != level):
-                return self._afresh(cap, link, hops)
-        return rates
-
-    def _once(self, links: np.ndarray) -> np.ndarray:
-        """``links`` (compact ids) with each one kept once, at one of its places: with ``_local`` as
-        scratch, in their number of steps rather than the links' or a sort's."""
-        place = np.arange(links.size)
-        self._local[links] = place
-        return links[self._local[links] == place]
-
-    def _afresh(self, cap: np.ndarray, link: np.ndarray, hops: np.ndarray, certify: bool = True) -> np.ndarray:
-        """``_rates`` over every flow in flight, and whether each component got its own rates there
-        (``_certified``): every pass exact, no two distinct levels within ``_NEAR`` of each other.
-        Without ``certify`` (few flows: the next instant is rated afresh too, or is certified afresh
-        before any rate is held) the levels are not checked, and the rates are not certified."""
-        self._changed[:] = False
-        if not certify:
-            self._certified = False
-            return self._rates(cap, link, np.repeat(np.arange(cap.size), hops))
-        levels: list[tuple[float, bool]] = []
-        rates = self._rates(cap, link, np.repeat(np.arange(cap.size), hops), levels)
-        values = np.unique(np.array([value for value, _ in levels]))  # a few
-        self._certified = all(exact for _, exact in levels) and not np.any(values[1:] <= values[:-1] * (1 + _NEAR))
-        return rates
-
-    def _rates(
-        self, cap: np.ndarray, link: np.ndarray, owner: np.ndarray, levels: list[tuple[float, bool]] | None = None
-    ) -> np.ndarray:
-        """Max-min fair rates of the flows in flight (bound ``cap``; hop e: flow ``owner[e]`` crosses
-        ``link[e]``), as ``FlowNetwork._rerate`` computes them: a link binds where the bounds of its
-        flows (``_load``, kept as they start and end) sum to more than its capacity.
-
-        Called at every instant over every flow in flight, so it takes the common cases without
-        copies: every hop on a binding link, every flow crossing one (then no flow needs renumbering).
-        The binding links are numbered in order of their compact ids (``_local`` is scratch space),
-        the constrained flows in order, as ``relabel`` would."""
-        rates = cap.copy()
-        binding = self._load[: self._links] > self._threshold[: self._links]
-        self._binding[: self._links] = binding  # (``_rerate`` keeps it up to date from here)
-        if not link.size:
-            return rates
-        on = binding[link]
-        if on.all():
-            hop_owner, hop_link = owner, link
-        else:
-            where = np.flatnonzero(on)
-            if not where.size:
-                return rates
-            hop_owner, hop_link = owner[where], link[where]
-        constrained = np.zeros(cap.size, dtype=bool)
-        constrained[hop_owner] = True
-        if constrained.all():
-            rows: np.ndarray | slice = slice(None)
-            local_owner, flows = hop_owner, cap.size
-        else:
-            rows = np.flatnonzero(constrained)
-            flows = rows.size
-            renumber = np.empty(cap.size, dtype=np.int64)
-            renumber[rows] = np.arange(flows)
-            local_owner = renumber[hop_owner]
-        links = np.flatnonzero(binding)
-        self._local[links] = np.arange(links.size)
-        local_link = self._local[hop_link]
-        rates[rows] = max_min_fair_rates_flat(
-            local_owner, local_link, flows, self._capacity[links], bound=cap[rows], levels=levels
-        )
-        return rates
