@@ -43,3 +43,12 @@ def test_freed_arrays_are_reused_rather_than_faulted_in_again() -> None:
 def test_the_variable_leaves_the_defaults_alone() -> None:
     was_set, _ = _churn("tuned", DDLSIM_DEFAULT_MALLOC="1")
     assert was_set == "False"
+
+
+def test_a_threshold_the_user_set_wins() -> None:
+    """glibc reads ``MALLOC_TRIM_THRESHOLD_`` (and the mapping one) as the process starts: where the
+    user set one, the command line leaves the allocator as they asked, as the harness does for its ranks."""
+    was_set, _ = _churn("tuned", MALLOC_TRIM_THRESHOLD_="131072")
+    assert was_set == "False"
+    was_set, _ = _churn("tuned", MALLOC_MMAP_THRESHOLD_=str(1 << 20))
+    assert was_set == "False"

@@ -14,7 +14,9 @@ the parameter server on a 2D torus (hop arrays of 190 MB) 59,000 -> 24,000 fault
 Setting one alone does harm: any explicit setting turns off glibc's raising of the mapping
 threshold, so with only a trim threshold every block above 128 KB is mapped afresh (2.5 million
 faults, twice the time). Hence both, once, where the command line starts; the simulator itself (a
-library) leaves the process's allocator alone. Elsewhere than glibc, nothing is done.
+library) leaves the process's allocator alone. Elsewhere than glibc, nothing is done, and neither
+where the user set either variable (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``): glibc
+read it as the process started, and, as for the harness's ranks, the caller's setting wins.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ _MALLOPT = {"MALLOC_MMAP_THRESHOLD_": -3, "MALLOC_TRIM_THRESHOLD_": -1}
 
 def keep_freed_memory() -> bool:
     """Set glibc's allocator to keep freed memory for reuse (see the module); whether it was set
-    (False off glibc, or where ``DDLSIM_DEFAULT_MALLOC`` is set)."""
-    if os.environ.get(DISABLE_VARIABLE) is not None:
+    (False off glibc, where ``DDLSIM_DEFAULT_MALLOC`` is set, or where the environment sets either
+    threshold itself)."""
+    if os.environ.get(DISABLE_VARIABLE) is not None or any(name in os.environ for name in ALLOCATOR_ENV):
         return False
     try:  # the interpreter's own symbols, which hold the C library's (no search for its file)
         mallopt = ctypes.CDLL(None).mallopt
