@@ -92,7 +92,6 @@ class LinkRates:
         self.threshold[ids] = self.capacity[ids] * (1 + BINDING_TOLERANCE)
         self.fabric_link[ids] = fresh
 
-
     def reset(self) -> None:
         """No flow in flight (where an earlier run stopped short), nothing certified."""
         self.load[:], self.users[:] = 0.0, 0
