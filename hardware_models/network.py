@@ -15,6 +15,9 @@ import numpy as np
 # ``max_min_fair_rates_flat``'s default: links whose shares lie this close (relative) above the
 # smallest freeze in the same pass
 MAX_MIN_TOLERANCE = 1e-12
+# the flow model's (``simulator/engine/flow_network.py`` and the paths that follow it without SimPy)
+FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
+BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
 
 
 def alpha_beta_time_s(nbytes: float, alpha_s: float, bandwidth_Bps: float) -> float:

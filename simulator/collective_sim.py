@@ -20,7 +20,7 @@ from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, run_collective
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.fabric_spec import FabricSpec, topology_of, torus_shape
-from ddlsim.simulator.scenario import ScenarioError, check_sockets
+from ddlsim.simulator.input_errors import ScenarioError, check_sockets
 
 
 def bus_factor(collective: str, ranks: int) -> float:

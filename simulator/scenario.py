@@ -26,6 +26,7 @@ from ddlsim.hardware_models.catalog import PEAK_PRECISIONS, PRECISIONS, Device, 
 from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.engine.fabric_spec import TOPOLOGIES, FabricSpec, topology_of
+from ddlsim.simulator.input_errors import ScenarioError, check_sockets
 from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
@@ -40,10 +41,6 @@ STRAGGLER_FORMS = (
     "none, lognormal:SIGMA (per step), lognormal:SIGMA:device (per device, fixed) or lognormal:SIGMA:expected "
     "(every rank at the expected slowest of N's pace: the closed form's view, deterministic)"
 )
-
-
-class ScenarioError(ValueError):
-    """The scenario is invalid; the message names the setting and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -95,16 +92,6 @@ class Stragglers:
             fixed = float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))
             return lambda: fixed
         return lambda: float(np.exp(sigma * rng.standard_normal() - sigma * sigma / 2))
-
-
-def check_sockets(devices_per_node: int, sockets: int, socket_link: str | None) -> None:
-    """A node's devices split evenly over its sockets, joined by an intra-node ``socket_link``."""
-    if devices_per_node % sockets:
-        raise ScenarioError(f"--sockets {sockets} does not divide --devices-per-node {devices_per_node} evenly")
-    if sockets > 1 and not socket_link:
-        raise ScenarioError("--sockets > 1 needs --socket-link (the link between two sockets, e.g. qpi)")
-    if socket_link and load_link(socket_link).kind != "intra_node":
-        raise ScenarioError(f"--socket-link {socket_link!r} is a network, not an intra-node link")
 
 
 def default_host_link(device: Device) -> str | None:

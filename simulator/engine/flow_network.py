@@ -33,10 +33,8 @@ from typing import NamedTuple
 import numpy as np
 import simpy
 
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
+from ddlsim.hardware_models.network import BINDING_TOLERANCE, FINISH_TOLERANCE, max_min_fair_rates_flat
 
-FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of now has ended
-BINDING_TOLERANCE = 1e-12  # relative: a link loaded to within this of its capacity cannot bind
 # scalar bookkeeping while at most this many flows, crossing at most this many links in all, are in flight
 _SMALL_FLOWS = 8
 _SMALL_HOPS = 64

@@ -60,8 +60,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
+from ddlsim.hardware_models.network import FINISH_TOLERANCE
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.flow_network import FINISH_TOLERANCE
 from ddlsim.simulator.engine.fluid_rates import NO_LINK, LinkRates
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
 from ddlsim.simulator.engine.link_state import ContentionDetected

@@ -20,8 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ddlsim.hardware_models.network import MAX_MIN_TOLERANCE, max_min_fair_rates_flat
-from ddlsim.simulator.engine.flow_network import BINDING_TOLERANCE
+from ddlsim.hardware_models.network import BINDING_TOLERANCE, MAX_MIN_TOLERANCE, max_min_fair_rates_flat
 from ddlsim.simulator.engine.round_structures import spans
 
 __all__ = ["NO_LINK", "LinkRates"]
