@@ -10,17 +10,19 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link, load_link
-from ddlsim.hardware_models.profile import Profile
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, run_collective
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.fabric_spec import FabricSpec, topology_of, torus_shape
 from ddlsim.simulator.input_errors import ScenarioError, check_sockets
+
+if TYPE_CHECKING:  # a calibration profile is read only where one is named (``--profile``)
+    from ddlsim.hardware_models.profile import Profile
 
 
 def bus_factor(collective: str, ranks: int) -> float:
