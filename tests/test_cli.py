@@ -43,6 +43,24 @@ def test_installed_command_runs():
     assert "scaling_efficiency" in result.stdout
 
 
+def test_a_fresh_collective_command_reports_a_bad_setting_in_one_line(tmp_path):
+    """``ddlsim collective`` starts without the training scenario's module, yet an invalid setting it
+    checks (sockets that do not divide the node's devices) is still the user's error: one line, exit
+    2, nothing written. In a fresh process, where no other test has imported that module."""
+    result = subprocess.run(
+        [sys.executable, "-m", "ddlsim", "collective", "--ranks", "16", "--devices-per-node", "8",
+         "--intra-node", "nvlink2", "--sockets", "3", "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    message = "ddlsim: error: --sockets 3 does not divide --devices-per-node 8 evenly"
+    assert result.stderr.strip().splitlines() == [message]
+    assert not (tmp_path / "out").exists()
+
+
 def test_out_writes_results_scenario_and_plot(capsys, tmp_path):
     out = tmp_path / "run"
     code, _, err = run(capsys, "simulate", *SMALL, "--out", str(out), "--plot")

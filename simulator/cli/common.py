@@ -112,7 +112,7 @@ def given_flags(args: argparse.Namespace) -> set[str]:
 
 def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option") -> dict[str, Any]:
     """Parse KEY=VALUE items; values become int, float, bool or stay strings."""
-    from ddlsim.simulator.scenario import ScenarioError
+    from ddlsim.simulator.input_errors import ScenarioError
 
     options: dict[str, Any] = {}
     for item in items or ():
@@ -134,7 +134,7 @@ def parse_options(items: Sequence[str] | None, what: str = "--algorithm-option")
 
 def parse_torus_dims(text: str | None) -> tuple[int, ...] | None:
     """Parse torus extents "8x8" or "4x4x4"; None stays None."""
-    from ddlsim.simulator.scenario import ScenarioError
+    from ddlsim.simulator.input_errors import ScenarioError
 
     if text is None:
         return None

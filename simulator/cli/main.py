@@ -63,7 +63,7 @@ ALIASES = {"simulate-algorithm": "simulate"}
 # (module, class): errors that are the user's input, reported in one line with exit status 2. Looked
 # up in sys.modules when an error arrives: a module never imported cannot have raised its error.
 USER_ERRORS = (
-    ("ddlsim.simulator.scenario", "ScenarioError"),
+    ("ddlsim.simulator.input_errors", "ScenarioError"),  # (scenario.py re-exports it)
     ("ddlsim.registry", "UnknownNameError"),
     ("ddlsim.hardware_models.units", "UnitError"),
     ("ddlsim.algorithms.schedule", "ScheduleError"),
