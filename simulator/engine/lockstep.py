@@ -70,23 +70,40 @@ def lockstep_exits(
         return rates_of(tuple(flows if j == i else None for j in range(count)))[i]
 
     now = min(starts, default=0.0)
+    alone_of = [partial(alone, i) for i in range(count)]
+    # plain loops over the few lanes, not comprehensions and method calls: this loop runs once per
+    # event, tens of thousands of times for two ring all-reduces over 4096 nodes (hybrid_parallel)
     while True:
         for i, lane in enumerate(lanes):
-            others = [other.next_start() for other in lanes if other is not lane and other.exit is None]
-            lane.go_alone(min(others, default=math.inf), partial(alone, i))
-        live = [lane for lane in lanes if lane.exit is None]
+            if lane.entering and lane.exit is None:  # (else go_alone has nothing to do)
+                horizon = math.inf  # no other collective's flow starts before this
+                for other in lanes:
+                    if other is not lane and other.exit is None and other.next_start() < horizon:
+                        horizon = other.next_start()
+                lane.go_alone(horizon, alone_of[i])
+        key: list[int | None] = []
+        live = False
+        for lane in lanes:
+            live = live or lane.exit is None
+            key.append(lane.rounds[lane.index].flows if lane.flowing else None)
         if not live:
             break
-        rate = rates_of(tuple(lane.rounds[lane.index].flows if lane.flowing else None for lane in lanes))
-        due = [lane.due(now, rate[i]) for i, lane in enumerate(lanes)]
-        step_to = min(due[i] for i, lane in enumerate(lanes) if lane.exit is None)
+        rate = rates_of(tuple(key))
+        due = []
+        step_to = math.inf
+        for lane, lane_rate in zip(lanes, rate, strict=True):
+            at = lane.due(now, lane_rate)
+            due.append(at)
+            if lane.exit is None and at < step_to:
+                step_to = at
         tolerance = FINISH_TOLERANCE * max(abs(step_to), 1e-9)
-        for i, lane in enumerate(lanes):
+        for lane, lane_rate in zip(lanes, rate, strict=True):
             if lane.flowing:
-                lane.remaining -= rate[i] * (step_to - now)
+                lane.remaining -= lane_rate * (step_to - now)
         now = step_to
-        for i, lane in enumerate(lanes):
-            if lane.exit is None and due[i] <= step_to + tolerance:
+        limit = step_to + tolerance
+        for lane, at in zip(lanes, due, strict=True):
+            if lane.exit is None and at <= limit:
                 lane.event(now)
     return [(lane.exit, lane.last_end) for lane in lanes if lane.exit is not None]  # every one by now
 
