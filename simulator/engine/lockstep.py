@@ -66,8 +66,14 @@ def lockstep_exits(
             rate = cached[key] = rates(key)
         return rate
 
+    alone_rates: dict[tuple[int, int], float] = {}
+
     def alone(i: int, flows: int) -> float:
-        return rates_of(tuple(flows if j == i else None for j in range(count)))[i]
+        """The rate of collective i's flows with no other collective's in flight."""
+        rate = alone_rates.get((i, flows))
+        if rate is None:
+            rate = alone_rates[i, flows] = rates_of(tuple(flows if j == i else None for j in range(count)))[i]
+        return rate
 
     now = min(starts, default=0.0)
     alone_of = [partial(alone, i) for i in range(count)]
