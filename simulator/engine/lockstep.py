@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 
-FINISH_TOLERANCE = 1e-12  # relative: a flow projected to end within this of an event ends with it
+from ddlsim.hardware_models.network import FINISH_TOLERANCE  # the flow network's: a flow ends with an event
 
 
 @dataclass(frozen=True)
@@ -84,8 +84,8 @@ def lockstep_exits(
             if lane.entering and lane.exit is None:  # (else go_alone has nothing to do)
                 horizon = math.inf  # no other collective's flow starts before this
                 for other in lanes:
-                    if other is not lane and other.exit is None and other.next_start() < horizon:
-                        horizon = other.next_start()
+                    if other is not lane and other.exit is None:
+                        horizon = min(horizon, other.next_start())
                 lane.go_alone(horizon, alone_of[i])
         key: list[int | None] = []
         live = False

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddlsim.hardware_models.network import max_min_fair_rates_flat
+from ddlsim.hardware_models.network import FINISH_TOLERANCE, max_min_fair_rates_flat
 from ddlsim.simulator.engine.link_state import ContentionDetected, LinkState
-from ddlsim.simulator.engine.lockstep import FINISH_TOLERANCE, LockstepRound, lockstep_exits
+from ddlsim.simulator.engine.lockstep import LockstepRound, lockstep_exits
 from ddlsim.simulator.engine.round_fluid import unique_ints
 from ddlsim.simulator.engine.round_structures import Structure
 
