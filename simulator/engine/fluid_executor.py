@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ddlsim.algorithms.schedule import Round, Schedule
-from ddlsim.hardware_models.network import FINISH_TOLERANCE
+from ddlsim.hardware_models.network import FINISH_TOLERANCE, MAX_MIN_TOLERANCE
 from ddlsim.simulator.engine.fabric import Fabric
 from ddlsim.simulator.engine.fluid_rates import NO_LINK, LinkRates
 from ddlsim.simulator.engine.fluid_steady import LONGEST_PERIOD, Snapshot, period
@@ -73,6 +73,9 @@ if TYPE_CHECKING:
 
 __all__ = ["FluidExecutor", "LinkUse"]
 
+# instants without a period after which a run goes on compiled, where numba is there (``fluid_compiled``):
+# enough that a short run never pays numba's start (about 0.7 s), few against a long one's
+COMPILED_AFTER = 4000
 _FEW = 32  # transfers ending at one instant that ``arrive`` handles as Python sets, not rank-wide masks
 
 
@@ -261,6 +264,10 @@ class FluidExecutor:
         # their routes' costs and binding hops are taken from there, not routed again (``_route``)
         self.routed = routed
         self.taken_routes = 0  # rounds whose routes' costs came from ``routed``
+        # instants after which a run that found no period goes on compiled (``fluid_compiled``; None:
+        # numpy to the end), and the instants rated there
+        self.compiled_after: int | None = COMPILED_AFTER
+        self.compiled_instants = 0
 
     # --- rounds ----------------------------------------------------------------------------------
     def _build(self, schedule: Schedule, rnd: Round, message_bytes: float) -> _Round:
@@ -337,6 +344,47 @@ class FluidExecutor:
             kept,
             _ByLink(compact, hop_ptr),
         )
+
+    def _compiled(
+        self,
+        schedule: Schedule,
+        message_bytes: float,
+        runs: list[tuple[Round, int]],
+        now: float,
+        state: tuple[Any, ...],
+    ) -> bool:
+        """Hand the rest of a run to the compiled loop (``fluid_compiled``) from an instant just rated,
+        where numba is there and the rest fits; whether it did (every rank's finish time then set)."""
+        try:
+            from ddlsim.simulator.engine import fluid_compiled
+        except ImportError:  # numba missing: numpy to the end
+            return False
+        low, built, progress, current, finish, flows, waiting = state
+        rounds = int(sum(count for _, count in runs))
+        ranks = current.size
+        if (rounds - low) * ranks > fluid_compiled.MAX_PLACES:
+            return False
+        handover = fluid_compiled.Handover(self, schedule, message_bytes, runs)  # (may number new links)
+        if not fluid_compiled.fits(low, rounds, ranks, handover.places(low)):
+            return False
+        links = self.links
+        instants, transfers = fluid_compiled.finish(
+            handover,
+            now,
+            (FINISH_TOLERANCE, MAX_MIN_TOLERANCE),
+            low,
+            built,
+            progress,
+            current,
+            finish,
+            flows,
+            waiting,
+            (links.load, links.users, links.capacity, links.threshold),
+        )
+        self.instants += instants
+        self.compiled_instants += instants
+        self.transfers += transfers
+        return True
 
     # --- the simulation --------------------------------------------------------------------------
     def run(
@@ -489,6 +537,7 @@ class FluidExecutor:
         transfers = self.transfers
         batches = enter(np.arange(ranks), np.array(start), 0)
         now, changed = -np.inf, False
+        plain_from: float = self.instants  # the instant since which no period was found
         while True:
             if batches:
                 w_round = np.concatenate([w_round, *(b[0] for b in batches)])
@@ -579,6 +628,20 @@ class FluidExecutor:
                             self.transfers += skip * rounds[low + skip].src.size  # as built (folded)
                             self.skipped_rounds += skip
                             recent = []
+                            plain_from = self.instants
+                if (
+                    self.compiled_after is not None
+                    and log is None
+                    and tracker is None
+                    and self.instants - plain_from >= self.compiled_after
+                ):
+                    plain_from = np.inf  # asked once a run: where it does not fit, numpy goes on
+                    on = np.flatnonzero(a_index >= 0)
+                    in_flight = (a_round[on], a_index[on], a_remaining[on], a_cap[on], a_rate[on], a_finish[on])
+                    progress_of = {k: (rd.left, rd.done_s, rd.entered, rd.entry_s) for k, rd in rounds.items()}
+                    state = (low, built, progress_of, current, finish, in_flight, (w_round, w_index, w_start))
+                    if self._compiled(schedule, message_bytes, runs, now, state):
+                        break
             if not flying and not w_index.size:
                 break
             following = min(
