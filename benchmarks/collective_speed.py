@@ -76,6 +76,46 @@ env.run()
 print(time.perf_counter() - started, max(ends), len(ends))
 """
 
+# the fluid path's compiled loop (``fluid_compiled``): numba compiles it the first time a run hands
+# over, and keeps it in its cache; this child makes one run hand over at once, whatever the cache holds
+COMPILED_LOOP = """
+import time
+started = time.perf_counter()
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.hardware_models.catalog import load_link
+from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
+from ddlsim.simulator.engine.fluid_executor import FluidExecutor
+spec = FabricSpec(nodes=16, devices_per_node=1, network=load_link("ib_edr"), topology="dragonfly",
+                  nodes_per_router=2, routers_per_group=4)
+executor = FluidExecutor(Fabric(spec))
+executor.compiled_after = 0
+executor.run(COLLECTIVE_ALGORITHMS.get("ring").schedule("allreduce", 16), 1e6, 0.0)
+assert executor.compiled_instants > 0
+print(time.perf_counter() - started)
+"""
+
+
+def compiled_loop_seconds(timeout_s: float) -> tuple[str, str]:
+    """Seconds to reach the compiled loop in a fresh process: with an empty numba cache (what the
+    first long fluid run after installing pays once) and with the cache the table's cells use (which
+    this call fills where it was empty)."""
+    shown = []
+    with tempfile.TemporaryDirectory() as empty:
+        for cache in (empty, None):
+            saved = os.environ.get("NUMBA_CACHE_DIR")
+            if cache is not None:
+                os.environ["NUMBA_CACHE_DIR"] = cache
+            try:
+                _, code, out, timed_out, _, _ = timed([sys.executable, "-c", COMPILED_LOOP], timeout_s)
+            finally:
+                if cache is not None:
+                    if saved is None:
+                        del os.environ["NUMBA_CACHE_DIR"]
+                    else:
+                        os.environ["NUMBA_CACHE_DIR"] = saved
+            shown.append("failed" if timed_out or code else f"{float(out.split()[-1]):.1f} s")
+    return shown[0], shown[1]
+
 
 MEMORY_LIMIT_BYTES = 8 * 2**30  # a child that needs more is stopped (the machine is shared)
 
@@ -129,6 +169,9 @@ def collective_table(
     algorithms: list[str], topologies: list[str], ranks_list: list[int], repeat: int, timeout_s: float
 ) -> bool:
     print("# 1. ddlsim collective, 100 MB all-reduce (chain: broadcast), whole command")
+    cold, warm = compiled_loop_seconds(timeout_s)
+    print(f"# the fluid path's compiled loop in a fresh process: {cold} with numba's cache empty (once per")
+    print(f"# installation: the first long fluid run pays it), {warm} from the cache the cells below use")
     header = f"{'algorithm':19} {'topology':9} {'dpn':>3} {'ranks':>7} {'min_s':>7} {'median_s':>8} {'cpu_s':>6}"
     print(f"{header} {'peak_MB':>7}  {'path':11} target")
     ok_all = True
