@@ -40,7 +40,8 @@ may start after rounds the round path timed already, where every rank entered th
 structures rather than route them again (``routed``). In a run of identical rounds, once the state
 repeats a few rounds later, whole periods are skipped (``fluid_steady``; not where a transfer log is
 kept). Where the schedule and the fabric repeat every few ranks, only one period of ranks is
-simulated (``fold``: ``fluid_fold``).
+simulated (``fold``: ``fluid_fold``). A run that finds no period in ``COMPILED_AFTER`` instants goes on
+in a compiled loop, the same arithmetic in the same order (``fluid_compiled``, where numba imports).
 LogGP overheads (a rank's CPU handling one message at a time) are not modelled here:
 ``ContentionDetected``, and the caller goes message by message.
 
