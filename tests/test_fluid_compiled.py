@@ -97,3 +97,17 @@ def test_a_run_too_large_to_hand_over_stays_in_numpy(monkeypatch):
     plain.compiled_after = None
     np.testing.assert_array_equal(executor.run(schedule, 1e8, 0.0), plain.run(schedule, 1e8, 0.0))
     assert executor.compiled_instants == 0
+
+
+@pytest.mark.parametrize(("algorithm", "ranks"), [("torus_2d", 64), ("double_binary_tree", 64), ("ring", 32)])
+def test_handed_over_late_in_a_later_run_of_rounds_equal_the_numpy_loop(algorithm, ranks):
+    """Handed over a third, two thirds of the way and at the last instant (later runs of identical
+    rounds: the earlier ones are not rebuilt), the times are the numpy loop's to the bit."""
+    fabric = dragonfly(ranks, 1, 2, 4, 1)
+    schedule = COLLECTIVE_ALGORITHMS.get(algorithm).schedule("allreduce", ranks)
+    start = np.random.default_rng(ranks).uniform(0, 2e-6, ranks)
+    plain_s, plain, _, _ = _plain_and_compiled(fabric, schedule, 1e8, start, None)
+    for after in (plain.instants // 3, 2 * plain.instants // 3, plain.instants - 1):
+        _, _, compiled_s, compiled = _plain_and_compiled(fabric, schedule, 1e8, start, after)
+        np.testing.assert_array_equal(compiled_s, plain_s)
+        assert compiled.compiled_instants == plain.instants - after

@@ -395,18 +395,26 @@ def _run(now, finish_tolerance, max_min_tolerance, s, t, more, st, w, f, links):
 
 
 class Handover:
-    """The rounds of a run as the kernel reads them: every run's round (``runs``) built once by the
-    executor (``_build``: its routes, costs and compact link ids), flattened."""
+    """The rounds of a run as the kernel reads them: the round of each of ``runs`` from run ``first``
+    on (the one the last rank is in), built once by the executor (``_build``: its routes, costs and
+    compact link ids), flattened; ``round_def``: each round's run less ``first`` (-1 before it)."""
 
     def __init__(
-        self, executor: FluidExecutor, schedule: Schedule, message_bytes: float, runs: list[tuple[Round, int]]
+        self,
+        executor: FluidExecutor,
+        schedule: Schedule,
+        message_bytes: float,
+        runs: list[tuple[Round, int]],
+        first: int,
     ) -> None:
         ranks = schedule.ranks if executor.fold is None else executor.fold.ranks
-        built = [executor._build(schedule, rnd, message_bytes) for rnd, _ in runs]
+        built = [executor._build(schedule, rnd, message_bytes) for rnd, _ in runs[first:]]
         counts = np.array([rd.src.size for rd in built], dtype=np.int64)
         self.ranks = ranks
         self.transfers = counts
-        self.round_def = np.repeat(np.arange(len(runs)), [count for _, count in runs])
+        before = sum(count for _, count in runs[:first])
+        repeats = [count for _, count in runs[first:]]
+        self.round_def = np.concatenate([np.full(before, -1), np.repeat(np.arange(len(built)), repeats)])
         self.d_toff = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         hop_counts = np.array([rd.hop_link.size for rd in built], dtype=np.int64)
         hop_off = np.concatenate([[0], np.cumsum(hop_counts)])

@@ -365,7 +365,8 @@ class FluidExecutor:
         ranks = current.size
         if (rounds - low) * ranks > fluid_compiled.MAX_PLACES:
             return False
-        handover = fluid_compiled.Handover(self, schedule, message_bytes, runs)  # (may number new links)
+        first = int(np.searchsorted(np.cumsum([count for _, count in runs]), low, side="right"))
+        handover = fluid_compiled.Handover(self, schedule, message_bytes, runs, first)  # (may number new links)
         if not fluid_compiled.fits(low, rounds, ranks, handover.places(low)):
             return False
         links = self.links
