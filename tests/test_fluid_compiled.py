@@ -2,9 +2,12 @@
 instant, it gives the same finish times to the bit and rates as many instants, on dragonflies, fat
 trees and tori, folded or not, with ranks entering together or apart; and the message path's times."""
 
+import sys
+
 import numpy as np
 import pytest
 
+import ddlsim.simulator.engine as engine
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.simulator.engine import fluid_compiled, fluid_executor
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
@@ -111,3 +114,18 @@ def test_handed_over_late_in_a_later_run_of_rounds_equal_the_numpy_loop(algorith
         _, _, compiled_s, compiled = _plain_and_compiled(fabric, schedule, 1e8, start, after)
         np.testing.assert_array_equal(compiled_s, plain_s)
         assert compiled.compiled_instants == plain.instants - after
+
+
+def test_without_numba_the_numpy_loop_goes_on(monkeypatch):
+    """Where the compiled loop cannot be loaded (numba missing: its import fails), a run that would
+    hand over goes on in numpy, with the same times."""
+    fabric = dragonfly(64, 1, 2, 4, 1)
+    schedule = COLLECTIVE_ALGORITHMS.get("torus_2d").schedule("allreduce", 64)
+    plain_s, _, compiled_s, _ = _plain_and_compiled(fabric, schedule, 1e8, 0.0, 0)
+    monkeypatch.setitem(sys.modules, "ddlsim.simulator.engine.fluid_compiled", None)  # import -> ImportError
+    monkeypatch.delattr(engine, "fluid_compiled", raising=False)
+    executor = FluidExecutor(fabric, extrapolate=False)
+    executor.compiled_after = 0
+    np.testing.assert_array_equal(executor.run(schedule, 1e8, 0.0), compiled_s)
+    np.testing.assert_array_equal(plain_s, compiled_s)
+    assert executor.compiled_instants == 0 and executor.instants > 0

@@ -358,7 +358,7 @@ class FluidExecutor:
         where numba is there and the rest fits; whether it did (every rank's finish time then set)."""
         try:
             from ddlsim.simulator.engine import fluid_compiled
-        except ImportError:  # numba missing: numpy to the end
+        except (ImportError, RuntimeError):  # numba missing, or no cache it may write to: numpy to the end
             return False
         low, built, progress, current, finish, flows, waiting = state
         rounds = int(sum(count for _, count in runs))
