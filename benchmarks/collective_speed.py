@@ -101,18 +101,8 @@ def compiled_loop_seconds(timeout_s: float) -> tuple[str, str]:
     this call fills where it was empty)."""
     shown = []
     with tempfile.TemporaryDirectory() as empty:
-        for cache in (empty, None):
-            saved = os.environ.get("NUMBA_CACHE_DIR")
-            if cache is not None:
-                os.environ["NUMBA_CACHE_DIR"] = cache
-            try:
-                _, code, out, timed_out, _, _ = timed([sys.executable, "-c", COMPILED_LOOP], timeout_s)
-            finally:
-                if cache is not None:
-                    if saved is None:
-                        del os.environ["NUMBA_CACHE_DIR"]
-                    else:
-                        os.environ["NUMBA_CACHE_DIR"] = saved
+        for env in ({**os.environ, "NUMBA_CACHE_DIR": empty}, None):
+            _, code, out, timed_out, _, _ = timed([sys.executable, "-c", COMPILED_LOOP], timeout_s, env)
             shown.append("failed" if timed_out or code else f"{float(out.split()[-1]):.1f} s")
     return shown[0], shown[1]
 
@@ -124,7 +114,9 @@ def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT_BYTES, MEMORY_LIMIT_BYTES))
 
 
-def timed(args: list[str], timeout_s: float) -> tuple[float, int, str, bool, int, float]:
+def timed(
+    args: list[str], timeout_s: float, env: dict[str, str] | None = None
+) -> tuple[float, int, str, bool, int, float]:
     """(wall seconds, exit status, output, timed out, peak RSS bytes, CPU seconds) of one child.
 
     The child writes into a temporary file and is reaped with ``os.wait4``, which gives its own
@@ -132,7 +124,9 @@ def timed(args: list[str], timeout_s: float) -> tuple[float, int, str, bool, int
     """
     with tempfile.TemporaryFile("w+") as out:
         started = time.perf_counter()
-        child = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=_limit_memory)
+        child = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, text=True, preexec_fn=_limit_memory, env=env
+        )
         while True:
             pid, status, usage = os.wait4(child.pid, os.WNOHANG)
             wall = time.perf_counter() - started

@@ -10,7 +10,7 @@ sum of bounds, the max-min passes of ``max_min_fair_rates_flat`` entry by entry)
 instant there (4.5 s for the run in-process, against 33.5 s).
 
 The executor hands a run over (``finish``) once it has simulated ``FluidExecutor.compiled_after``
-instants without finding a period, where the rest fits in memory (``fits``): every round from the
+instants without finding a period, where the rest fits in memory (``MAX_PLACES``): every round from the
 last rank's on is kept (no round is dropped, none skipped) and every flow the rest can start has a
 place. Its state at that point (flows in flight and waiting, in order; every rank's progress
 through the rounds built; the links' loads) goes in, the ranks' finish times come out. What the
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from ddlsim.algorithms.schedule import Round, Schedule
     from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 
-__all__ = ["Handover", "finish", "fits"]
+__all__ = ["MAX_PLACES", "Handover", "finish"]
 
 MAX_PLACES = 4_000_000  # flow places (and rounds x ranks of progress) a handed-over run may take
 
@@ -440,11 +440,6 @@ class Handover:
         return int(self.transfers[self.round_def[low:]].sum())
 
 
-def fits(low: int, rounds: int, ranks: int, places: int) -> bool:
-    """Whether a run from round ``low`` of ``rounds`` is small enough to hand over (``MAX_PLACES``)."""
-    return (rounds - low) * ranks <= MAX_PLACES and places <= MAX_PLACES
-
-
 def finish(
     h: Handover,
     now: float,
@@ -471,6 +466,8 @@ def finish(
     for k, (left, done, entered, entry) in progress.items():
         row = slice((k - low) * ranks, (k - low + 1) * ranks)
         st_left[row], st_done[row], st_entered[row], st_entry[row] = left, done, entered, entry
+    # every flow in flight or waiting is among ``places(low)`` too: the slack guards the kernel's
+    # unchecked writes all the same
     places = h.places(low) + flows[0].size + waiting[0].size
     w_round, w_index, w_start = np.empty(places, np.int64), np.empty(places, np.int64), np.empty(places)
     nw = np.array([waiting[0].size], dtype=np.int64)

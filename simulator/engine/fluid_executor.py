@@ -351,6 +351,7 @@ class FluidExecutor:
         schedule: Schedule,
         message_bytes: float,
         runs: list[tuple[Round, int]],
+        run_end: np.ndarray,
         now: float,
         state: tuple[Any, ...],
     ) -> bool:
@@ -361,13 +362,11 @@ class FluidExecutor:
         except (ImportError, RuntimeError):  # numba missing, or no cache it may write to: numpy to the end
             return False
         low, built, progress, current, finish, flows, waiting = state
-        rounds = int(sum(count for _, count in runs))
-        ranks = current.size
-        if (rounds - low) * ranks > fluid_compiled.MAX_PLACES:
+        if (int(run_end[-1]) - low) * current.size > fluid_compiled.MAX_PLACES:  # (rounds x ranks of progress)
             return False
-        first = int(np.searchsorted(np.cumsum([count for _, count in runs]), low, side="right"))
+        first = int(np.searchsorted(run_end, low, side="right"))  # the run the last rank is in
         handover = fluid_compiled.Handover(self, schedule, message_bytes, runs, first)  # (may number new links)
-        if not fluid_compiled.fits(low, rounds, ranks, handover.places(low)):
+        if handover.places(low) > fluid_compiled.MAX_PLACES:
             return False
         links = self.links
         instants, transfers = fluid_compiled.finish(
@@ -642,7 +641,7 @@ class FluidExecutor:
                     in_flight = (a_round[on], a_index[on], a_remaining[on], a_cap[on], a_rate[on], a_finish[on])
                     progress_of = {k: (rd.left, rd.done_s, rd.entered, rd.entry_s) for k, rd in rounds.items()}
                     state = (low, built, progress_of, current, finish, in_flight, (w_round, w_index, w_start))
-                    if self._compiled(schedule, message_bytes, runs, now, state):
+                    if self._compiled(schedule, message_bytes, runs, run_end, now, state):
                         break
             if not flying and not w_index.size:
                 break
