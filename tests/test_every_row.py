@@ -28,7 +28,7 @@ def test_a_bad_row_is_listed_and_the_others_are_predicted(tmp_path, capsys):
     """An unknown workload token (a model the catalog lacks) no longer refuses the file."""
     path = write_rows(
         tmp_path / "mixed.csv",
-        [GOOD, {**GOOD, "id": "T-2", "message_bytes": "4000000"}, {**TRAINING, "workload": "bert_large"}],
+        [GOOD, {**GOOD, "id": "T-2", "message_bytes": "4000000"}, {**TRAINING, "workload": "maskrcnn"}],
     )
     out = tmp_path / "report"
     code = main(["validate", "--measurements", str(path), "--out", str(out), "--tolerance", "10"])
@@ -36,7 +36,7 @@ def test_a_bad_row_is_listed_and_the_others_are_predicted(tmp_path, capsys):
     assert code == 0, captured.err
     table = {row["id"]: row for row in read_csv(out / "validation.csv")}
     assert table["T-1"]["status"] == "predicted" and table["T-2"]["status"] == "predicted"
-    assert table["TR-1"]["status"] == "cannot_model" and "unknown token 'bert_large'" in table["TR-1"]["reason"]
+    assert table["TR-1"]["status"] == "cannot_model" and "unknown token 'maskrcnn'" in table["TR-1"]["reason"]
     assert "cannot model TR-1" in captured.out
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_predicted"] == 2 and summary["n_cannot_model"] == 1
@@ -174,7 +174,7 @@ def test_calibrate_refuses_a_directory_as_out_before_fitting(tmp_path, capsys):
 
 
 def test_validate_writes_strict_json(tmp_path):
-    path = write_rows(tmp_path / "m.csv", [{**TRAINING, "workload": "bert_large"}, GOOD])
+    path = write_rows(tmp_path / "m.csv", [{**TRAINING, "workload": "maskrcnn"}, GOOD])
     main(["validate", "--measurements", str(path), "--out", str(tmp_path / "r"), "--tolerance", "10"])
     text = (tmp_path / "r" / "summary.json").read_text()
     json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in summary.json"))

@@ -36,12 +36,16 @@ from ddlsim.simulator.calibration.intervals import Estimator, scale_key
 from ddlsim.simulator.calibration.link_fit import distinct_measurements, fit_links
 from ddlsim.simulator.calibration.measurements import Measurement, rows_sha256
 from ddlsim.simulator.calibration.open_fields import open_choices
-from ddlsim.simulator.calibration.predict import predict, static_reason
+from ddlsim.simulator.calibration.predict import is_transformer_row, predict, static_reason
 
 NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not resolved (DeepBench ~1%)
 DEFAULT_NOISE = 0.05  # used when no residual has degrees of freedom left
 NOISE_MAX = 5.0  # the profile loader's bound on every sigma
 UNCALIBRATED_SIGMA = 0.4  # sigma of a kind of prediction no calibration row covers
+TRANSFORMER_ROW_REASON = (
+    "a catalog transformer: predicted by the megatron model, whose compute the layer-table fit does not "
+    "cover (its one parameter, transformer_slowdown, is fitted by validate on llm_dev.csv-format files)"
+)
 
 Progress = Callable[[int, int], None]
 
@@ -93,6 +97,8 @@ def usable_rows(rows: Sequence[Measurement]) -> tuple[list[Measurement], list[tu
         reason = static_reason(row.modeled())
         if reason:
             unused.append((row.id, reason))
+        elif is_transformer_row(row):
+            unused.append((row.id, TRANSFORMER_ROW_REASON))
         elif row.kind != "training" and row.message_bytes is None:
             unused.append((row.id, "no message size: a plateau figure cannot fit alpha and beta"))
         else:

@@ -37,7 +37,7 @@ from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.profile import ComputeFit, Profile
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.calibration.open_fields import open_choices, with_choice
-from ddlsim.simulator.calibration.predict import Prediction, needs_input_pipeline, predict
+from ddlsim.simulator.calibration.predict import Prediction, is_transformer_row, needs_input_pipeline, predict
 
 CONFIG_FIELDS = (
     "kind",
@@ -91,7 +91,9 @@ def prediction_kind(row: Measurement, profile: Profile | None) -> str:
         if row.metric == "scaling_efficiency":
             return "training: scaling efficiency"
         scale = "1 device" if row.devices == 1 else "1 node" if row.nodes == 1 else "several nodes"
-        if profile and profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0):
+        if is_transformer_row(row):  # the megatron model's own compute, which no layer-table fit informs
+            source = "transformer model compute"
+        elif profile and profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0):
             source = "pinned compute"
         elif profile and profile.compute:
             source = "compute fitted across devices"

@@ -33,8 +33,9 @@ from typing import Any
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import COLLECTIVES
-from ddlsim.hardware_models.catalog import PRECISIONS, device_names, link_names
+from ddlsim.hardware_models.catalog import PRECISIONS, device_names, link_names, load_device
 from ddlsim.simulator.workloads import workload_names
+from ddlsim.simulator.workloads.transformer import transformer_names
 
 MEASUREMENT_COLUMNS = (
     "id",
@@ -74,6 +75,11 @@ LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi")
 SCHEMA_ONLY_DEVICES = ("tpu_v3",)
 POINT_TO_POINT_PATTERNS = ("ping_pong", "streaming_bandwidth")
 POINT_TO_POINT_ALGORITHMS = ("send_recv",)
+# Frameworks a source names instead of the library under them: the library each uses, per device kind
+# (Horovod's GPU builds reduce with NCCL, HOROVOD_GPU_ALLREDUCE=NCCL, as Sergeev & Del Balso 2018
+# describe; its CPU builds with MPI). A row without a device keeps the library open (open_fields.py),
+# whose default is the same choice.
+FRAMEWORK_LIBRARIES = {"horovod": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"}}
 
 
 class MeasurementError(ValueError):
@@ -185,9 +191,12 @@ def _valid_tokens() -> dict[str, tuple[str, ...]]:
         libraries = LIBRARY_TOKENS
     return {
         "kind": KINDS,
-        "workload": tuple(workload_names()),
+        "workload": tuple(workload_names()) + tuple(transformer_names()),
         "collective": COLLECTIVES + POINT_TO_POINT_PATTERNS,
-        "algorithm": tuple(COLLECTIVE_ALGORITHMS.names()) + libraries + POINT_TO_POINT_ALGORITHMS,
+        "algorithm": tuple(COLLECTIVE_ALGORITHMS.names())
+        + libraries
+        + POINT_TO_POINT_ALGORITHMS
+        + tuple(FRAMEWORK_LIBRARIES),
         "intra_node_link": tuple(link_names("intra_node")),
         "socket_link": tuple(link_names("intra_node")),
         "network": tuple(link_names("network")),
@@ -267,6 +276,13 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         raise fail("socket_link", "a row with sockets > 1 must name the link between the sockets (e.g. qpi)")
     batch = number("per_device_batch", whole=True, bounds=(1, COUNT_LIMITS["per_device_batch"]))
     message_bytes = number("message_bytes", whole=True, bounds=(1, MESSAGE_BYTES_LIMIT))
+    algorithm, notes = cell["algorithm"], cell["notes"]
+    if algorithm in FRAMEWORK_LIBRARIES:
+        kind_of_device = load_device(device).kind if device in device_names() else ""
+        library = FRAMEWORK_LIBRARIES[algorithm].get(kind_of_device, "")
+        said = f"{algorithm} reduces with {library} on {kind_of_device} devices" if library else ""
+        said = said or f"{algorithm}: library left open"
+        algorithm, notes = library, f"{notes}; {said}" if notes else said
     return Measurement(
         id=row_id,
         kind=kind,
@@ -277,7 +293,7 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         nodes=int(nodes or 1),
         workload=cell["workload"],
         collective=cell["collective"],
-        algorithm=cell["algorithm"],
+        algorithm=algorithm,
         intra_node_link=cell["intra_node_link"],
         network=cell["network"],
         nics_per_node=int(nics) if nics is not None else None,
@@ -288,7 +304,7 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         precision=cell["precision"],
         quote=cell["quote"],
         source=cell["source"],
-        notes=cell["notes"],
+        notes=notes,
         file=str(path),
         line=line,
     )

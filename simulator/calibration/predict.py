@@ -15,6 +15,11 @@
     each node, then one colocated server per node (``hierarchical`` with an inner
     ``parameter_server``).
   - a library token: the algorithm the library picks for a gradient bucket.
+  - a catalog transformer (``bert_large``, ``gpt2``, ...; ``ddlsim list workloads``): the
+    ``megatron`` training model with data parallelism only (tp = pp = 1, dp = every device, one
+    micro-batch of the per-device batch), the gradients reduced by the row's library in
+    ``BUCKET_BYTES`` buckets overlapped with the backward pass (as PyTorch DDP and Horovod do), at
+    the catalog's sequence length; compute from the transformer model's datasheet efficiencies.
 
 Rows the model cannot express get a reason instead of a number (``Prediction.reason``); a row
 with fields its source leaves open gets one here too, and ``intervals.Estimator`` predicts it with
@@ -24,6 +29,7 @@ the defaults of ``open_fields``. Compute that no calibration row pins comes from
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import statistics
@@ -34,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.schedule import ScheduleError
-from ddlsim.algorithms.training_algorithm import AlgorithmOptions
+from ddlsim.algorithms.training_algorithm import AlgorithmOptions, make_options
 from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.hardware_models.units import UnitError
@@ -44,6 +50,7 @@ from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve
 from ddlsim.simulator.engine.fabric_spec import FabricError
 from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers, default_host_link
 from ddlsim.simulator.sweep import simulate_point
+from ddlsim.simulator.workloads.transformer import transformer_names
 
 # Bus-bandwidth rows quoted as a large-message plateau without a size are predicted at 1 GB
 # (nccl-tests' plateau region on every fabric in the catalog starts well below it).
@@ -82,6 +89,16 @@ def needs_input_pipeline(row: Measurement) -> bool:
 @functools.cache
 def _catalog_devices() -> frozenset[str]:
     return frozenset(device_names())
+
+
+@functools.cache
+def _catalog_transformers() -> frozenset[str]:
+    return frozenset(transformer_names())
+
+
+def is_transformer_row(row: Measurement) -> bool:
+    """A training row of a catalog transformer (not a layer table): the megatron model predicts it."""
+    return row.kind == "training" and row.workload in _catalog_transformers()
 
 
 def static_reason(row: Measurement) -> str | None:
@@ -204,9 +221,66 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
     )
 
 
+def transformer_scenario(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Scenario:
+    """The data-parallel ``megatron`` scenario of a catalog transformer's training row (module docstring)."""
+    if row.algorithm == "parameter_server":
+        raise ScenarioError(
+            f"{row.workload} is a catalog transformer: its data-parallel training is modelled with an "
+            "all-reduce library (nccl, mpich, ring, ...), not a parameter server"
+        )
+    assert row.per_device_batch is not None
+    layout = {
+        "tp": 1,
+        "pp": 1,
+        "dp": row.devices,
+        "micro_batch": row.per_device_batch,
+        "global_batch": row.per_device_batch * row.devices,
+        "precision": row.precision,
+    }
+    options: dict[str, Any] = {"layout": layout, "overlap_grad_reduce": True, "bucket_bytes": BUCKET_BYTES}
+    if row.devices > 1:
+        options["collective"] = row.algorithm
+    return Scenario(
+        workload=row.workload,
+        algorithm="megatron",
+        device=row.device,
+        devices_per_node=row.devices_per_node,
+        intra_node=row.intra_node_link or None if row.devices_per_node > 1 else None,
+        network=row.network or None if row.nodes > 1 else None,
+        nics_per_node=row.nics_per_node or 1,
+        sockets=row.sockets or 1,
+        socket_link=row.socket_link or None,
+        options=make_options("megatron", options),
+        nodes=(row.nodes,),
+        precision=row.precision,
+        executor=executor,
+        profile=profile,
+        enforce_memory=False,  # the run was measured, so it fit in memory
+        stragglers=f"lognormal:{profile.rank_jitter_sigma!r}" if profile and profile.rank_jitter_sigma > 0 else "none",
+    )
+
+
+def predict_transformer(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Prediction:
+    """A catalog transformer's data-parallel training row (``transformer_scenario``)."""
+    point = simulate_point(transformer_scenario(row, profile, executor), row.nodes)
+    detail = f"megatron data-parallel ({row.algorithm or 'one device'}) {executor}"
+    if row.metric == "throughput_samples_per_s":
+        return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
+    if row.metric == "time_s":
+        return Prediction(float(point["iteration_s"]), detail=detail)
+    if row.metric == "scaling_efficiency":  # against one device of the same per-device batch
+        single = dataclasses.replace(row, devices_per_node=1, nodes=1, algorithm="", intra_node_link="", network="")
+        one = simulate_point(transformer_scenario(single, profile, executor), 1)
+        rate = float(point["throughput_samples_per_s"]) / row.devices
+        return Prediction(rate / float(one["throughput_samples_per_s"]), detail=detail)
+    return cannot(f"metric {row.metric!r} is not produced for training rows")
+
+
 def predict_training(
     row: Measurement, profile: Profile | None, executor: str = "analytic", require_pinned: bool = False
 ) -> Prediction:
+    if is_transformer_row(row):
+        return predict_transformer(row, profile, executor)
     if (
         require_pinned
         and row.metric != "scaling_efficiency"

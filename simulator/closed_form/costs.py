@@ -23,7 +23,11 @@ class ClosedFormCosts(GroupCosts):
         super().__init__(scenario.fabric_spec(setup.fabric_nodes))
         self.setup = setup
         if scenario.is_transformer:
-            self._transformer = transformer_costs(setup, self)
+            # stragglers: every iteration ends in the data-parallel reductions, which wait for every
+            # rank's compute: each rank computes at the expected slowest pace of all of them (exact for
+            # data parallelism alone; tensor and pipeline ranks also wait for each other within the step)
+            slowest = Stragglers.parse(scenario.stragglers).expected_slowest(len(setup.plan.workers))
+            self._transformer = transformer_costs(setup, self, compute_factor=slowest)
         else:
             self.worker = SimTrainer(scenario, layer_times(scenario), setup.algorithm.momentum)
             self._stage_trainer = (

@@ -19,7 +19,7 @@ from ddlsim.simulator.training.setup import setup_of
 from ddlsim.simulator.training.trainers import layout_figures, single_device_step_s
 
 # closed forms whose step waits for every worker's compute: stragglers cost the expected slowest
-STRAGGLER_CLOSED_FORMS = ("sync_sgd",)
+STRAGGLER_CLOSED_FORMS = ("sync_sgd", "megatron")
 
 
 def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:

@@ -323,8 +323,9 @@ def hybrid_stage_trainers(setup: TrainingSetup) -> Callable[[int, Callable[[], f
     return make
 
 
-def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts) -> TransformerCosts:
-    """The per-chunk costs of a ``megatron`` setup's ranks, with collectives timed by ``group_costs``."""
+def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts, compute_factor: float = 1.0) -> TransformerCosts:
+    """The per-chunk costs of a ``megatron`` setup's ranks, with collectives timed by ``group_costs``;
+    ``compute_factor`` scales every rank's compute (the closed form's expected slowest rank)."""
     from ddlsim.simulator.training.transformer_trainer import Collectives, TransformerCosts
 
     scenario = setup.scenario
@@ -333,7 +334,8 @@ def transformer_costs(setup: TrainingSetup, group_costs: GroupCosts) -> Transfor
     device = scenario.device_spec
     model = scenario.profile.compute_model(device, scenario.precision, scenario.workload) if scenario.profile else None
     return TransformerCosts(scenario.transformer_spec, options.layout, device, scenario.precision, comm,
-                            options.collective, launch_s=model.launch_s if model else 0.0)  # fmt: skip
+                            options.collective, launch_s=model.launch_s if model else 0.0,
+                            compute_factor=compute_factor)  # fmt: skip
 
 
 def layout_figures(scenario: Scenario, plan: Any, breakdown: dict[str, float]) -> dict[str, float]:
