@@ -107,7 +107,7 @@ def test_overlapped_reduction_leaves_one_bucket_exposed_when_the_network_is_fast
     """Data parallelism only (pp 1) over one node's NVSwitch: without overlap the whole reduction
     follows the backward; with it the buckets reduce while the last backward runs, and what shows is
     the last bucket's."""
-    plain = scenario(nodes=1, per_node=8, tp=1, pp=1, global_batch=8)
+    plain = scenario(nodes=1, per_node=8, tp=1, pp=1, global_batch=16, micro_batch=2)
     point = overlapped(plain, overlap_grad_reduce=True, bucket_bytes=10e6)
     costs = ClosedFormCosts(setup_of(point, 1))
     trainer = costs.trainer(0)
