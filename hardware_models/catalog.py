@@ -37,7 +37,7 @@ PRECISIONS = ("fp32", "fp16", "bf16")  # training precisions of the data-paralle
 PEAK_PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")  # datasheet peaks (dense, no sparsity)
 DEVICE_KINDS = ("gpu", "cpu", "manycore", "accelerator")
 LINK_KINDS = ("intra_node", "network")
-LINK_TOPOLOGIES = ("switch", "full_mesh", "torus_3d", "point_to_point")
+LINK_TOPOLOGIES = ("switch", "full_mesh", "torus_2d", "torus_3d", "point_to_point")
 CATALOG_ENVIRONMENT_VARIABLE = "DDLSIM_CATALOG"
 CATALOG_KINDS = ("devices", "links", "transformers")
 

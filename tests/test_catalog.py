@@ -40,11 +40,12 @@ REQUIRED_DEVICES = [
     "v100_pcie", "v100_sxm2", "v100_sxm3", "v100_sxm3_h", "v100s_pcie", "a100_sxm4", "h100_sxm5",
     # large-model era (issue 14)
     "a100_sxm4_80gb", "h100_pcie", "h200_sxm", "b200", "gb200", "gb300", "mi300x", "gaudi2", "tpu_v4", "tpu_v5p",
+    "tpu_v3",  # the measurement schema's TPU (MLPerf-era pods)
 ]  # fmt: skip
 REQUIRED_INTRA_NODE = [
     "pcie3_x16", "pcie4_x16", "nvlink1", "nvlink2", "nvlink3", "nvswitch", "nvswitch2", "upi", "knl_mesh",
     "pcie5_x16", "nvlink4", "nvlink5", "nvswitch3", "nvswitch4", "nvl72", "infinity_fabric_mi300x", "gaudi2_roce",
-    "tpu_v4_ici", "tpu_v5p_ici",
+    "tpu_v3_ici", "tpu_v4_ici", "tpu_v5p_ici",
 ]  # fmt: skip
 REQUIRED_NETWORKS = [
     "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr", "ib_xdr",
@@ -396,7 +397,7 @@ BROKEN_LINKS: Broken = {
     "domain_on_a_network": ({"domain": line("domain_size", 8)}, "domain_size", "only for kind 'intra_node'"),
     "zero_domain": ({"kind": 'kind = "intra_node"', "domain": line("domain_size", 0)}, "domain_size", ">= 1"),
     "bad_topology": ({"kind": 'kind = "intra_node"', "topology": line("topology", "ring")}, "topology",
-                     "one of switch, full_mesh, torus_3d, point_to_point"),
+                     "one of switch, full_mesh, torus_2d, torus_3d, point_to_point"),
 }
 
 

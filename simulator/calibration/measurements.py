@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -71,8 +72,8 @@ METRICS = {
 QUOTES = ("direct", "derived", "secondary")
 LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi")
 # Device tokens of the measurement schema that the catalog has no datasheet for: accepted in a
-# file, reported as cannot_model by validate (the model has no TPU systolic-array compute model).
-SCHEMA_ONLY_DEVICES = ("tpu_v3",)
+# file, reported as cannot_model by validate (tpu_v3 was one until it got its datasheet).
+SCHEMA_ONLY_DEVICES: tuple[str, ...] = ()
 POINT_TO_POINT_PATTERNS = ("ping_pong", "streaming_bandwidth")
 POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 # Frameworks a source names instead of the library under them: the library each uses, per device kind
@@ -160,9 +161,15 @@ class Measurement:
 
     def modeled(self) -> Measurement:
         """The row as the model sees it: ranks of one machine that talk only through a ``network``
-        (no intra-node link, e.g. the harness's ``local_shm``) are one-rank nodes on that network."""
+        (no intra-node link, e.g. the harness's ``local_shm``) are one-rank nodes on that network;
+        accelerator chips on several hosts of one scale-up domain (a TPU slice: hosts of 4 chips
+        joined by the ICI torus, no network named) are one node on the domain's link."""
         if self.nodes == 1 and self.devices_per_node > 1 and not self.intra_node_link and self.network:
             return dataclasses.replace(self, devices_per_node=1, nodes=self.devices)
+        domain = scale_up_domain(self.device)
+        if domain and self.nodes > 1 and not self.network and self.devices <= domain[0]:
+            link = self.intra_node_link or domain[1]
+            return dataclasses.replace(self, devices_per_node=self.devices, nodes=1, intra_node_link=link)
         return self
 
     @property
@@ -180,6 +187,18 @@ class Measurement:
                 value = int(value)
             row[column] = value
         return row
+
+
+@functools.cache
+def scale_up_domain(device: str) -> tuple[int, str] | None:
+    """(chips, link) of an accelerator's scale-up domain from its datasheet (a TPU pod and its ICI),
+    None for other devices: GPUs' NVLink domains end at the node, which rows state."""
+    if device not in device_names():
+        return None
+    spec = load_device(device)
+    if spec.kind != "accelerator" or spec.system is None or not spec.system.intra_node_link:
+        return None
+    return spec.system.devices_per_node, spec.system.intra_node_link
 
 
 def _valid_tokens() -> dict[str, tuple[str, ...]]:

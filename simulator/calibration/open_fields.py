@@ -15,10 +15,11 @@ device                    the generation's reference part, found from a family n
                           notes or source ("Pascal", "Volta", "Skylake", ...): ``GENERATION_PARTS``
                           (the other parts of that generation in the catalog)
 algorithm (library)       GPUs: ``nccl`` (``openmpi``, ``ring``); CPUs and Xeon Phi: ``mpich``,
-                          Intel MPI's base (``mlsl``, ``openmpi``)
+                          Intel MPI's base (``mlsl``, ``openmpi``); TPUs: ``torus_2d`` (``ring``)
 per_device_batch          ``DEFAULT_BATCH`` per device kind: GPU 64 (32, 128, 256), CPU 32 per
                           socket (16, 64), Xeon Phi 64 (32, 128); the value tf_cnn_benchmarks and
-                          Intel Caffe's ImageNet examples used
+                          Intel Caffe's ImageNet examples used; TPU 256 per chip (128, 512): the
+                          Cloud TPU ResNet-50 reference's 1024 on a v3-8 (4 chips)
 precision                 ``fp16`` (mixed) on parts with Tensor Cores (a reduced-precision peak
                           4x fp32 or more: Volta and later, what MLPerf-era and Horovod
                           benchmarks ran), else ``fp32``; the other is the alternative where the
@@ -27,7 +28,8 @@ network                   per generation: ``ERA_NETWORKS`` (Kepler/Maxwell 10 Gb
                           Volta EDR, Ampere HDR, Hopper NDR, Xeon/Xeon Phi Omni-Path; the
                           alternatives of the era, e.g. FDR for Pascal)
 intra_node_link           GPUs: PCIe of their generation (``pcie3_x16``; ``pcie4_x16`` from
-                          Ampere), NVLink of the generation as the alternative; CPUs: ``upi``
+                          Ampere), NVLink of the generation as the alternative; CPUs: ``upi``;
+                          TPUs: their ICI (the datasheet's system link)
 ========================  =====================================================================
 """
 
@@ -65,12 +67,20 @@ ERA_NETWORKS = {
     "cooper_lake": ("ib_hdr", "opa_100"),
 }
 ERA_NVLINK = {"pascal": "nvlink1", "volta": "nvlink2", "ampere": "nvswitch2"}
-DEFAULT_BATCH = {"gpu": (64, 32, 128, 256), "cpu": (32, 16, 64), "manycore": (64, 32, 128)}
+DEFAULT_BATCH = {
+    "gpu": (64, 32, 128, 256),
+    "cpu": (32, 16, 64),
+    "manycore": (64, 32, 128),
+    "accelerator": (256, 128, 512),
+}
 GPU_LIBRARIES = ("nccl", "openmpi", "ring")
 # a reduced-precision peak this many times fp32 marks matrix units (Tensor Cores) that mixed-precision
 # training was run for; a 2x path (P100 fp16, Cooper Lake bf16) was mostly left unused in fp32 code
 TENSOR_CORE_RATIO = 4.0
 CPU_LIBRARIES = ("mpich", "mlsl", "openmpi")
+# TPU pods: the 2-D gradient summation over the torus (Ying et al. 2018, 'Image classification at
+# supercomputer scale', on TPU v3 pods), a ring the alternative
+ACCELERATOR_LIBRARIES = ("torus_2d", "ring")
 
 
 @dataclass(frozen=True)
@@ -117,7 +127,7 @@ def open_choices(row: Measurement) -> list[Choice] | str:
     device = load_device(row.device)
     generation = architecture(device)
     if row.devices > 1 and not row.algorithm:
-        libraries = GPU_LIBRARIES if device.kind == "gpu" else CPU_LIBRARIES
+        libraries = {"gpu": GPU_LIBRARIES, "accelerator": ACCELERATOR_LIBRARIES}.get(device.kind, CPU_LIBRARIES)
         choices.append(
             Choice(
                 "algorithm",
@@ -156,7 +166,8 @@ def open_choices(row: Measurement) -> list[Choice] | str:
             )
         )
     if row.modeled().nodes > 1 and not row.network:
-        networks = ERA_NETWORKS.get(generation, ("ib_edr", "eth_10g"))
+        system_network = (device.system.network,) if device.system and device.system.network else ()
+        networks = ERA_NETWORKS.get(generation) or system_network or ("ib_edr", "eth_10g")
         choices.append(
             Choice(
                 "network",
@@ -171,6 +182,8 @@ def open_choices(row: Measurement) -> list[Choice] | str:
             pcie = "pcie4_x16" if generation in ("ampere", "hopper") else "pcie3_x16"
             nvlink = ERA_NVLINK.get(generation)
             default, others = pcie, tuple(link for link in (nvlink,) if link)
+        elif device.kind == "accelerator" and device.system and device.system.intra_node_link:
+            default, others = device.system.intra_node_link, ()  # the chip's own interconnect (TPU ICI)
         else:
             default, others = "upi", ()
         choices.append(
