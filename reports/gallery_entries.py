@@ -227,8 +227,10 @@ def mlsl_reason(message_bytes: int) -> str:
         )
     if message_bytes > 1e8:
         return (
-            "MLSL's large-message path: 153 MB takes 5.5x the time of 67 MB for 2.3x the bytes (about 40% of "
-            "the mid-size bandwidth) in DeepBench's own rows; one alpha-beta link cannot have both"
+            "MLSL's large-message path: from 128 MiB an all-reduce goes out as 16 non-blocking pieces over its "
+            "4 endpoints instead of 4 (intel/MLSL src/comm_ep.cpp: LARGE_MSG_SIZE_MB 128, LARGE_MSG_CHUNK_COUNT 4, "
+            "epNum 4), and the two sizes past it are DeepBench's two slow ones: 153 MB takes 5.5x the time of 67 "
+            "MB for 2.3x the bytes; what the 16 pieces cost on KNL's cores is in no source, so it is not modelled"
         )
     return (
         "between MLSL's fixed cost per call and its mid-size bandwidth: the fixed cost (55-80 us, from the "
