@@ -50,6 +50,21 @@ def test_a_transformer_row_is_read_and_predicted_by_the_megatron_model(tmp_path)
     assert 6.0 * one.value < eight.value < 8.0 * one.value
 
 
+@pytest.mark.parametrize("note", ["phase 1, sequence length 128", "seq_len=128", "max_seq_length 128, LAMB"])
+def test_a_sequence_length_in_the_notes_is_the_runs(tmp_path, note):
+    """A quarter of the tokens: faster per sequence, by less than 4x (attention shrinks more, the
+    per-sequence weights' traffic and fixed costs do not)."""
+    rows = _rows(tmp_path, [ONE, {**ONE, "id": "B-128", "notes": note}])
+    long, short = predict(rows["B-1"]).value, predict(rows["B-128"]).value
+    assert 3.0 * long < short < 4.5 * long
+
+
+def test_a_sequence_longer_than_the_models_positions_is_declined(tmp_path):
+    rows = _rows(tmp_path, [{**ONE, "notes": "sequence length 1024"}])
+    prediction = predict(rows["B-1"])
+    assert not prediction.ok and "1024" in prediction.reason
+
+
 def test_scaling_efficiency_of_a_transformer_row_is_the_ratio_of_its_rates(tmp_path):
     rows = _rows(tmp_path, [BERT, ONE, {**BERT, "id": "B-E", "metric": "scaling_efficiency", "value": "0.9"}])
     efficiency = predict(rows["B-E"]).value

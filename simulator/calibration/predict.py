@@ -19,7 +19,8 @@
     ``megatron`` training model with data parallelism only (tp = pp = 1, dp = every device, one
     micro-batch of the per-device batch), the gradients reduced by the row's library in
     ``BUCKET_BYTES`` buckets overlapped with the backward pass (as PyTorch DDP and Horovod do), at
-    the catalog's sequence length; compute from the transformer model's datasheet efficiencies.
+    the catalog's sequence length unless the notes state one ("sequence length 128"); compute from
+    the transformer model's datasheet efficiencies.
 
 Rows the model cannot express get a reason instead of a number (``Prediction.reason``); a row
 with fields its source leaves open gets one here too, and ``intervals.Estimator`` predicts it with
@@ -32,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -50,14 +52,16 @@ from ddlsim.simulator.collective_sim import CollectiveSetup, bus_factor, resolve
 from ddlsim.simulator.engine.fabric_spec import FabricError
 from ddlsim.simulator.scenario import Scenario, ScenarioError, Stragglers, default_host_link
 from ddlsim.simulator.sweep import simulate_point
-from ddlsim.simulator.workloads.transformer import transformer_names
+from ddlsim.simulator.workloads.transformer import TransformerConfigError, transformer_names
 
 # Bus-bandwidth rows quoted as a large-message plateau without a size are predicted at 1 GB
 # (nccl-tests' plateau region on every fabric in the catalog starts well below it).
 PLATEAU_BYTES = 1e9
 BUCKET_BYTES = 25e6  # gradient fusion bucket (Horovod's and PyTorch DDP's default)
 
-MODEL_ERRORS = (ScenarioError, UnknownNameError, ScheduleError, FabricError, CatalogError, UnitError)
+MODEL_ERRORS = (
+    ScenarioError, UnknownNameError, ScheduleError, FabricError, CatalogError, UnitError, TransformerConfigError,
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -238,6 +242,7 @@ def transformer_scenario(row: Measurement, profile: Profile | None, executor: st
         "precision": row.precision,
     }
     options: dict[str, Any] = {"layout": layout, "overlap_grad_reduce": True, "bucket_bytes": BUCKET_BYTES}
+    sequence = stated_sequence_length(row)
     if row.devices > 1:
         options["collective"] = row.algorithm
     return Scenario(
@@ -257,7 +262,18 @@ def transformer_scenario(row: Measurement, profile: Profile | None, executor: st
         profile=profile,
         enforce_memory=False,  # the run was measured, so it fit in memory
         stragglers=f"lognormal:{profile.rank_jitter_sigma!r}" if profile and profile.rank_jitter_sigma > 0 else "none",
+        transformer_changes=(("seq_len", sequence),) if sequence else (),
     )
+
+
+SEQUENCE_NOTE = re.compile(r"\b(?:seq(?:uence)?[ _-]?len(?:gth)?|max_seq_length)\s*(?:[:=]|of)?\s*(\d+)", re.IGNORECASE)
+
+
+def stated_sequence_length(row: Measurement) -> int | None:
+    """The tokens per sample a transformer row's notes state ('sequence length 128', 'seq_len=512',
+    'max_seq_length 128'), else None: the catalog's."""
+    match = SEQUENCE_NOTE.search(row.notes)
+    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
 
 
 def predict_transformer(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Prediction:
