@@ -33,6 +33,11 @@ from ddlsim.simulator.calibration.predict import predict
 from ddlsim.simulator.collective_sim import bus_factor
 
 MAX_SEGMENTS = 3
+# Message sizes (bytes) at which a library changes how it runs a collective, from its source: every
+# fit of that library's rows breaks there. MLSL sends an all-reduce of 128 MiB or more as 16 pieces
+# over its 4 endpoints instead of 4 (intel/MLSL src/comm_ep.cpp: allreduce bufSize >=
+# LARGE_MSG_SIZE_MB (128) x ONE_MB (1048576, src/common.hpp) -> epNum (4) x LARGE_MSG_CHUNK_COUNT (4)).
+LIBRARY_BREAKPOINTS = {"mlsl": (128.0 * 2**20,)}
 LINK_PROBE_ALPHA = 0.5  # relative alpha step of the coefficient probes
 LINK_PROBE_BETA = 0.25  # relative 1/beta step
 # candidate receiver reduction rates (inf = free) and host core counts for ranks sharing a CPU
@@ -192,12 +197,21 @@ def _solve_segment(lin: LinearRows, index: np.ndarray, fallback: tuple[float, fl
     return alpha, 1.0 / u, rss(alpha, u)
 
 
-def _segmentations(sizes: np.ndarray) -> list[tuple[float, ...]]:
+def library_breakpoints(key: str) -> tuple[float, ...]:
+    """The protocol thresholds (bytes) of the library in a link group's key (``link@device@library...``)."""
+    parts = key.split("@")
+    return LIBRARY_BREAKPOINTS.get(parts[2], ()) if len(parts) > 2 else ()
+
+
+def _segmentations(sizes: np.ndarray, forced: tuple[float, ...] = ()) -> list[tuple[float, ...]]:
+    """Every split of the sizes into at most ``MAX_SEGMENTS`` segments that breaks at each ``forced``
+    threshold the sizes straddle (a size equal to a threshold is above it, as ``searchsorted`` puts it)."""
     distinct = np.unique(sizes)
-    cuts = [math.sqrt(lo * hi) for lo, hi in itertools.pairwise(distinct)]
+    forced = tuple(b for b in forced if distinct[0] < b <= distinct[-1])
+    cuts = [math.sqrt(lo * hi) for lo, hi in itertools.pairwise(distinct) if not any(lo < b <= hi for b in forced)]
     out: list[tuple[float, ...]] = []
-    for count in range(MAX_SEGMENTS):
-        out.extend(itertools.combinations(cuts, count))
+    for count in range(MAX_SEGMENTS - len(forced)):
+        out.extend(tuple(sorted(forced + combination)) for combination in itertools.combinations(cuts, count))
     return out
 
 
@@ -225,17 +239,20 @@ def _extrapolation_error(lin: LinearRows, breakpoints: tuple[float, ...], fitted
     return float(np.sum(np.log(np.maximum(predicted, 1e-300) / lin.y[test]) ** 2))
 
 
-def choose_segments(lin: LinearRows, scales: np.ndarray, prior: tuple[float, float]) -> tuple[float, ...]:
+def choose_segments(
+    lin: LinearRows, scales: np.ndarray, prior: tuple[float, float], forced: tuple[float, ...] = ()
+) -> tuple[float, ...]:
     """The message-size breakpoints of one link group.
 
     With rows at two or more scales (rank counts), the split is the one whose fit on the smaller
     scales best predicts the largest scale: the same extrapolation validate asks for. With one
-    scale, the lowest BIC among splits with at least three rows per segment.
+    scale, the lowest BIC among splits with at least three rows per segment. Every split breaks at
+    the library's own protocol thresholds (``forced``, ``LIBRARY_BREAKPOINTS``) inside the sizes.
     """
     n = lin.y.size
     everything = np.arange(n)
     largest = scales == scales.max()
-    candidates = _segmentations(lin.sizes)
+    candidates = _segmentations(lin.sizes, forced)
     if len(np.unique(scales)) >= 2:
         train, test = everything[~largest], everything[largest]
         scored = []
@@ -269,7 +286,7 @@ def _fit_alpha_beta(
     n = len(rows)
     everything = np.arange(n)
     lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), host)
-    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior)
+    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior, library_breakpoints(key))
     fitted = _fit_segments(lin, breakpoints, prior, everything, 1)
     assert fitted is not None
     alphas, betas, rss = fitted

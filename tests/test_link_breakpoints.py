@@ -1,0 +1,43 @@
+"""A library's own protocol thresholds split its link fits (MLSL's large-message path at 128 MiB)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ddlsim.hardware_models.profile import Profile
+from ddlsim.simulator.calibration.link_fit import _segmentations, fit_links, library_breakpoints
+from ddlsim.simulator.calibration.measurements import read_measurement_file
+
+DATA = Path(__file__).resolve().parents[1] / "simulator" / "calibration" / "data" / "published_dev.csv"
+MIB_128 = 128 * 2**20
+
+
+def test_only_mlsl_declares_a_threshold():
+    assert library_breakpoints("opa_100@knl_7250@mlsl") == (MIB_128,)
+    assert library_breakpoints("ib_fdr@titanx_pascal@nccl") == ()
+    assert library_breakpoints("opa_100") == ()
+
+
+def test_every_split_breaks_at_a_threshold_the_sizes_straddle():
+    sizes = np.array([4e5, 1.2e7, 6.7e7, 1.5e8, 2.6e8])
+    splits = _segmentations(sizes, (MIB_128,))
+    assert splits and all(MIB_128 in split for split in splits)
+    assert all(len(split) <= 2 for split in splits)
+    # the data's own cut in the threshold's gap (between 67 and 153 MB) is not offered again
+    assert not any(any(6.7e7 < cut < 1.5e8 and cut != MIB_128 for cut in split) for split in splits)
+    # a threshold outside the sizes changes nothing
+    assert _segmentations(sizes[:3], (MIB_128,)) == _segmentations(sizes[:3])
+    # a size equal to the threshold is on the large side
+    assert _segmentations(np.array([1e6, MIB_128]), (MIB_128,)) == [(MIB_128,)]
+
+
+def test_the_deepbench_mlsl_fit_breaks_at_128_mib_and_fits_both_sides():
+    rows = [row for row in read_measurement_file(DATA) if row.device == "knl_7250"]
+    fits = fit_links(Profile(), rows, np.random.default_rng(0), 0)
+    (key,) = fits.groups
+    fit = fits.profile.links[key]
+    assert fit.breakpoints_bytes == (MIB_128,)
+    # the large-message path is slower per byte than the mid-size one (DeepBench's 153 and 258 MB rows)
+    assert fit.beta_Bps[-1] < 0.7 * fit.beta_Bps[0]
