@@ -299,8 +299,11 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
     if algorithm in FRAMEWORK_LIBRARIES:
         kind_of_device = load_device(device).kind if device in device_names() else ""
         library = FRAMEWORK_LIBRARIES[algorithm].get(kind_of_device, "")
-        said = f"{algorithm} reduces with {library} on {kind_of_device} devices" if library else ""
-        said = said or f"{algorithm}: library left open"
+        said = (
+            f"{algorithm} reduces with {library} on {kind_of_device} devices"
+            if library
+            else f"{algorithm}: library left open"
+        )
         algorithm, notes = library, f"{notes}; {said}" if notes else said
     return Measurement(
         id=row_id,

@@ -273,32 +273,22 @@ def stated_sequence_length(row: Measurement) -> int | None:
     """The tokens per sample a transformer row's notes state ('sequence length 128', 'seq_len=512',
     'max_seq_length 128'), else None: the catalog's."""
     match = SEQUENCE_NOTE.search(row.notes)
-    return int(match.group(1)) if match and int(match.group(1)) > 0 else None
+    return (int(match.group(1)) or None) if match else None
 
 
-def predict_transformer(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Prediction:
-    """A catalog transformer's data-parallel training row (``transformer_scenario``)."""
-    point = simulate_point(transformer_scenario(row, profile, executor), row.nodes)
-    detail = f"megatron data-parallel ({row.algorithm or 'one device'}) {executor}"
-    if row.metric == "throughput_samples_per_s":
-        return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
-    if row.metric == "time_s":
-        return Prediction(float(point["iteration_s"]), detail=detail)
-    if row.metric == "scaling_efficiency":  # against one device of the same per-device batch
-        single = dataclasses.replace(row, devices_per_node=1, nodes=1, algorithm="", intra_node_link="", network="")
-        one = simulate_point(transformer_scenario(single, profile, executor), 1)
-        rate = float(point["throughput_samples_per_s"]) / row.devices
-        return Prediction(rate / float(one["throughput_samples_per_s"]), detail=detail)
-    return cannot(f"metric {row.metric!r} is not produced for training rows")
+def _one_device_rate(row: Measurement, profile: Profile | None, executor: str) -> float:
+    """Samples per second of one device of a catalog transformer's row, at its per-device batch."""
+    single = dataclasses.replace(row, devices_per_node=1, nodes=1, algorithm="", intra_node_link="", network="")
+    return float(simulate_point(transformer_scenario(single, profile, executor), 1)["throughput_samples_per_s"])
 
 
 def predict_training(
     row: Measurement, profile: Profile | None, executor: str = "analytic", require_pinned: bool = False
 ) -> Prediction:
-    if is_transformer_row(row):
-        return predict_transformer(row, profile, executor)
+    transformer = is_transformer_row(row)  # the megatron model's compute: nothing for a profile to pin
     if (
         require_pinned
+        and not transformer
         and row.metric != "scaling_efficiency"
         and (profile is None or not profile.pins(row.device, row.workload, row.precision, row.per_device_batch or 0))
     ):
@@ -306,17 +296,24 @@ def predict_training(
             f"compute not pinned: no single-device calibration row of {row.workload} on {row.device} "
             f"({row.precision}, batch {row.per_device_batch})"
         )
-    scenario = training_scenario(row, profile, executor)
+    if transformer:
+        scenario = transformer_scenario(row, profile, executor)
+        detail = f"megatron data-parallel ({row.algorithm or 'one device'}) {executor}"
+    else:
+        scenario = training_scenario(row, profile, executor)
+        detail = f"{scenario.collective} {executor}"
     point = simulate_point(scenario, row.nodes)
-    detail = f"{scenario.collective} {executor}"
-    if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1:
+    if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1 and not transformer:
         slowest = Stragglers(profile.rank_jitter_sigma).expected_slowest(row.devices)
         detail += f", rank jitter {profile.rank_jitter_sigma:.3f}: slowest of {row.devices} ranks x{slowest:.3f}"
     if row.metric == "throughput_samples_per_s":
         return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
     if row.metric == "time_s":
         return Prediction(float(point["iteration_s"]), detail=detail)
-    if row.metric == "scaling_efficiency":
+    if row.metric == "scaling_efficiency":  # against one device of the same per-device batch
+        if transformer:  # a megatron point carries no single-device baseline
+            rate = float(point["throughput_samples_per_s"]) / row.devices
+            return Prediction(rate / _one_device_rate(row, profile, executor), detail=detail)
         return Prediction(float(point["scaling_efficiency"]), detail=detail)
     return cannot(f"metric {row.metric!r} is not produced for training rows")
 

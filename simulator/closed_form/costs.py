@@ -22,21 +22,20 @@ class ClosedFormCosts(GroupCosts):
         scenario = setup.scenario
         super().__init__(scenario.fabric_spec(setup.fabric_nodes))
         self.setup = setup
+        # stragglers: a step that waits for every worker's compute takes the expected slowest of them
+        # (the event simulation draws each worker's multiplier; this is its mean maximum)
+        self.straggler_factor = Stragglers.parse(scenario.stragglers).expected_slowest(len(setup.plan.workers))
         if scenario.is_transformer:
-            # stragglers: every iteration ends in the data-parallel reductions, which wait for every
-            # rank's compute: each rank computes at the expected slowest pace of all of them (exact for
-            # data parallelism alone; tensor and pipeline ranks also wait for each other within the step)
-            slowest = Stragglers.parse(scenario.stragglers).expected_slowest(len(setup.plan.workers))
-            self._transformer = transformer_costs(setup, self, compute_factor=slowest)
+            # every iteration ends in the data-parallel reductions, which wait for every rank: each rank
+            # computes at that pace (exact for data parallelism alone; tensor and pipeline ranks also
+            # wait for each other within the step)
+            self._transformer = transformer_costs(setup, self, compute_factor=self.straggler_factor)
         else:
             self.worker = SimTrainer(scenario, layer_times(scenario), setup.algorithm.momentum)
             self._stage_trainer = (
                 hybrid_stage_trainers(setup) if setup.algorithm.name == "hybrid_parallel" else None
             )  # the split worked out once for every stage asked
             self.step: StepProfile = self.worker.profile
-            # stragglers: a step that waits for every worker's compute takes the expected slowest of
-            # them (the event simulation draws each worker's multiplier; this is its mean maximum)
-            self.straggler_factor = Stragglers.parse(scenario.stragglers).expected_slowest(len(setup.plan.workers))
             if self.straggler_factor != 1.0:
                 factor = self.straggler_factor
                 self.step = dataclasses.replace(
