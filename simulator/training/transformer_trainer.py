@@ -304,8 +304,10 @@ class TransformerCosts:
         zero3_group = data_parallel_group(rank, layout) if layout.zero_stage >= 3 else None
         for block in blocks:
             cost = self.block_cost(block, rank)
-            forward["compute"] += cost.forward_compute * self.compute_factor
-            backward["compute"] += cost.backward_compute * self.compute_factor
+            forward_compute = cost.forward_compute * self.compute_factor
+            backward_compute = cost.backward_compute * self.compute_factor
+            forward["compute"] += forward_compute
+            backward["compute"] += backward_compute
             forward["tp"] += cost.forward_tp
             backward["tp"] += cost.backward_tp
             forward["cp"] += cost.forward_cp
@@ -315,9 +317,9 @@ class TransformerCosts:
             forward["ep"] += self._ep_s(block, rank)
             backward["ep"] += self._ep_s(block, rank)
             if zero3_group is not None:  # gathers before the block's forward and backward, overlapped with it
-                forward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, cost.forward_compute,
+                forward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, forward_compute,
                                                          backward=False)  # fmt: skip
-                backward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, cost.backward_compute,
+                backward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, backward_compute,
                                                           backward=True)  # fmt: skip
         last = layout.pp * layout.virtual_stages - 1
         message = 0.0
