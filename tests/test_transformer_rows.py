@@ -94,6 +94,7 @@ def test_validate_predicts_a_transformer_row_calibrated_on_other_rows(tmp_path, 
     table = {row["id"]: row for row in read_csv(out / "validation.csv")}
     assert table["B-8"]["status"] == "predicted"
     assert table["B-8"]["basis"] == "training, 1 node: transformer model compute"
+    assert "slowest of 8 ranks" in table["B-8"]["note"]  # the fitted rank jitter it pays is named
     assert float(table["B-8"]["ci_low"]) < float(table["B-8"]["predicted"]) < float(table["B-8"]["ci_high"])
 
 

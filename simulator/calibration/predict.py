@@ -303,7 +303,7 @@ def predict_training(
         scenario = training_scenario(row, profile, executor)
         detail = f"{scenario.collective} {executor}"
     point = simulate_point(scenario, row.nodes)
-    if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1 and not transformer:
+    if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1:
         slowest = Stragglers(profile.rank_jitter_sigma).expected_slowest(row.devices)
         detail += f", rank jitter {profile.rank_jitter_sigma:.3f}: slowest of {row.devices} ranks x{slowest:.3f}"
     if row.metric == "throughput_samples_per_s":
