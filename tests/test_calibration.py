@@ -121,6 +121,45 @@ def test_rank_jitter_is_recovered_from_rows_made_with_it_and_round_trips(tmp_pat
     assert load_profile(path).rank_jitter_sigma == pytest.approx(fitted.rank_jitter_sigma)
 
 
+def _jitter_rows(sigma: float, count: int) -> list[Measurement]:
+    """``count`` TFBENCH multi-GPU synthetic-data rows (2-8 P100), valued as the model gives them at ``sigma``."""
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements
+
+    published = read_measurements([packaged_published_dev()]).rows
+    rows = [row for row in published if row.id.startswith("TFBENCH-0") and row.devices > 1
+            and "synthetic" in row.notes and row.metric == "throughput_samples_per_s"][:count]  # fmt: skip
+    truth = Profile(rank_jitter_sigma=sigma)
+    return [dataclasses.replace(row, value=predict(row, truth).value) for row in rows]
+
+
+def test_rank_jitter_leaves_out_real_data_rows_whose_input_pipeline_it_would_absorb():
+    """Real-data rows carry an input-pipeline cost the model does not have, and it grows with the
+    devices a host feeds: rows 25 % slower than the model at 0.05 must not raise the fitted sigma."""
+    from ddlsim.simulator.calibration.fit import fit_rank_jitter
+
+    made = _jitter_rows(0.05, 8)
+    real = [
+        dataclasses.replace(row, id=row.id + "R", value=row.value * 0.75, source="TF benchmarks, real-data table",
+                            notes="real ImageNet input (input pipeline and disk included)")
+        for row in made[:4]
+    ]  # fmt: skip
+    fitted = fit_rank_jitter(Profile(), made + real)
+    assert fitted.rank_jitter_sigma == pytest.approx(0.05, abs=0.005)
+    assert "8 multi-device training rows, real-data rows left out" in fitted.sources["rank_jitter_sigma"]
+
+
+def test_rank_jitter_is_not_set_by_one_row_it_cannot_explain():
+    """One synthetic row 40 % slower than the model at any plausible sigma (a cost of its own) among
+    sixteen made at 0.05 (2-8 GPUs): the soft-L1 loss keeps sigma within a grid step of 0.05, where
+    squared error chases the row to 0.0675."""
+    from ddlsim.simulator.calibration.fit import fit_rank_jitter
+
+    made = _jitter_rows(0.05, 16)
+    outlier = dataclasses.replace(made[-1], id="OUTLIER", value=made[-1].value * 0.6)
+    fitted = fit_rank_jitter(Profile(), [*made, outlier])
+    assert fitted.rank_jitter_sigma == pytest.approx(0.05, abs=0.003)
+
+
 def test_a_shape_pinned_only_by_multi_device_rows_reproduces_them_under_the_rank_jitter():
     """MLPerf's one-node rows (8-16 GPUs, no single-GPU row of their shape) pin their own compute. The
     pin must be one rank's pace, with the expected slowest of N ranks divided out: otherwise the
