@@ -28,9 +28,9 @@ from ddlsim.simulator.records import atomic_open, read_csv
 
 IMAGENET_IMAGES = 1_281_167
 # Synchronous entries wait for the slowest rank every step: the rank jitter ddlsim calibrate fits on
-# published_dev.csv (rank_jitter_sigma 0.065, docs/calibration.md), every rank at the expected
+# published_dev.csv (rank_jitter_sigma 0.0525, docs/calibration.md), every rank at the expected
 # slowest pace (deterministic: the DES equals the closed form). Fitted on other data, not on these.
-RANK_JITTER_SIGMA = 0.065
+RANK_JITTER_SIGMA = 0.0525
 # what a run directory keeps (the results, the resolved inputs and what the command printed), and the
 # file that says why an entry could not be computed
 KEEP_FILES = ("results.csv", "scenario.json", "setup.json", "stdout.txt")

@@ -42,7 +42,7 @@ SKYLAKE_NODES = (
 # SURFsara's scale: 1536 KNL 7250 nodes (1536 x 68 = 104,448 cores, the abstract's "104K x86 cores")
 KNL_NODES = "1,4,16,64,256,1536"
 KNL_QUADRANTS = "--device knl_7250_snc4 --devices-per-node 4 --intra-node knl_mesh --network opa_100"
-KNL_HYBRID_SPLIT = "27,44,51,53"  # what --best-split finds at 16 nodes (run hybrid_best_split)
+KNL_HYBRID_SPLIT = "27,45,44,59"  # what --best-split finds at 16 nodes (run hybrid_best_split)
 CODREANU = (
     "Codreanu, Podareanu, Saletore, 'Scale out for large minibatch SGD: Residual network training on ImageNet-1K "
     "with improved accuracy and reduced time to train', arXiv:1711.04291 (2017), abstract"
@@ -168,9 +168,19 @@ def _jia_hybrid(results: Results) -> list[Comparison]:
 
 def _goyal(results: Results) -> list[Comparison]:
     rows = results["hierarchical"]
+    efficiency = relative_efficiency_pct(rows, 32)
     return [
-        Comparison("scaling efficiency 8 -> 256 P100 (vs one server)", 90.0, relative_efficiency_pct(rows, 32), "%"),
-        Comparison("ResNet-50, 90 epochs on 256 P100 (min)", 60.0, epoch_minutes(rows, 32, 90), "min"),
+        Comparison("scaling efficiency 8 -> 256 P100 (vs one server)", 90.0, efficiency, "%"),
+        Comparison(
+            "ResNet-50, 90 epochs on 256 P100 (min)",
+            60.0,
+            epoch_minutes(rows, 32, 90),
+            "min",
+            reason=f"the per-GPU rate, not the scaling (the efficiency above is {efficiency:.0f}% against 90%): "
+            "the paper's own baseline took 29 hours on one server of 8 P100 (its introduction; NVIDIA's news "
+            f"item), about 1,100 images/s, where the model computes {throughput(rows, 1):,.0f} at one node; "
+            "Caffe2's 2017 kernels and its data loading are not in the catalog's P100 efficiency",
+        ),
     ]
 
 
@@ -298,7 +308,7 @@ def _knl_hybrid(results: Results) -> list[Comparison]:
             "%",
             "published: 'above 90%' up to 104K cores",
             reason="the slowest of 1536 ranks: with the rank jitter calibrated on 2-16 device rows the model gives "
-            "79%, without it (--stragglers none) 97.8%; the published 90% lies between, so the jitter's growth "
+            "82%, without it (--stragglers none) 97.8%; the published 90% lies between, so the jitter's growth "
             "from 16 to 1536 ranks is the uncertain part",
         ),
         Comparison(
