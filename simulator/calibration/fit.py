@@ -242,11 +242,16 @@ def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
     single = {run_shape(row) for row in training if row.devices == 1}
     pinned = {(device, shape) for device, fit in profile.devices.items() for shape in fit.workload_scale}
     self_pinned = ({run_shape(row) for row in training if row.devices > 1} & pinned) - single
-    rows = [row for row in training if row.devices > 1 and row.metric in ("throughput_samples_per_s", "time_s")
-            and run_shape(row) not in self_pinned and not needs_input_pipeline(row)]  # fmt: skip
+    candidates = [row for row in training if row.devices > 1 and row.metric in ("throughput_samples_per_s", "time_s")
+                  and run_shape(row) not in self_pinned]  # fmt: skip
+    rows = [row for row in candidates if not needs_input_pipeline(row)]
     sources = dict(profile.sources)
     if not rows:
-        sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row; 0"
+        real = len(candidates)
+        sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row" + (
+            f" with synthetic input ({real} real-data row{'s' if real > 1 else ''} left out: the input pipeline "
+            "is not modeled)" if real else ""
+        ) + "; 0"
         return dataclasses.replace(profile, rank_jitter_sigma=0.0, sources=sources)
 
     # A row's prediction depends on sigma only through the factor E[max of N multipliers] on its
