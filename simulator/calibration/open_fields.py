@@ -26,7 +26,7 @@ precision                 ``fp16`` (mixed) on parts with Tensor Cores (a reduced
                           part has both
 network                   per generation: ``ERA_NETWORKS`` (Kepler/Maxwell 10 GbE or FDR, Pascal/
                           Volta EDR, Ampere HDR, Hopper NDR, Xeon/Xeon Phi Omni-Path; the
-                          alternatives of the era, e.g. FDR for Pascal)
+                          alternatives of the era, e.g. FDR and 25 GbE for Pascal)
 intra_node_link           GPUs: PCIe of their generation (``pcie3_x16``; ``pcie4_x16`` from
                           Ampere), NVLink of the generation as the alternative; CPUs: ``upi``;
                           TPUs: their ICI (the datasheet's system link)
@@ -55,10 +55,12 @@ GENERATION_PARTS = {
     "skylake": ("xeon_8160", "xeon_6148", "xeon_8180"),
     "cooper_lake": ("xeon_8380h",),
 }
+# The Pascal alternatives hold 25 Gb/s-class Ethernet: two of the seed papers' Pascal clusters ran it
+# (Goyal et al. 2017: a 50 Gb Ethernet card per 8-P100 server; Sergeev & Del Balso 2018: 25 GbE RoCE).
 ERA_NETWORKS = {
     "kepler": ("eth_10g", "ib_fdr"),
     "maxwell": ("eth_10g", "ib_fdr"),
-    "pascal": ("ib_edr", "ib_fdr"),
+    "pascal": ("ib_edr", "ib_fdr", "eth_25g"),
     "volta": ("ib_edr", "eth_25g", "ib_hdr"),
     "ampere": ("ib_hdr", "roce_100g", "ib_edr"),
     "hopper": ("ib_ndr", "ib_hdr"),
