@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -161,6 +162,9 @@ def test_rank_jitter_is_not_set_by_one_row_it_cannot_explain():
     outlier = dataclasses.replace(made[-1], id="OUTLIER", value=made[-1].value * 0.6)
     fitted = fit_rank_jitter(Profile(), [*made, outlier])
     assert fitted.rank_jitter_sigma == pytest.approx(0.05, abs=0.003)
+    # the note names the profile's sigma as it is, not rounded to another grid point (0.0525, not 0.052)
+    named = re.search(r"rank jitter ([0-9.]+):", predict(made[-1], fitted).detail)
+    assert named and float(named.group(1)) == pytest.approx(fitted.rank_jitter_sigma, rel=1e-6)
 
 
 def test_a_shape_pinned_only_by_multi_device_rows_reproduces_them_under_the_rank_jitter():

@@ -305,7 +305,7 @@ def predict_training(
     point = simulate_point(scenario, row.nodes)
     if profile is not None and profile.rank_jitter_sigma > 0 and row.devices > 1:
         slowest = Stragglers(profile.rank_jitter_sigma).expected_slowest(row.devices)
-        detail += f", rank jitter {profile.rank_jitter_sigma:.3f}: slowest of {row.devices} ranks x{slowest:.3f}"
+        detail += f", rank jitter {profile.rank_jitter_sigma:.4g}: slowest of {row.devices} ranks x{slowest:.3f}"
     if row.metric == "throughput_samples_per_s":
         return Prediction(float(point["throughput_samples_per_s"]), detail=detail)
     if row.metric == "time_s":
