@@ -146,7 +146,8 @@ def test_rank_jitter_leaves_out_real_data_rows_whose_input_pipeline_it_would_abs
     ]  # fmt: skip
     fitted = fit_rank_jitter(Profile(), made + real)
     assert fitted.rank_jitter_sigma == pytest.approx(0.05, abs=0.005)
-    assert "8 multi-device training rows, real-data rows left out" in fitted.sources["rank_jitter_sigma"]
+    source = fitted.sources["rank_jitter_sigma"]
+    assert "8 multi-device training rows (2-4 devices, 4 real-data rows left out)" in source
     alone = fit_rank_jitter(Profile(), real)  # nothing left to fit: said, not silently 0
     assert alone.rank_jitter_sigma == 0.0
     assert "4 real-data rows left out" in alone.sources["rank_jitter_sigma"]

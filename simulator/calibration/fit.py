@@ -246,11 +246,11 @@ def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
                   and run_shape(row) not in self_pinned]  # fmt: skip
     rows = [row for row in candidates if not needs_input_pipeline(row)]
     sources = dict(profile.sources)
+    real = len(candidates) - len(rows)
+    left_out = f"{real} real-data row{'s' if real > 1 else ''} left out" if real else ""
     if not rows:
-        real = len(candidates)
         sources["rank_jitter_sigma"] = "not identifiable: no multi-device training row" + (
-            f" with synthetic input ({real} real-data row{'s' if real > 1 else ''} left out: the input pipeline "
-            "is not modeled)" if real else ""
+            f" with synthetic input ({left_out}: the input pipeline is not modeled)" if real else ""
         ) + "; 0"
         return dataclasses.replace(profile, rank_jitter_sigma=0.0, sources=sources)
 
@@ -286,8 +286,8 @@ def fit_rank_jitter(profile: Profile, usable: list[Measurement]) -> Profile:
     best = float(grid[int(np.argmin([cost(float(sigma)) for sigma in grid]))])
     sources["rank_jitter_sigma"] = (
         f"fitted by ddlsim calibrate (grid search on interpolated predictions, soft-L1 loss) to {len(curves)} "
-        f"multi-device training rows, real-data rows left out "
-        f"({min(row.devices for row in rows)}-{max(row.devices for row in rows)} devices)"
+        f"multi-device training rows ({min(row.devices for row in rows)}-{max(row.devices for row in rows)} "
+        f"devices{', ' + left_out if real else ''})"
     )
     return dataclasses.replace(profile, rank_jitter_sigma=best, sources=sources)
 
