@@ -165,7 +165,8 @@ def pin_shapes(
 
 def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[Measurement]) -> list[Measurement]:
     """Multi-device training rows whose compute (a single-device row of the same shape) and links are
-    pinned independently: what the step-level terms (interference, rank jitter) are fitted to."""
+    pinned independently, and whose input is synthetic: what the overlap interference is fitted to
+    (a real-data row's unmodeled input pipeline would read as interference, as it would as jitter)."""
     pinned_by_single = {run_shape(row) for row in single}
     rows = [
         row
@@ -173,6 +174,7 @@ def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[
         if row.kind == "training"
         and row.devices > 1
         and row.metric in ("throughput_samples_per_s", "time_s")
+        and not needs_input_pipeline(row)
         and run_shape(row) in pinned_by_single
         and all(
             profile.link_fit(token, row.device) is not None
