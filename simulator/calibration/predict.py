@@ -196,6 +196,29 @@ def training_algorithm(row: Measurement) -> tuple[str, dict[str, Any]]:
     return token, options
 
 
+def _measured_run(row: Measurement, profile: Profile | None, executor: str, intra: str | None) -> dict[str, Any]:
+    """The ``Scenario`` fields every training row sets the same way (its machine, scale, precision,
+    the profile and its rank jitter), with ``intra`` as the link inside a node of several devices."""
+    jitter = profile.rank_jitter_sigma if profile else 0.0
+    return {
+        "workload": row.workload,
+        "device": row.device,
+        "devices_per_node": row.devices_per_node,
+        "intra_node": intra if row.devices_per_node > 1 else None,
+        "network": row.network or None if row.nodes > 1 else None,
+        "nics_per_node": row.nics_per_node or 1,
+        "sockets": row.sockets or 1,
+        "socket_link": row.socket_link or None,
+        "nodes": (row.nodes,),
+        "precision": row.precision,
+        "executor": executor,
+        "profile": profile,
+        "enforce_memory": False,  # the run was measured, so it fit in memory
+        # the slowest of N ranks at every step, with the profile's fitted per-rank jitter
+        "stragglers": f"lognormal:{jitter!r}" if jitter > 0 else "none",
+    }
+
+
 def training_scenario(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Scenario:
     device = load_device(row.device)
     algorithm, options = training_algorithm(row)
@@ -205,23 +228,9 @@ def training_scenario(row: Measurement, profile: Profile | None, executor: str =
         intra = host  # the PS traffic crosses each GPU's PCIe link to the host
     assert row.per_device_batch is not None
     return Scenario(
-        workload=row.workload,
-        device=row.device,
-        devices_per_node=row.devices_per_node,
-        intra_node=intra if row.devices_per_node > 1 else None,
-        network=row.network or None if row.nodes > 1 else None,
-        nics_per_node=row.nics_per_node or 1,
-        sockets=row.sockets or 1,
-        socket_link=row.socket_link or None,
         options=AlgorithmOptions(collective=algorithm, collective_options=options, bucket_bytes=BUCKET_BYTES),
-        nodes=(row.nodes,),
         per_device_batch=row.per_device_batch,
-        precision=row.precision,
-        executor=executor,
-        profile=profile,
-        enforce_memory=False,  # the run was measured, so it fit in memory
-        # the slowest of N ranks at every step, with the profile's fitted per-rank jitter
-        stragglers=f"lognormal:{profile.rank_jitter_sigma!r}" if profile and profile.rank_jitter_sigma > 0 else "none",
+        **_measured_run(row, profile, executor, intra),
     )
 
 
@@ -246,23 +255,10 @@ def transformer_scenario(row: Measurement, profile: Profile | None, executor: st
     if row.devices > 1:
         options["collective"] = row.algorithm
     return Scenario(
-        workload=row.workload,
         algorithm="megatron",
-        device=row.device,
-        devices_per_node=row.devices_per_node,
-        intra_node=row.intra_node_link or None if row.devices_per_node > 1 else None,
-        network=row.network or None if row.nodes > 1 else None,
-        nics_per_node=row.nics_per_node or 1,
-        sockets=row.sockets or 1,
-        socket_link=row.socket_link or None,
         options=make_options("megatron", options),
-        nodes=(row.nodes,),
-        precision=row.precision,
-        executor=executor,
-        profile=profile,
-        enforce_memory=False,  # the run was measured, so it fit in memory
-        stragglers=f"lognormal:{profile.rank_jitter_sigma!r}" if profile and profile.rank_jitter_sigma > 0 else "none",
         transformer_changes=(("seq_len", sequence),) if sequence else (),
+        **_measured_run(row, profile, executor, row.intra_node_link or None),
     )
 
 
