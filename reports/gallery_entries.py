@@ -233,14 +233,18 @@ def mlsl_reason(message_bytes: int) -> str:
     if message_bytes < 1e6:
         return (
             "MLSL's fixed cost per call: 0.4 MB takes 90 us (2 KNL) and 140 us (4), 55-80 us more than its "
-            "bytes at the 12.4 GB/s DeepBench itself shows at 67 MB; the datasheet link has 1 us"
+            "bytes at the 12.4 GB/s DeepBench itself shows at 67 MB; the datasheet link has 1 us, and MLSL "
+            "sends the 0.4 MB as 16 pieces of 25 KB, one per endpoint server (DeepBench's run script sets "
+            "MLSL_NUM_SERVERS=16)"
         )
     if message_bytes > 1e8:
         return (
-            "MLSL's large-message path: from 128 MiB an all-reduce goes out as 16 non-blocking pieces over its "
-            "4 endpoints instead of 4 (intel/MLSL src/comm_ep.cpp: LARGE_MSG_SIZE_MB 128, LARGE_MSG_CHUNK_COUNT 4, "
-            "epNum 4), and the two sizes past it are DeepBench's two slow ones: 153 MB takes 5.5x the time of 67 "
-            "MB for 2.3x the bytes; what the 16 pieces cost on KNL's cores is in no source, so it is not modelled"
+            "MLSL's large-message path: from 128 MiB an all-reduce goes out as 4 non-blocking pieces per "
+            "endpoint instead of one, 64 over the 16 endpoint servers DeepBench's run script starts (intel/MLSL "
+            "src/comm_ep.cpp: LARGE_MSG_SIZE_MB 128, LARGE_MSG_CHUNK_COUNT 4; MLSL_NUM_SERVERS=16 in DeepBench's "
+            "code/osu_allreduce/run_allreduce_ia.sh). The two sizes past it take a near-constant 17-18.5 ms more "
+            "than their bytes at the rate of the 67 MB rows, on 2 and 4 KNL alike (153 -> 258 MB adds 7.9 ms on "
+            "2 KNL: 13 GB/s); what that fixed cost is, is in no source, so it is not modelled"
         )
     return (
         "between MLSL's fixed cost per call and its mid-size bandwidth: the fixed cost (55-80 us, from the "

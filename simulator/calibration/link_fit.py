@@ -34,9 +34,10 @@ from ddlsim.simulator.collective_sim import bus_factor
 
 MAX_SEGMENTS = 3
 # Message sizes (bytes) at which a library changes how it runs a collective, from its source: every
-# fit of that library's rows breaks there. MLSL sends an all-reduce of 128 MiB or more as 16 pieces
-# over its 4 endpoints instead of 4 (intel/MLSL src/comm_ep.cpp: allreduce bufSize >=
-# LARGE_MSG_SIZE_MB (128) x ONE_MB (1048576, src/common.hpp) -> epNum (4) x LARGE_MSG_CHUNK_COUNT (4)).
+# fit of that library's rows breaks there. MLSL sends an all-reduce of 128 MiB or more as 4 pieces
+# per endpoint instead of one (intel/MLSL src/comm_ep.cpp: allreduce bufSize >= LARGE_MSG_SIZE_MB
+# (128) x ONE_MB (1048576, src/common.hpp) -> epNum x LARGE_MSG_CHUNK_COUNT (4) requests; epNum is
+# MLSL_NUM_SERVERS: 4 by default, 16 in DeepBench's KNL runs, code/osu_allreduce/run_allreduce_ia.sh).
 LIBRARY_BREAKPOINTS = {"mlsl": (128.0 * 2**20,)}
 LINK_PROBE_ALPHA = 0.5  # relative alpha step of the coefficient probes
 LINK_PROBE_BETA = 0.25  # relative 1/beta step
