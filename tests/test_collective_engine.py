@@ -67,9 +67,9 @@ def _one_round(pairs, ranks):
 
 
 def test_oversubscribed_fat_tree_slows_cross_leaf_traffic_by_its_factor():
-    """4 nodes per leaf, 2 leaves, oversubscription 2: the leaf uplink carries 4 x 12.125 / 2 GB/s.
+    """4 nodes per leaf, 2 leaves, oversubscription 2: the leaf uplink carries 4 x 12 / 2 GB/s.
 
-    All 4 nodes of leaf 0 send 100 MB to leaf 1 at once: each flow gets 12.125 / 2 GB/s, so the bulk
+    All 4 nodes of leaf 0 send 100 MB to leaf 1 at once: each flow gets 12 / 2 GB/s, so the bulk
     time doubles against a full-bisection switch (latencies aside).
     """
     ib = load_link("ib_edr")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS, AlgorithmOptions
-from ddlsim.hardware_models.catalog import forget_catalog_directories, register_catalog_directory
-from ddlsim.simulator.scenario import Scenario
+from ddlsim.hardware_models.catalog import forget_catalog_directories, load_device, register_catalog_directory
+from ddlsim.simulator.scenario import Scenario, default_host_link
 from ddlsim.simulator.sweep import simulate_point
 
 DATA = Path(__file__).parent / "data" / "reference_figures"
@@ -30,6 +30,7 @@ _spec.loader.exec_module(SETTINGS)
 # directory of links under new tokens; the scenarios name those)
 CATALOG = DATA / "catalog"
 AS_MADE = {"pcie3_x16": "pcie3_x16_76f5821"}
+NETWORKS_AS_MADE = {"ib_edr": "ib_edr_76f5821", "opa_100": "opa_100_76f5821"}
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -45,6 +46,12 @@ def _scenario(values: dict) -> Scenario:
     values = dict(values)
     if values.get("intra_node") in AS_MADE:
         values["intra_node"] = values["host_link"] = AS_MADE[values["intra_node"]]
+    device = load_device(values.get("device", Scenario.device))
+    if values.get("host_link", "auto") == "auto" and default_host_link(device) in AS_MADE:
+        values["host_link"] = AS_MADE[default_host_link(device)]  # a GPU's own way to its NIC
+    network = values.get("network", Scenario.network)  # the default network is the catalog's too
+    if network in NETWORKS_AS_MADE:
+        values["network"] = NETWORKS_AS_MADE[network]
     options = {
         new: values.pop(old)
         for old, new in (("algorithm", "collective"), ("algorithm_options", "collective_options"),
@@ -86,6 +93,8 @@ def test_every_other_algorithm_keeps_the_figures_of_the_role_program_simulator(k
     reads = TRAINING_ALGORITHMS.get(name).options
     default = AlgorithmOptions()
     options = {k: v for k, v in old["options"].items() if k in reads and k != "split" and v != getattr(default, k)}
+    network = values.get("network", Scenario.network)
+    values = {**values, "network": NETWORKS_AS_MADE.get(network, network)}
     scenario = Scenario(
         **values, nodes=(nodes,), algorithm=name, options=AlgorithmOptions(**options), updates=updates,
         stragglers=stragglers, seed=1,
