@@ -29,29 +29,35 @@ _spec.loader.exec_module(SETTINGS)
 # the datasheets the figures were made with, where the catalog has changed them since (a user catalog
 # directory of links under new tokens; the scenarios name those)
 CATALOG = DATA / "catalog"
-AS_MADE = {"pcie3_x16": "pcie3_x16_76f5821"}
-NETWORKS_AS_MADE = {"ib_edr": "ib_edr_76f5821", "opa_100": "opa_100_76f5821"}
+AS_MADE = {"pcie3_x16": "pcie3_x16_76f5821", "ib_edr": "ib_edr_76f5821", "opa_100": "opa_100_76f5821"}
 
 
 @pytest.fixture(autouse=True, scope="module")
-def _links_as_made():
+def _catalog_as_made():
     register_catalog_directory(CATALOG)
     yield
     forget_catalog_directories()
 
 
-def _scenario(values: dict) -> Scenario:
-    """The old Scenario keywords in today's terms: the collective and bucket settings are options; a
-    link the catalog has changed since is its datasheet as it was (peer and host links alike)."""
+def _links_as_made(values: dict) -> dict:
+    """``values`` with every link the catalog has changed since replaced by its datasheet as it was:
+    the peer link (also the host link, as the old scenarios had it), a GPU's default host link, and
+    the network, the Scenario's default included."""
     values = dict(values)
     if values.get("intra_node") in AS_MADE:
         values["intra_node"] = values["host_link"] = AS_MADE[values["intra_node"]]
-    device = load_device(values.get("device", Scenario.device))
-    if values.get("host_link", "auto") == "auto" and default_host_link(device) in AS_MADE:
-        values["host_link"] = AS_MADE[default_host_link(device)]  # a GPU's own way to its NIC
-    network = values.get("network", Scenario.network)  # the default network is the catalog's too
-    if network in NETWORKS_AS_MADE:
-        values["network"] = NETWORKS_AS_MADE[network]
+    host = default_host_link(load_device(values.get("device", Scenario.device)))
+    if values.get("host_link", "auto") == "auto" and host in AS_MADE:
+        values["host_link"] = AS_MADE[host]  # a GPU's own way to its NIC
+    network = values.get("network", Scenario.network)
+    values["network"] = AS_MADE.get(network, network)
+    return values
+
+
+def _scenario(values: dict) -> Scenario:
+    """The old Scenario keywords in today's terms: the collective and bucket settings are options; a
+    link the catalog has changed since is its datasheet as it was (``_links_as_made``)."""
+    values = _links_as_made(values)
     options = {
         new: values.pop(old)
         for old, new in (("algorithm", "collective"), ("algorithm_options", "collective_options"),
@@ -93,10 +99,8 @@ def test_every_other_algorithm_keeps_the_figures_of_the_role_program_simulator(k
     reads = TRAINING_ALGORITHMS.get(name).options
     default = AlgorithmOptions()
     options = {k: v for k, v in old["options"].items() if k in reads and k != "split" and v != getattr(default, k)}
-    network = values.get("network", Scenario.network)
-    values = {**values, "network": NETWORKS_AS_MADE.get(network, network)}
     scenario = Scenario(
-        **values, nodes=(nodes,), algorithm=name, options=AlgorithmOptions(**options), updates=updates,
+        **_links_as_made(values), nodes=(nodes,), algorithm=name, options=AlgorithmOptions(**options), updates=updates,
         stragglers=stragglers, seed=1,
     )  # fmt: skip
     new = simulate_point(scenario, nodes)
