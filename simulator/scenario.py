@@ -36,7 +36,10 @@ if TYPE_CHECKING:  # neither is needed to run a scenario without noise or a prof
     from ddlsim.hardware_models.profile import Profile
 
 EXECUTORS = ("des", "analytic")
-TRANSFORMER_CHANGES = ("seq_len", "vocabulary", "max_positions")  # what a published run may change
+# what a published run may change: its sequence length and padded vocabulary, and, for a model that is not
+# in the catalog, the shape it gives (or its size implies) on a catalog model of the same kind
+TRANSFORMER_CHANGES = ("seq_len", "vocabulary", "max_positions", "layers", "hidden", "heads", "kv_heads", "head_dim",
+                       "ffn_hidden")  # fmt: skip
 STRAGGLER_FORMS = (
     "none, lognormal:SIGMA (per step), lognormal:SIGMA:device (per device, fixed) or lognormal:SIGMA:expected "
     "(every rank at the expected slowest of N's pace: the closed form's view, deterministic)"

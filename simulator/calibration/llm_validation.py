@@ -56,17 +56,25 @@ class LlmPrediction:
     mapped: MappedRun | None
     iteration_s: float = math.nan  # the closed form's, before calibration
     reason: str = ""
+    # the row's metric under the other readings of what it leaves open, over the chosen reading's
+    spread: tuple[float, float] = (1.0, 1.0)
 
     @property
     def family(self) -> str:
         return self.run.source_family
 
+    @property
+    def guessed(self) -> bool:
+        """Whether the mapping chose among readings of an open shape or batch (such a row is predicted,
+        not fitted: its residual would measure the choice, not the costs the model leaves out)."""
+        return self.mapped is not None and bool(self.mapped.alternatives or self.mapped.alternative_layouts)
+
 
 def scenario_of(mapped: MappedRun) -> Any:
     """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran)."""
     from ddlsim.algorithms.training_algorithm import make_options
-    from ddlsim.hardware_models.catalog import load_device
     from ddlsim.simulator.scenario import TRANSFORMER_CHANGES, Scenario
+    from ddlsim.simulator.workloads.llm_open_fields import node_of
     from ddlsim.simulator.workloads.transformer import load_transformer
 
     assert mapped.layout is not None
@@ -76,8 +84,7 @@ def scenario_of(mapped: MappedRun) -> Any:
         for name in TRANSFORMER_CHANGES
         if getattr(mapped.model, name) != getattr(base, name)
     )
-    system = load_device(mapped.device).system
-    per_node = system.devices_per_node if system is not None else 8
+    per_node = node_of(mapped.device)[0]  # the catalog's node, or the DGX of the device's generation
     gpus = mapped.layout.gpus
     if gpus % per_node:
         per_node = gpus  # fewer GPUs than a node: one node holds them
@@ -112,10 +119,20 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
             try:
                 scenario = scenario_of(mapped)
                 seconds = closed_form_result(scenario, scenario.nodes[0]).iteration_s
+                prediction = LlmPrediction(run, mapped, iteration_s=seconds)
+                readings = [dataclasses.replace(mapped, model=model) for model in mapped.alternatives]
+                readings += [dataclasses.replace(mapped, layout=layout) for layout in mapped.alternative_layouts]
+                if readings:
+                    chosen = metric_of(prediction, seconds)
+                    ratios = []
+                    for reading in readings:
+                        other = closed_form_result(scenario_of(reading), scenario.nodes[0]).iteration_s
+                        ratios.append(metric_of(LlmPrediction(run, reading), other) / chosen)
+                    prediction.spread = (min(1.0, *ratios), max(1.0, *ratios))
             except ScenarioError as error:
                 out.append(LlmPrediction(run, mapped, reason=str(error)))
             else:
-                out.append(LlmPrediction(run, mapped, iteration_s=seconds))
+                out.append(prediction)
         if progress is not None:
             progress(done, len(runs))
     return out
@@ -161,7 +178,7 @@ class LlmFit:
         """The factor is the median over all rows; the band, the residuals of each source family
         predicted from the others (what a family the fit has not seen is off by: between-family bias
         included), or the in-sample residuals where the rows come from one family."""
-        done = [p for p in predictions if not p.reason]
+        done = [p for p in predictions if not p.reason and not p.guessed]
         if not done:
             return cls()
         logs = {p.run.id: math.log(slowdown(p)) for p in done}
@@ -197,6 +214,7 @@ def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted",
     iteration = prediction.iteration_s * fit.slowdown
     band = (iteration * fit.low, iteration * fit.high)
     values = sorted(metric_of(prediction, seconds) for seconds in band)
+    values = [values[0] * prediction.spread[0], values[1] * prediction.spread[1]]  # the open fields' readings
     predicted = metric_of(prediction, iteration)
     row.update(predicted=predicted, error_pct=100 * (predicted - run.value) / run.value)
     row.update(ci_low=values[0], ci_high=values[1], ci_width=values[1] / values[0],

@@ -126,6 +126,8 @@ def _calibrate_llm(args: argparse.Namespace) -> int:
     for p in predictions:
         if p.reason:
             print(f"# not used: {p.run.id}: {p.reason}")
+        elif p.guessed:
+            print(f"# not fitted: {p.run.id}: the shape or batch is ddlsim's reading of what the row leaves open")
     source = (
         f"fitted by ddlsim calibrate: geometric median of measured / closed-form iteration time over {fit.rows} "
         f"large-model rows; 90 % of them within x{fit.low:.3f} to x{fit.high:.3f} of it"

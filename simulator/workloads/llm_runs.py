@@ -23,6 +23,12 @@ from typing import Any
 from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.workloads.flops_formulas import model_flops_utilization, narayanan_flops_per_iteration
+from ddlsim.simulator.workloads.llm_open_fields import (
+    device_from_text,
+    links_from_text,
+    shape_from_dimensions,
+    shape_from_parameters,
+)
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
 from ddlsim.simulator.workloads.transformer_memory import MemorySettings, settings_for, stage_memory
@@ -149,7 +155,6 @@ _MODELS = {
 }
 _UNMODELLED = {
     "Llama 2 70B LoRA": "LoRA fine-tuning (frozen base weights, adapters only) is not modelled",
-    "GPT-like 100B+": "the architecture is not in the row (layers, hidden and heads are empty)",
 }
 _DEVICES = {"A100-80GB": "a100_sxm4_80gb", "H100-80GB SXM (DGX H100)": "h100_sxm5", "H100-80GB": "h100_sxm5",
             "V100-32GB (DGX-2)": "v100_sxm3"}  # fmt: skip
@@ -182,12 +187,17 @@ class MappedRun:
     assumptions: tuple[str, ...]
     layout_missing: str = ""  # why ``layout`` is None
     options: tuple[tuple[str, Any], ...] = ()  # megatron's options beyond the layout (the stack's overlaps)
+    # other readings of what the row leaves open (shapes of a model given by its size): the interval spans them
+    alternatives: tuple[TransformerConfig, ...] = ()
+    alternative_layouts: tuple[ParallelLayout, ...] = ()  # other readings of an open batch or layout
 
     @property
     def memory_unchecked(self) -> str:
         """Why this row's memory cannot be checked ('' when it can)."""
         if self.layout is None:
             return self.layout_missing
+        if self.alternative_layouts:
+            return "the batch is not stated: ddlsim chose the largest that fits, so the row cannot check memory"
         if not self.run.zero_stage and not self.run.recompute:
             return "the source states neither the optimizer sharding nor the recomputation (fine-tuning table)"
         return ""
@@ -251,26 +261,68 @@ NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
 KORTHIKANTI_CHUNKS = {"gpt3_175b": 3, "megatron_530b": 3, "megatron_1t": 1}
 
 
+def _catalog_by_name(name: str) -> str | None:
+    """The catalog model a published name means (``Llama 3.1 405B`` -> ``llama3_405b``), if any."""
+    lowered = name.lower()
+    patterns = ((r"llama\s*-?\s*(\d)(?:\.\d)?\D*?(\d+)\s*b\b", "llama{0}_{1}b"), (r"gpt-?3\D*?(175)\s*b", "gpt3_{0}b"),
+                (r"mixtral\D*?8\s*x\s*7\s*b", "mixtral_8x7b"), (r"deepseek-?v3", "deepseek_v3"),
+                (r"t5\D*?(\d+)\s*b\b", "t5_{0}b"))  # fmt: skip
+    names = set(transformer_names())
+    for pattern, template in patterns:
+        match = re.search(pattern, lowered)
+        if match and template.format(*match.groups()) in names:
+            return template.format(*match.groups())
+    return None
+
+
+def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, ...], str] | str:
+    """The row's model (a catalog entry, or a catalog decoder reshaped to what the row gives), other
+    readings of it, and the assumption made; or why there is none."""
+    token = _megatron_by_dimensions(run) if run.model == "GPT (Megatron)" else _MODELS.get(run.model)
+    token = token or _catalog_by_name(run.model)
+    if token is not None:
+        return load_transformer(token), (), ""
+    if run.layers and run.hidden and run.heads:
+        template = load_transformer("llama2_70b" if "llama" in run.model.lower() else "gpt3_175b")
+        shaped = shape_from_dimensions(template, run.layers, run.hidden, run.heads)
+        return shaped, (), (f"model {run.model!r} is not in the catalog: {template.name}'s kind of decoder "
+                            f"({template.activation}, feed-forward {template.ffn_hidden / template.hidden:g}x hidden) "
+                            "with the row's layers, hidden and heads")  # fmt: skip
+    if run.params_b:
+        chosen, alternatives, note = shape_from_parameters(run.params_b)
+        return chosen, tuple(alternatives), note
+    return f"model {run.model!r} is not in the catalog and the row gives neither its shape nor its size"
+
+
 def map_run(run: LlmRun) -> MappedRun | Unmapped:
     """Map one row, or say why it cannot be mapped."""
     if run.model in _UNMODELLED:
         return Unmapped(run, _UNMODELLED[run.model])
-    token = _megatron_by_dimensions(run) if run.model == "GPT (Megatron)" else _MODELS.get(run.model)
-    if token is None:
-        return Unmapped(run, f"model {run.model!r} (layers {run.layers}, hidden {run.hidden}) is not in the catalog")
-    if run.gpu_type not in _DEVICES:
-        return Unmapped(run, f"gpu_type {run.gpu_type!r} has no device token")
-    if run.interconnect not in _INTERCONNECTS:
-        return Unmapped(run, f"interconnect {run.interconnect!r} has no link tokens")
-    assumptions: list[str] = []
-    model = load_transformer(token)
+    found = _model_of(run)
+    if isinstance(found, str):
+        return Unmapped(run, found)
+    model, alternatives, shape_note = found
+    assumptions: list[str] = [shape_note] if shape_note else []
+    device = _DEVICES.get(run.gpu_type)
+    if device is None:
+        read = device_from_text(run.gpu_type)
+        if read is None:
+            return Unmapped(run, f"gpu_type {run.gpu_type!r} names no device ddlsim knows (A100, H100, V100, ...)")
+        device = read[0]
+        assumptions += [f"gpu_type {run.gpu_type!r} read as {device}"] + [read[1]] * bool(read[1])
+    if run.interconnect in _INTERCONNECTS:
+        intra, network, nics, note = _INTERCONNECTS[run.interconnect]
+        assumptions += [note] * bool(note)
+    else:
+        intra, network, nics, notes = links_from_text(run.interconnect, device)
+        assumptions += [f"interconnect {run.interconnect!r} read as {intra}, {nics} x {network}", *notes]
     changes: dict[str, Any] = {}
     if run.seq_len is not None and run.seq_len != model.seq_len:
         changes["seq_len"] = run.seq_len
     vocabulary = re.search(r"vocab (\d+)", run.model)
     if vocabulary:
         changes["vocabulary"] = int(vocabulary.group(1))
-    if run.source_family == "korthikanti" and token == "gpt3_175b":
+    if run.source_family == "korthikanti" and model.name == "gpt3_175b":
         changes["vocabulary"] = 51200
         assumptions.append("vocabulary 51200 (Megatron's padded GPT-2 vocabulary, as in Korthikanti et al.'s MFU)")
     if "max_positions" not in changes and changes.get("seq_len", 0) > model.max_positions > 0:
@@ -279,26 +331,73 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     for column in ("layers", "hidden", "heads"):
         published = getattr(run, column)
         if published is not None and published != getattr(model, column):
-            return Unmapped(run, f"{column} {published} differs from catalog entry {token} ({getattr(model, column)})")
-    if run.layers is None:
-        assumptions.append(f"architecture from the catalog entry {token} (the row leaves it open)")
-    intra, network, nics, note = _INTERCONNECTS[run.interconnect]
-    if note:
-        assumptions.append(note)
+            return Unmapped(run, f"{column} {published} differs from catalog entry {model.name} "
+                                 f"({getattr(model, column)})")  # fmt: skip
+    if run.layers is None and not shape_note:
+        assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions)
+    alternative_layouts: tuple[ParallelLayout, ...] = ()
+    if layout is not None and run.micro_batch is None and run.global_batch is None:
+        layout, alternative_layouts, note = _fullest_batch(model, layout, settings, device, bool(run.recompute))
+        dropped = ("micro-batch 1", "no activation recomputation") if layout.recompute == "full" else ("micro-batch 1",)
+        assumptions = [text for text in assumptions if not text.startswith(dropped)] + [note]
     options: tuple[tuple[str, Any], ...] = ()
     if run.source_family == "nemo" and layout is not None and layout.zero_stage in (1, 2):
         options = NEMO_OVERLAPS
         assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
-    return MappedRun(run, model, _DEVICES[run.gpu_type], intra, network, nics, layout, settings,
-                     tuple(assumptions), missing, options)  # fmt: skip
+    alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
+    return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
+                     alternatives, alternative_layouts)  # fmt: skip
+
+
+BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
+
+
+def _fullest_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
+                   recompute_stated: bool) -> tuple[ParallelLayout, tuple[ParallelLayout, ...], str]:  # fmt: skip
+    """A row that states no batch at all: the largest micro-batch whose fullest rank fits the device
+    (one micro-batch an iteration; full recomputation when the row leaves it open and nothing fits
+    without), and half of it as the alternative the interval spans."""
+    capacity = load_device(device).memory_capacity_bytes
+    tried = (layout.recompute,) if recompute_stated or layout.recompute == "full" else (layout.recompute, "full")
+    for recompute in tried:
+        trial = dataclasses.replace(layout, recompute=recompute)
+        fitting = [micro for micro in BATCHES
+                   if stage_memory_peak(model, dataclasses.replace(trial, micro_batch=micro), settings) <= capacity]
+        if fitting:
+            break
+    micro = fitting[0] if fitting else 1
+    chosen = dataclasses.replace(trial, micro_batch=micro)
+    alternatives = (dataclasses.replace(chosen, micro_batch=micro // 2),) if micro > 1 else ()
+    note = (f"batch not stated: micro-batch {micro} per replica, the largest that fits {device}'s memory (a run "
+            "that gives no batch is taken to fill its devices, as ZeRO's speed-up came from larger batches per GPU)"
+            + (", with full recomputation (nothing fits without it)" if trial.recompute != layout.recompute else "")
+            + (f"; the interval spans micro-batch {micro // 2}" if alternatives else ""))  # fmt: skip
+    return chosen, alternatives, note
+
+
+def stage_memory_peak(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings) -> float:
+    """Bytes of the fullest pipeline rank (with the default allowances)."""
+    return max(stage.total for stage in stage_memory(model, layout, settings))
+
+
+def _precision_of(text: str, assumptions: list[str]) -> str:
+    """The layout precision a row's words name (fp8 before bf16 before fp16: "fp8 with bf16 master
+    weights" trains in fp8); bf16 where they name none."""
+    lowered = text.lower()
+    for word in ("fp8", "bf16", "fp16"):
+        if word in lowered:
+            return word
+    assumptions.append(f"bf16 (precision {text!r} names none of fp8, bf16, fp16)" if text else
+                       "bf16 (the row leaves the precision open)")  # fmt: skip
+    return "bf16"
 
 
 def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     """The row's ParallelLayout (or None and why), and the memory settings of its software stack."""
     family = run.source_family
-    precision = _PRECISIONS.get(run.precision, "bf16")
+    precision = _PRECISIONS.get(run.precision) or _precision_of(run.precision, assumptions)
     if family == "nemo":
         # NeMo-Framework-Launcher performance configs: distributed_fused_adam with bf16 gradient sync
         # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp; the

@@ -1,0 +1,121 @@
+"""Large-model rows worded another way, or leaving the shape or batch open: read into catalog tokens by
+their words, filled in with the documented defaults, and predicted with intervals that span the choices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from ddlsim.simulator.calibration import llm_validation
+from ddlsim.simulator.workloads.llm_open_fields import (
+    decoder_parameters,
+    device_from_text,
+    links_from_text,
+    shape_from_parameters,
+)
+from ddlsim.simulator.workloads.llm_runs import MappedRun, Unmapped, load_llm_runs, map_run
+
+
+@pytest.mark.parametrize(
+    ("text", "token"),
+    [
+        ("A100 80GB SXM", "a100_sxm4_80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100_sxm4"),
+        ("A100", "a100_sxm4_80gb"),
+        ("H100 PCIe", "h100_pcie"),
+        ("DGX H100 (H100 SXM5 80GB)", "h100_sxm5"),
+        ("Tesla V100-SXM3-32GB (DGX-2)", "v100_sxm3"),
+        ("V100 16GB", "v100_sxm2"),
+        ("AMD MI300X", "mi300x"),
+        ("h200_sxm", "h200_sxm"),
+    ],
+)
+def test_a_gpu_is_read_by_the_words_that_identify_it(text, token):
+    found = device_from_text(text)
+    assert found is not None and found[0] == token
+
+
+def test_words_that_name_no_device_are_none():
+    assert device_from_text("Ascend 910") is None and device_from_text("") is None
+
+
+@pytest.mark.parametrize(
+    ("text", "device", "expected"),
+    [
+        ("8x NDR 400Gb/s InfiniBand", "h100_sxm5", ("nvswitch3", "ib_ndr", 8)),
+        ("NVLink3 + 4x HDR", "a100_sxm4_80gb", ("nvswitch2", "ib_hdr", 4)),
+        ("800 Gbps EDR", "v100_sxm3", ("nvswitch", "ib_edr", 8)),  # a node total over EDR's 100 Gb/s
+        ("RoCE 400G, 8 NICs", "h100_sxm5", ("nvswitch3", "roce_400g", 8)),
+        ("InfiniBand 200 Gb/s", "a100_sxm4", ("nvswitch2", "ib_hdr", 8)),
+    ],
+)
+def test_an_interconnect_is_read_by_generation_and_adapter_count(text, device, expected):
+    intra, network, nics, _ = links_from_text(text, device)
+    assert (intra, network, nics) == expected
+
+
+def test_an_interconnect_that_names_no_network_takes_the_node_s_and_says_so():
+    intra, network, nics, notes = links_from_text("NVLink", "v100_sxm2")
+    assert (intra, network, nics) == ("nvlink2", "ib_edr", 4)  # the DGX-1's
+    assert any("the row names none" in note for note in notes) and any("not stated" in note for note in notes)
+
+
+def test_a_size_gives_a_megatron_family_shape_and_its_neighbours():
+    """100B: the nearest member of Narayanan et al.'s table 1 is 76.1B (hidden 10240); the depth that
+    gives 100B at that width; the neighbours' widths (8192, 12288) as the alternatives."""
+    chosen, alternatives, note = shape_from_parameters(100)
+    assert (chosen.hidden, chosen.heads, chosen.head_dim, chosen.ffn_hidden) == (10240, 80, 128, 40960)
+    assert decoder_parameters(chosen) == pytest.approx(100e9, rel=0.01)
+    assert sorted(a.hidden for a in alternatives) == [8192, 12288]
+    assert all(decoder_parameters(a) == pytest.approx(100e9, rel=0.02) for a in alternatives)
+    assert "100B" in note
+
+
+def other_stack_row(**changes):
+    base = next(run for run in load_llm_runs() if run.id == "LLM-006")  # 76.1B on 1024 A100, TP 8 PP 4 DP 32
+    return dataclasses.replace(base, **changes)
+
+
+def test_a_row_worded_another_way_maps_as_the_file_s_own_wording_does():
+    ours = map_run(other_stack_row())
+    theirs = map_run(other_stack_row(source="A later paper", gpu_type="NVIDIA A100 80GB SXM4",
+                                     interconnect="NVSwitch; 8x HDR 200Gb/s IB"))  # fmt: skip
+    assert isinstance(ours, MappedRun) and isinstance(theirs, MappedRun)
+    key = ("device", "intra_node_link", "network", "nics_per_node", "layout")
+    assert [getattr(theirs, name) for name in key] == [getattr(ours, name) for name in key]
+    assert any("read as a100_sxm4_80gb" in note for note in theirs.assumptions)
+
+
+def test_a_model_outside_the_catalog_runs_with_the_row_s_shape():
+    row = map_run(other_stack_row(model="Some 60-layer GPT", layers=60, hidden=8192, heads=64))
+    assert isinstance(row, MappedRun)
+    assert (row.model.layers, row.model.hidden, row.model.heads, row.model.ffn_hidden) == (60, 8192, 64, 32768)
+    (prediction,) = llm_validation.predict_runs([row.run])
+    assert not prediction.reason and prediction.iteration_s > 0
+    # the same layers at the catalog's 76.1B width take longer than at 8192
+    (catalog,) = llm_validation.predict_runs([other_stack_row()])
+    assert prediction.iteration_s < catalog.iteration_s
+
+
+def test_a_row_without_shape_or_size_says_why():
+    row = map_run(other_stack_row(model="Mystery LM", layers=None, hidden=None, heads=None, params_b=None))
+    assert isinstance(row, Unmapped) and "neither its shape nor its size" in row.reason
+
+
+def test_an_open_batch_fills_the_memory_and_the_interval_spans_half_of_it():
+    """ZeRO's 100B row (LLM-041) states no batch: the largest micro-batch that fits a 32 GB V100,
+    with full recomputation as nothing fits without it; half of it and the neighbouring shapes
+    widen the row's interval, and the row is not fitted (its residual would measure the choice)."""
+    run = next(run for run in load_llm_runs() if run.id == "LLM-041")
+    row = map_run(run)
+    assert isinstance(row, MappedRun) and row.layout is not None
+    assert (row.layout.tp, row.layout.dp, row.layout.recompute) == (16, 25, "full")
+    assert row.alternative_layouts[0].micro_batch == row.layout.micro_batch // 2
+    (prediction,) = llm_validation.predict_runs([run])
+    assert prediction.guessed and prediction.spread[0] < 1.0
+    fit = llm_validation.LlmFit(1.0, 0.9, 1.1, 10)
+    table = llm_validation.table_row(prediction, fit)
+    assert table["ci_low"] < 0.9 * table["predicted"] * 0.99
+    others = [p for p in llm_validation.predict_runs(load_llm_runs()) if not p.reason]
+    assert llm_validation.LlmFit.of(others, 0.9).rows == len(others) - 1
