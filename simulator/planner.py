@@ -178,8 +178,11 @@ def _screened(config: TransformerConfig, layout: ParallelLayout, capacity: float
     return Candidate(layout, peak.total, reason)
 
 
-def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenario:
-    """The ``megatron`` scenario of one layout (memory already screened)."""
+def scenario_of(
+    model: str, cluster: Cluster, layout: ParallelLayout, changes: tuple[tuple[str, int], ...] = ()
+) -> Scenario:
+    """The ``megatron`` scenario of one layout (memory already screened); ``changes`` as a published
+    run makes them to the catalog model (``Scenario.transformer_changes``)."""
     from ddlsim.algorithms.training_algorithm import make_options
 
     values = {name: getattr(layout, name) for name in (
@@ -190,7 +193,7 @@ def scenario_of(model: str, cluster: Cluster, layout: ParallelLayout) -> Scenari
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
         intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,
-        precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False,
+        precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False, transformer_changes=changes,
         options=make_options("megatron", {"layout": values, **options}),
     )  # fmt: skip
 
@@ -202,12 +205,13 @@ FIGURES = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s", 
            "pipeline_wait_s", "dp_wait_s")  # fmt: skip
 
 
-def closed_form_figures(task: tuple[str, Cluster, ParallelLayout]) -> dict[str, float]:
-    """One layout's closed-form figures (a top-level function: process pools pickle it)."""
+def closed_form_figures(task: tuple) -> dict[str, float]:
+    """One layout's closed-form figures (a top-level function: process pools pickle it). ``task`` is
+    (model, cluster, layout) or (model, cluster, layout, transformer changes)."""
     from ddlsim.simulator.closed_form.training import closed_form_result
 
-    model, cluster, layout = task
-    row = closed_form_result(scenario_of(model, cluster, layout), cluster.nodes).row(1)
+    model, cluster, layout, *changes = task
+    row = closed_form_result(scenario_of(model, cluster, layout, *changes), cluster.nodes).row(1)
     return {name: float(row[name]) for name in FIGURES if row.get(name) not in (None, "")}
 
 
@@ -256,11 +260,14 @@ def branch_and_bound(
     keep: int,
     progress: Callable[[int, int], None] | None = None,
     tolerance: float = 0.0,
+    changes: tuple[tuple[str, int], ...] = (),
 ) -> tuple[list[Candidate], list[Candidate]]:
     """The ``keep`` fastest layouts that fit, exactly as the exhaustive search ranks them, evaluating
     only layouts whose lower bound (``planner_bounds``) is below the ``keep``-th best time found.
     With ``tolerance`` t > 0 it also skips layouts that could be at most a fraction t faster than
     the ``keep``-th best: the layouts it returns are then each within t of the exhaustive search's.
+    ``config`` may differ from the catalog's ``model`` by ``changes`` (a published run's sequence
+    length, vocabulary or shape), which the timing applies too.
 
     Layouts are walked by decreasing ceiling (tokens per iteration / the bound); each is screened for
     memory and, if it fits, timed by the closed form. Once ``keep`` layouts are timed and the next
@@ -273,7 +280,7 @@ def branch_and_bound(
     from ddlsim.algorithms.megatron_training import micro_batches
     from ddlsim.simulator.planner_bounds import LowerBounds
 
-    bounds = LowerBounds(model, config, cluster)
+    bounds = LowerBounds(model, config, cluster, changes)
     bound = bounds.bounds(layouts)
     tokens = bounds.blocks[-1].tokens  # per sequence, as the closed form's tokens/s counts them
     ceiling = [micro_batches(layout) * layout.micro_batch * layout.dp * tokens / seconds
@@ -296,7 +303,7 @@ def branch_and_bound(
             break
         candidate = candidates[index] = _screened(config, layout, capacity)
         if not candidate.reason:
-            candidate.figures = closed_form_figures((model, cluster, layout))
+            candidate.figures = closed_form_figures((model, cluster, layout, changes))
             candidate.figures["iteration_lower_bound_s"] = bound[index]
             timed.append(candidate)
             heapq.heappush(best, (candidate.figures["tokens_per_s"], index))

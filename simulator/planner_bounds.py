@@ -69,10 +69,13 @@ def map_key(layout: ParallelLayout) -> MapKey:
 class LowerBounds:
     """Iteration-time lower bounds of layouts of one model on one cluster (see the module docstring)."""
 
-    def __init__(self, model: str, config: TransformerConfig, cluster: Cluster) -> None:
+    def __init__(
+        self, model: str, config: TransformerConfig, cluster: Cluster, changes: tuple[tuple[str, int], ...] = ()
+    ) -> None:
         from ddlsim.simulator.workloads.transformer_costs import transformer_blocks
 
         self.model, self.config, self.cluster = model, config, cluster
+        self.changes = changes  # how ``config`` differs from the catalog's ``model`` (the probes apply them)
         self.blocks = transformer_blocks(config)
         self._block_costs: dict[ShapeKey, tuple[np.ndarray, ...]] = {}
         self._zero3: dict[tuple[ShapeKey, int], tuple[np.ndarray, np.ndarray]] = {}
@@ -104,7 +107,7 @@ class LowerBounds:
             dp=cluster.gpus // (layout.tp * layout.cp),
             global_batch=layout.micro_batch * (cluster.gpus // (layout.tp * layout.cp)),
         )  # fmt: skip
-        costs = ClosedFormCosts(setup_of(scenario_of(self.model, cluster, probe), cluster.nodes))
+        costs = ClosedFormCosts(setup_of(scenario_of(self.model, cluster, probe, self.changes), cluster.nodes))
         self._costs = self._costs or costs
         model = self._models[shape_key(layout)] = costs.transformer
         forwards, backwards, dense, compute_forward, compute_backward = (np.zeros(len(self.blocks)) for _ in range(5))

@@ -242,3 +242,31 @@ def test_an_exhaustive_search_and_its_recheck_run_on_mpi4py_futures_under_mpiexe
     assert "# event simulation of the best layouts" in serial.stdout
     for name in ("layouts.csv", "layouts.parquet"):
         assert (tmp_path / "mpi" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+
+
+def test_branch_and_bound_times_and_bounds_a_changed_model_as_the_row_has_it():
+    """A published run's changes to the catalog model (here a doubled sequence length and a larger
+    vocabulary) reach the bounds and the timing alike: the top 3 are those of timing every layout with
+    the changes, every bound is below its layout's time, and layouts are still pruned. (The bounds once
+    probed the catalog model: half the time, so nothing could be pruned.)"""
+    import dataclasses
+
+    from ddlsim.simulator import planner
+    from ddlsim.simulator.planner_bounds import LowerBounds
+
+    model, changes = "llama3_8b", (("seq_len", 16384), ("vocabulary", 200000), ("max_positions", 16384))
+    config = dataclasses.replace(planner.load_model(model), **dict(changes))
+    cluster = planner.Cluster.of("h100_sxm5", 64)
+    every = list(planner.candidate_layouts(config, cluster, 128))
+    layouts = random.Random(3).sample(every, min(150, len(every)))
+    ranked, candidates = planner.branch_and_bound(model, config, cluster, layouts, keep=3, changes=changes)
+    fitting = [c.layout for c in planner.screen(config, cluster, layouts) if not c.reason]
+    timed = {planner.layout_text(layout): planner.closed_form_figures((model, cluster, layout, changes))["iteration_s"]
+             for layout in fitting}  # fmt: skip
+    best = sorted(timed, key=timed.__getitem__)[:3]
+    assert [planner.layout_text(c.layout) for c in ranked[:3]] == best
+    bounds = LowerBounds(model, config, cluster, changes).bounds(fitting)
+    ratios = sorted(bound / timed[planner.layout_text(layout)] for layout, bound in zip(fitting, bounds, strict=True))
+    assert ratios[-1] <= 1 + 1e-12  # a lower bound
+    assert ratios[len(ratios) // 2] > 0.9  # and a tight one (0.42 when the probes missed the changes)
+    assert any(c.reason.startswith("pruned") for c in candidates)
