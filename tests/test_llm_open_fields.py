@@ -118,4 +118,33 @@ def test_an_open_batch_fills_the_memory_and_the_interval_spans_half_of_it():
     table = llm_validation.table_row(prediction, fit)
     assert table["ci_low"] < 0.9 * table["predicted"] * 0.99
     others = [p for p in llm_validation.predict_runs(load_llm_runs()) if not p.reason]
-    assert llm_validation.LlmFit.of(others, 0.9).rows == len(others) - 1
+    assert llm_validation.LlmFit.of(others, 0.9).rows == len(others) - 2  # LLM-041 and LLM-067 (layout chosen)
+
+
+def test_a_row_without_a_layout_runs_the_planner_s_best_with_what_it_states_held():
+    """The Megatron-LM README's GPT-3 175B on 96 H100 (LLM-067) names its overlap flags but shows TP/PP
+    only in an image: the planner's best layout for its GPUs and global batch, with those flags, and
+    its next two as the interval's alternatives. Its MFU is a percent, as the row's 47."""
+    run = next(run for run in load_llm_runs() if run.id == "LLM-067")
+    (prediction,) = llm_validation.predict_runs([run])
+    assert not prediction.reason and prediction.guessed
+    mapped = prediction.mapped
+    assert mapped is not None and mapped.layout is not None
+    assert mapped.layout.gpus == 96 and mapped.layout.global_batch == 1152 and mapped.layout.tp <= 8
+    assert mapped.layout.tp_comm_overlap and dict(mapped.options) == {
+        "overlap_grad_reduce": True, "overlap_param_gather": True}  # fmt: skip
+    assert len(mapped.alternative_layouts) == 2 and "layout not stated" in mapped.assumptions[-1]
+    mfu = llm_validation.metric_of(prediction, prediction.iteration_s)
+    tflops = llm_validation.metric_of(
+        dataclasses.replace(prediction, run=dataclasses.replace(run, metric="tflops_per_gpu")), prediction.iteration_s)
+    assert mfu == pytest.approx(100 * tflops / 989.0, rel=0.01)  # H100 SXM5 dense bf16 peak: 989 TFLOP/s
+    assert 20.0 < mfu < 80.0
+    # a stated tensor-parallel width is held
+    (held,) = llm_validation.predict_runs([dataclasses.replace(run, tp=4)])
+    assert held.mapped is not None and held.mapped.layout is not None and held.mapped.layout.tp == 4
+
+
+def test_a_row_without_layout_gpus_or_batch_says_why():
+    run = next(run for run in load_llm_runs() if run.id == "LLM-067")
+    (prediction,) = llm_validation.predict_runs([dataclasses.replace(run, global_batch=None)])
+    assert prediction.reason == "tp, pp or dp is not in the row, nor both the GPUs and the global batch to choose one"

@@ -31,7 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.simulator.workloads.llm_runs import COLUMNS, LlmRun, MappedRun, load_llm_runs, map_run
+from ddlsim.simulator.workloads.llm_runs import (
+    COLUMNS,
+    LAYOUT_NOT_STATED,
+    LlmRun,
+    MappedRun,
+    load_llm_runs,
+    map_run,
+)
 
 SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"
 TIME_METRICS = ("iteration_s",)
@@ -73,21 +80,12 @@ class LlmPrediction:
 def scenario_of(mapped: MappedRun) -> Any:
     """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran)."""
     from ddlsim.algorithms.training_algorithm import make_options
-    from ddlsim.simulator.scenario import TRANSFORMER_CHANGES, Scenario
-    from ddlsim.simulator.workloads.llm_open_fields import node_of
-    from ddlsim.simulator.workloads.transformer import load_transformer
+    from ddlsim.simulator.scenario import Scenario
 
     assert mapped.layout is not None
-    base = load_transformer(mapped.model.name)
-    changes = tuple(
-        (name, int(getattr(mapped.model, name)))
-        for name in TRANSFORMER_CHANGES
-        if getattr(mapped.model, name) != getattr(base, name)
-    )
-    per_node = node_of(mapped.device)[0]  # the catalog's node, or the DGX of the device's generation
+    changes = transformer_changes(mapped.model)
     gpus = mapped.layout.gpus
-    if gpus % per_node:
-        per_node = gpus  # fewer GPUs than a node: one node holds them
+    per_node = devices_per_node(mapped.device, gpus)
     layout = {
         key: value for key, value in dataclasses.asdict(mapped.layout).items()
         if key not in ("first_stage_layers", "last_stage_layers") or value is not None
@@ -101,6 +99,59 @@ def scenario_of(mapped: MappedRun) -> Any:
     )  # fmt: skip
 
 
+def transformer_changes(model: Any) -> tuple[tuple[str, int], ...]:
+    """How ``model`` differs from its catalog entry, as ``Scenario.transformer_changes``."""
+    from ddlsim.simulator.scenario import TRANSFORMER_CHANGES
+    from ddlsim.simulator.workloads.transformer import load_transformer
+
+    base = load_transformer(model.name)
+    return tuple((name, int(getattr(model, name))) for name in TRANSFORMER_CHANGES
+                 if getattr(model, name) != getattr(base, name))  # fmt: skip
+
+
+def devices_per_node(device: str, gpus: int) -> int:
+    """The catalog's node (or the DGX of the device's generation); fewer GPUs than a node: one node."""
+    from ddlsim.simulator.workloads.llm_open_fields import node_of
+
+    per_node = node_of(device)[0]
+    return gpus if gpus % per_node else per_node
+
+
+STACK_FLAGS = ("overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap")  # Megatron flags a row may name
+
+
+def planned(mapped: MappedRun) -> MappedRun | str:
+    """A row that gives no complete layout: ``ddlsim plan``'s best for its model, GPUs and global batch
+    (what the row does give held fixed; the Megatron flags its notes name as the stack), with the next
+    two as the alternatives the interval spans. A published run is a tuned one, so the best is the
+    default; or why no layout can be chosen."""
+    from ddlsim.simulator import planner
+
+    run = mapped.run
+    if not run.gpus or not run.global_batch:
+        return f"{mapped.layout_missing}, nor both the GPUs and the global batch to choose one"
+    per_node = devices_per_node(mapped.device, run.gpus)
+    stack = dict(mapped.options) | {flag.replace("-", "_"): True for flag in STACK_FLAGS if f"--{flag}" in run.notes}
+    cluster = planner.Cluster(mapped.device, run.gpus, per_node, mapped.intra_node_link if per_node > 1 else None,
+                              mapped.network or "ib_hdr", min(mapped.nics_per_node, per_node), mapped.precision,
+                              tuple(stack.items()))  # fmt: skip
+    fixed = {name: getattr(run, name) for name in ("tp", "pp", "dp", "micro_batch") if getattr(run, name)}
+    layouts = list(planner.candidate_layouts(mapped.model, cluster, run.global_batch, fixed))
+    ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
+                                         changes=transformer_changes(mapped.model))  # fmt: skip
+    if not ranked:
+        return f"{mapped.layout_missing}, and none of the {len(layouts)} layouts of its model fits its GPUs"
+    ranked = ranked[:3]
+    best = ranked[0].layout
+    note = (f"layout not stated: {planner.layout_text(best)}, the best of {len(layouts)} for its GPUs and batch by "
+            f"ddlsim plan (flags from the notes: {', '.join(sorted(stack)) or 'none'}); the interval spans the next "
+            f"{len(ranked) - 1}")  # fmt: skip
+    options = tuple(item for item in stack.items() if item[0] in planner.STACK_OPTIONS)  # the rest are layout fields
+    return dataclasses.replace(mapped, layout=best, layout_missing="", assumptions=(*mapped.assumptions, note),
+                               alternative_layouts=tuple(candidate.layout for candidate in ranked[1:]),
+                               options=options)  # fmt: skip
+
+
 def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | None = None) -> list[LlmPrediction]:
     """The closed form's iteration for every row that maps onto a layout (the others with their reason)."""
     from ddlsim.simulator.closed_form.training import closed_form_result
@@ -109,6 +160,9 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
     out = []
     for done, run in enumerate(runs, start=1):
         mapped = map_run(run)
+        if isinstance(mapped, MappedRun) and mapped.layout is None and mapped.layout_missing == LAYOUT_NOT_STATED:
+            plan = planned(mapped)
+            mapped = plan if isinstance(plan, MappedRun) else dataclasses.replace(mapped, layout_missing=plan)
         if not isinstance(mapped, MappedRun):
             out.append(LlmPrediction(run, None, reason=mapped.reason))
         elif mapped.layout is None:
@@ -150,9 +204,9 @@ def metric_of(prediction: LlmPrediction, iteration_s: float) -> float:
     gpus = mapped.layout.gpus
     batch = mapped.layout.global_batch or mapped.layout.dp * mapped.layout.micro_batch
     model_flops = model_flops_per_sample(transformer_blocks(mapped.model)) * batch
-    if run.metric == "mfu":
+    if run.metric == "mfu":  # in percent, as the data sets give it
         peak = load_device(mapped.device).peak_flops_for(mapped.layout.precision)
-        return model_flops / iteration_s / gpus / peak
+        return 100.0 * model_flops / iteration_s / gpus / peak
     flops = mapped.flops_per_iteration() or model_flops  # the source's own count where known
     return flops / iteration_s / gpus / 1e12
 

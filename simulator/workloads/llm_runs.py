@@ -172,6 +172,9 @@ _INTERCONNECTS = {
 _PRECISIONS = {"fp16 mixed": "fp16", "fp8": "fp8", "bf16 (FP8 not stated)": "bf16"}
 
 
+LAYOUT_NOT_STATED = "tp, pp or dp is not in the row"
+
+
 @dataclass(frozen=True)
 class MappedRun:
     """A row in ddlsim's terms. ``flops_per_iteration`` counts as the source counts (None if it does not say)."""
@@ -190,6 +193,7 @@ class MappedRun:
     # other readings of what the row leaves open (shapes of a model given by its size): the interval spans them
     alternatives: tuple[TransformerConfig, ...] = ()
     alternative_layouts: tuple[ParallelLayout, ...] = ()  # other readings of an open batch or layout
+    precision: str = "bf16"  # the layout precision the row names (for a layout still to be chosen)
 
     @property
     def memory_unchecked(self) -> str:
@@ -197,7 +201,7 @@ class MappedRun:
         if self.layout is None:
             return self.layout_missing
         if self.alternative_layouts:
-            return "the batch is not stated: ddlsim chose the largest that fits, so the row cannot check memory"
+            return "ddlsim chose the row's batch or layout to fit, so the row cannot check memory"
         if not self.run.zero_stage and not self.run.recompute:
             return "the source states neither the optimizer sharding nor the recomputation (fine-tuning table)"
         return ""
@@ -336,6 +340,9 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions)
+    precision = layout.precision if layout is not None else _PRECISIONS.get(run.precision) or _precision_of(
+        run.precision, []
+    )
     alternative_layouts: tuple[ParallelLayout, ...] = ()
     if layout is not None and run.micro_batch is None and run.global_batch is None:
         layout, alternative_layouts, note = _fullest_batch(model, layout, settings, device, bool(run.recompute))
@@ -348,7 +355,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
-                     alternatives, alternative_layouts)  # fmt: skip
+                     alternatives, alternative_layouts, precision)  # fmt: skip
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
@@ -408,7 +415,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     else:
         settings = settings_for(precision)
     if run.tp is None or run.pp is None or run.dp is None:
-        return None, "tp, pp or dp is not in the row", settings
+        return None, LAYOUT_NOT_STATED, settings
     cp, sequence_parallel = 1, False
     if run.cp_or_sp.startswith("cp="):
         cp = int(run.cp_or_sp[3:])
