@@ -189,7 +189,8 @@ class MegatronTraining(TrainingAlgorithm):
         # the ranks holding the virtual stages next to this rank's (looked up once, not per message)
         near = stage_neighbours(rank, layout)
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
-        gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1  # the distributed optimizer's updated shards
+        # the distributed optimizer's updated shards (none when the weights are frozen)
+        gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1 and not layout.frozen_weights
         early_gathers = gathered and options.overlap_param_gather
         bucketed = options.overlap_grad_reduce or early_gathers
         buckets = {chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in range(chunks) if bucketed}
@@ -273,7 +274,8 @@ class MegatronTraining(TrainingAlgorithm):
         bucketed = options.overlap_grad_reduce or options.overlap_param_gather
         buckets = [{chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in chunks if bucketed}
                    for trainer in trainers]  # fmt: skip
-        gathered = [1 <= layout.zero_stage <= 2 and len(data_parallel_group(rank, layout)) > 1 for rank in pipeline]
+        gathered = [1 <= layout.zero_stage <= 2 and len(data_parallel_group(rank, layout)) > 1
+                    and not layout.frozen_weights for rank in pipeline]  # fmt: skip
         gather_ready: dict[tuple[int, int], list[float]] = {}  # (stage, chunk) -> each bucket's gather end
         stream_start, spent_on = [-float("inf")] * layout.pp, [0.0] * layout.pp
         for stage, rank in enumerate(pipeline):

@@ -25,6 +25,9 @@ collective runs in chunks under the matrix product it feeds or follows, so only 
 product's compute shows. ``zero3_prefetch`` (ZeRO-3): each block's weights are gathered while the
 block before computes (DeepSpeed's prefetch, FSDP's forward/backward prefetch), so only what
 exceeds its compute shows; off, every gather and reduce-scatter adds to the block's time.
+``frozen_weights``: fine-tuning with the base weights frozen (LoRA and other adapters, whose own
+small products and states are left out): the backward pass computes input gradients only, and
+there are no weight gradients to reduce, no optimizer states and no update.
 
 ``check_layout`` names the first violated rule in one line; the planner and the commands show it
 and exit 2.
@@ -58,7 +61,7 @@ RECOMPUTE = ("none", "selective", "full")
 SCHEDULES = ("1f1b", "gpipe")  # virtual_stages > 1 turns 1f1b into interleaved 1F1B
 LAYOUT_PRECISIONS = ("fp32", "fp16", "bf16", "fp8")
 BOOLEAN_FIELDS = ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch",
-                  "fp8_attention_and_logits")  # fmt: skip
+                  "fp8_attention_and_logits", "frozen_weights")  # fmt: skip
 
 
 class LayoutError(ValueError):
@@ -89,6 +92,7 @@ class ParallelLayout:
     tp_comm_overlap: bool = False
     zero3_prefetch: bool = True
     fp8_attention_and_logits: bool = False
+    frozen_weights: bool = False  # base weights frozen (LoRA-style fine-tuning)
 
     @property
     def gradient_bytes(self) -> float:

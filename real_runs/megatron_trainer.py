@@ -457,6 +457,7 @@ def check_runnable(options: Any) -> None:
         ("sequence_parallel", layout.sequence_parallel), ("cp > 1", layout.cp > 1), ("ep > 1", layout.ep > 1),
         (f"recompute {layout.recompute}", layout.recompute != "none"), ("tp_comm_overlap", layout.tp_comm_overlap),
         ("overlap_grad_reduce", options.overlap_grad_reduce), ("overlap_param_gather", options.overlap_param_gather),
+        ("frozen_weights", layout.frozen_weights),
     ]  # fmt: skip
     named = [name for name, used in unsupported if used]
     if named:

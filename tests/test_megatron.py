@@ -445,3 +445,35 @@ def test_fp8_runs_the_linear_layers_in_fp8_and_the_attention_core_and_logits_in_
     assert [fp8.part_precision(part) for part in (qkv, core, logits)] == ["fp8", "bf16", "bf16"]
     with pytest.raises(LayoutError, match="fp8_attention_and_logits needs precision fp8, got 'bf16'"):
         check_layout(dataclasses.replace(bf16.layout, fp8_attention_and_logits=True), load_transformer("llama2_7b"))
+
+
+def test_frozen_weights_compute_input_gradients_only_and_reduce_and_update_nothing():
+    """LoRA-style fine-tuning (``frozen_weights``): every product with weights does half its usual
+    backward (its input gradient; the weight gradient is skipped), products without weights (the
+    attention core) keep theirs; no gradient leaves a rank, no optimizer step runs, and the memory
+    holds no gradients or optimizer states. Both executors agree."""
+    from ddlsim.simulator.workloads.transformer_memory import stage_memory
+
+    layout = {"tp": 2, "pp": 1, "global_batch": 8, "zero_stage": 1}
+    full, frozen = scenario(**layout), scenario(**layout, frozen_weights=True)
+    full_costs, frozen_costs = ClosedFormCosts(setup_of(full, 2)), ClosedFormCosts(setup_of(frozen, 2))
+    layer = next(block for block in full_costs.transformer.blocks if block.kind == "layer")
+    for part in layer.parts:
+        expected = full_costs.transformer._part_s(part, layer, True)
+        seconds = frozen_costs.transformer._part_s(part, layer, True)
+        if part.parameters and part.backward_flops:
+            assert seconds < expected
+        else:
+            assert seconds == expected
+    mlp = max(layer.parts, key=lambda part: part.parameters)  # compute-bound: half the FLOPs, half the time
+    assert frozen_costs.transformer._part_s(mlp, layer, True) == pytest.approx(
+        full_costs.transformer._part_s(mlp, layer, True) / 2, rel=1e-9)  # fmt: skip
+    assert frozen_costs.trainer(0).chunk_gradients(0) == [] and full_costs.trainer(0).chunk_gradients(0) != []
+    assert frozen_costs.trainer(0).step(None).duration_s == 0.0 < full_costs.trainer(0).step(None).duration_s
+    config = full.transformer_spec
+    memory = stage_memory(config, setup_of(frozen, 2).plan.options.layout)[0]
+    assert memory.gradients == 0.0 and memory.optimizer_states == 0.0
+    assert stage_memory(config, setup_of(full, 2).plan.options.layout)[0].gradients > 0.0
+    closed = closed_form_result(frozen, 2)
+    assert closed.iteration_s < closed_form_result(full, 2).iteration_s
+    assert run_des(frozen, 2).result.iteration_s == pytest.approx(closed.iteration_s, rel=1e-9)

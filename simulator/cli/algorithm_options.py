@@ -40,7 +40,7 @@ LAYOUT_FLAGS: dict[str, str] = {
     "no_flash_attention": "flash_attention", "first_stage_layers": "first_stage_layers",
     "last_stage_layers": "last_stage_layers", "no_grad_reduce_in_fp32": "grad_reduce_in_fp32",
     "tp_comm_overlap": "tp_comm_overlap", "no_zero3_prefetch": "zero3_prefetch",
-    "fp8_attention_and_logits": "fp8_attention_and_logits",
+    "fp8_attention_and_logits": "fp8_attention_and_logits", "frozen_weights": "frozen_weights",
 }  # fmt: skip
 
 
@@ -69,6 +69,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser) -> None:
                        help="reduce gradients in the weights' 16-bit type, not fp32 (NeMo's performance recipes)")
     group.add_argument("--fp8-attention-and-logits", action="store_true", default=None,
                        help="fp8: run the attention core and the output logits in fp8 too (default: bf16)")
+    group.add_argument("--frozen-weights", action="store_true", default=None,
+                       help="fine-tune with the base weights frozen (LoRA): input gradients only, no weight "
+                            "gradients, reductions, optimizer states or update")
 
 
 def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "sync_sgd") -> None:

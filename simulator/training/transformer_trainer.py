@@ -198,7 +198,10 @@ class TransformerCosts:
         b, tp, cp = layout.micro_batch, layout.tp, layout.cp
         split = part.tensor_parallel in TP_SPLIT or (layout.sequence_parallel and part.tensor_parallel == "replicated")
         divisor = cp * (tp if split else 1)
-        flops = (part.backward_flops if backward else part.forward_flops) * part.executed_factor * b / divisor
+        # frozen weights: a product's backward computes its input gradient only (half its usual backward)
+        frozen = backward and layout.frozen_weights and part.parameters > 0
+        flops = (part.backward_flops * (0.5 if frozen else 1.0) if backward else part.forward_flops
+                 ) * part.executed_factor * b / divisor  # fmt: skip
         saved = b * part.saved.bytes(
             tp, layout.sequence_parallel, layout.flash_attention, layout.recompute != "selective",
             self.activation_bytes,
@@ -211,7 +214,7 @@ class TransformerCosts:
         seconds = _roofline(flops, nbytes, self.device, self.part_precision(part))
         if not self.launch_s:
             return seconds
-        dispatch = (2.0 if backward and part.parameters else 1.0) * self.launch_s  # dgrad and wgrad
+        dispatch = (2.0 if backward and part.parameters and not frozen else 1.0) * self.launch_s  # dgrad and wgrad
         # a CPU dispatches and computes on the same core: the costs add; an accelerator runs its
         # kernels while the host issues the next, so the dispatch is a floor
         return seconds + dispatch if self.device.kind == "cpu" else max(seconds, dispatch)
@@ -262,7 +265,7 @@ class TransformerCosts:
         """ZeRO-3's gather of a block's ``parameters`` over ``group`` before its forward or backward (and
         the reduce-scatter of its gradients after the backward), beyond the ``compute_s`` it overlaps."""
         seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
-        if backward:
+        if backward and not self.layout.frozen_weights:
             seconds += self.group_s("reduce_scatter", parameters * self.layout.gradient_bytes, group)
         return max(0.0, seconds - compute_s) if self.layout.zero3_prefetch else seconds
 
@@ -362,7 +365,7 @@ class TransformerTrainer:
 
     def chunk_gradients(self, chunk: int) -> list[tuple[Sized, str, str]]:
         layout = self.layout
-        if layout.zero_stage >= 3:  # reduce-scattered block by block during backward (inside compute)
+        if layout.zero_stage >= 3 or layout.frozen_weights:  # ZeRO-3: reduce-scattered inside backward
             return []
         cost = self.costs.chunk(self.rank, chunk)
         collective = "allreduce" if layout.zero_stage == 0 else "reduce_scatter"
@@ -411,7 +414,7 @@ class TransformerTrainer:
             dense /= layout.dp * layout.cp
             expert /= max(1, layout.dp * layout.cp // layout.ep)
         device = self.costs.device
-        seconds = adam_update_s(dense + expert, device)
+        seconds = 0.0 if layout.frozen_weights else adam_update_s(dense + expert, device)
         return TimedWork("update", seconds, None, max(self.iteration - 1, 0), {"compute": seconds})
 
 

@@ -40,7 +40,7 @@ from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_ele
 # (NCCL_BUFFSIZE 4 MiB per channel and peer): about 1 GB, held outside PyTorch's allocator.
 RUNTIME_RESERVE_BYTES = 1.0e9
 # The largest fraction, to 0.01, that refuses no run of llm_dev.csv given the reserve above
-# (llm_runs.largest_fragmentation; benchmarks/llm_runs_check.py prints it, a test holds it).
+# (llm_checks.largest_fragmentation; benchmarks/llm_runs_check.py prints it, a test holds it).
 FRAGMENTATION = 0.06
 
 _TP_SPLIT = ("column", "row", "heads", "vocab_embedding", "vocab_logits")
@@ -245,8 +245,9 @@ def stage_memory(
             weights += 2.0 * contents.largest_block_parameters * weight_bytes
         in_flight = _in_flight(layout, rank)
         activations = contents.activations_per_micro_batch * in_flight + contents.recompute_working
-        gradients = states(settings.gradient_bytes, 2)
-        optimizer = states(optimizer_bytes, 1)
+        frozen = 0.0 if layout.frozen_weights else 1.0  # frozen base weights: no gradients, no optimizer states
+        gradients = frozen * states(settings.gradient_bytes, 2)
+        optimizer = frozen * states(optimizer_bytes, 1)
         buffers = _buffers(config, layout, settings, contents)
         subtotal = weights + gradients + optimizer + activations + buffers
         results.append(
