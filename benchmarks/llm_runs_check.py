@@ -18,13 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ddlsim.simulator.workloads.llm_runs import (
-    DATA_FILE,
-    flops_checks,
-    largest_fragmentation,
-    mapped_runs,
-    memory_checks,
-)
+from ddlsim.simulator.workloads.llm_checks import flops_checks, largest_fragmentation, memory_checks
+from ddlsim.simulator.workloads.llm_runs import DATA_FILE, mapped_runs
 from ddlsim.simulator.workloads.transformer_memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 
 

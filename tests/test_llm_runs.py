@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from ddlsim.simulator.workloads.llm_checks import flops_checks, largest_fragmentation, memory_checks
 from ddlsim.simulator.workloads.llm_runs import (
     COLUMNS,
     DATA_FILE,
     LlmRunsError,
     MappedRun,
-    flops_checks,
-    largest_fragmentation,
     load_llm_runs,
     map_run,
     mapped_runs,
-    memory_checks,
 )
 from ddlsim.simulator.workloads.transformer_memory import FRAGMENTATION, RUNTIME_RESERVE_BYTES
 
@@ -41,10 +39,8 @@ def test_the_packaged_copy_equals_the_shared_data_set() -> None:
 
 def test_every_row_is_mapped_or_says_why() -> None:
     mapped, unmapped = mapped_runs()
-    assert {item.run.id: item.reason for item in unmapped} == {
-        "LLM-065": "LoRA fine-tuning (frozen base weights, adapters only) is not modelled",
-    }
-    assert len(mapped) == 26
+    assert unmapped == []
+    assert len(mapped) == 27
     without_layout = {row.run.id: row.layout_missing for row in mapped if row.layout is None}
     assert without_layout == {"LLM-067": "tp, pp or dp is not in the row"}
 
@@ -110,6 +106,7 @@ def test_flops_agree_with_every_source_that_gives_a_second_figure() -> None:
             assert round(check.modelled, 1) == check.published, check
     assert len(checks) == 17
     assert dict(skipped)["LLM-066"].startswith("packed fine-tuning sequences")
+    assert dict(skipped)["LLM-065"].startswith("LoRA: the source counts the frozen pass its own way")
 
 
 def test_no_run_that_ran_is_refused_for_memory() -> None:
@@ -118,7 +115,7 @@ def test_no_run_that_ran_is_refused_for_memory() -> None:
     assert len(checks) == 23
     refused = [check.run_id for check in checks if not check.fits]
     assert refused == []
-    assert {run_id for run_id, _ in skipped} == {"LLM-041", "LLM-066", "LLM-067"}
+    assert {run_id for run_id, _ in skipped} == {"LLM-041", "LLM-065", "LLM-066", "LLM-067"}
 
 
 def test_the_fragmentation_allowance_is_the_calibrated_one() -> None:
@@ -156,3 +153,11 @@ def test_malformed_rows_name_file_row_and_column(tmp_path: Path, edit, message: 
         load_llm_runs(path)
     assert message in str(caught.value)
     assert str(path) in str(caught.value)
+
+
+def test_a_lora_row_runs_its_base_model_with_the_weights_frozen() -> None:
+    """LLM-065 (NeMo, Llama 2 70B LoRA): the base model with ``frozen_weights``, said in the note."""
+    row = by_id("LLM-065")
+    assert row.model.name == "llama2_70b" and row.layout is not None and row.layout.frozen_weights
+    assert any(note.startswith("LoRA: base weights frozen") for note in row.assumptions)
+    assert by_id("LLM-066").layout is not None and not by_id("LLM-066").layout.frozen_weights  # its SFT row

@@ -128,6 +128,8 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     from ddlsim.simulator import planner
 
     run = mapped.run
+    if "lora" in run.model.lower():
+        return f"{mapped.layout_missing}, and the planner searches full training only, not LoRA fine-tuning"
     if not run.gpus or not run.global_batch:
         return f"{mapped.layout_missing}, nor both the GPUs and the global batch to choose one"
     per_node = devices_per_node(mapped.device, run.gpus)

@@ -22,7 +22,7 @@ from typing import Any
 
 from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
 from ddlsim.hardware_models.catalog import load_device
-from ddlsim.simulator.workloads.flops_formulas import model_flops_utilization, narayanan_flops_per_iteration
+from ddlsim.simulator.workloads.flops_formulas import narayanan_flops_per_iteration
 from ddlsim.simulator.workloads.llm_open_fields import (
     device_from_text,
     links_from_text,
@@ -153,9 +153,9 @@ _MODELS = {
     "Nemotron-22B": "nemotron_22b",
     "GPT-3 175B (vocab 131072)": "gpt3_175b",
 }
-_UNMODELLED = {
-    "Llama 2 70B LoRA": "LoRA fine-tuning (frozen base weights, adapters only) is not modelled",
-}
+_UNMODELLED: dict[str, str] = {}  # published model names ddlsim declines, with the reason
+LORA_NOTE = ("LoRA: base weights frozen (the backward computes input gradients only; no weight gradients, "
+             "optimizer states or update); the adapters' own small products and states are left out")  # fmt: skip
 _DEVICES = {"A100-80GB": "a100_sxm4_80gb", "H100-80GB SXM (DGX H100)": "h100_sxm5", "H100-80GB": "h100_sxm5",
             "V100-32GB (DGX-2)": "v100_sxm3"}  # fmt: skip
 # interconnect text -> (intra-node link, network or None, NICs per node, assumption or '')
@@ -282,8 +282,9 @@ def _catalog_by_name(name: str) -> str | None:
 def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, ...], str] | str:
     """The row's model (a catalog entry, or a catalog decoder reshaped to what the row gives), other
     readings of it, and the assumption made; or why there is none."""
-    token = _megatron_by_dimensions(run) if run.model == "GPT (Megatron)" else _MODELS.get(run.model)
-    token = token or _catalog_by_name(run.model)
+    name = re.sub(r"\s*\blora\b", "", run.model, flags=re.IGNORECASE)  # the base model of a LoRA run
+    token = _megatron_by_dimensions(run) if name == "GPT (Megatron)" else _MODELS.get(name)
+    token = token or _catalog_by_name(name)
     if token is not None:
         return load_transformer(token), (), ""
     if run.layers and run.hidden and run.heads:
@@ -451,7 +452,11 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
         assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
     flash = family in ("nemo", "megatron_readme")
     assumptions.append("FlashAttention" if flash else "no FlashAttention (it postdates the source)")
+    frozen = bool(re.search(r"\blora\b", run.model, flags=re.IGNORECASE))
+    if frozen:
+        assumptions.append(LORA_NOTE)
     layout = ParallelLayout(
+        frozen_weights=frozen,
         tp=run.tp, pp=run.pp, dp=run.dp, cp=cp, ep=run.ep or 1, micro_batch=micro, global_batch=run.global_batch,
         virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
         flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo", tp_comm_overlap=tp_overlap,
@@ -471,97 +476,3 @@ def mapped_runs(path: Path | str = DATA_FILE) -> tuple[list[MappedRun], list[Unm
         result = map_run(run)
         (mapped if isinstance(result, MappedRun) else unmapped).append(result)  # type: ignore[arg-type]
     return mapped, unmapped
-
-
-# --- the checks of the FLOPs and memory models against the rows ----------------------------------
-
-
-@dataclass(frozen=True)
-class FlopsCheck:
-    """Our FLOPs against a row's own: ``published`` and ``modelled`` in the row's unit; ``what`` names it."""
-
-    run_id: str
-    what: str
-    published: float
-    modelled: float
-
-    @property
-    def relative_error(self) -> float:
-        return self.modelled / self.published - 1.0
-
-
-def flops_checks(mapped: list[MappedRun]) -> tuple[list[FlopsCheck], list[tuple[str, str]]]:
-    """Rows where both our FLOPs and the source's can be compared, and the others with the reason.
-
-    - NeMo rows: model FLOPs per token (ours) against TFLOP/s per GPU / tokens/s per GPU (theirs).
-    - Korthikanti et al. rows with an MFU in the notes: ours per iteration / (time x GPUs x peak).
-    - Narayanan et al. rows: the parameter count (billions) against table 1.
-    """
-    checks: list[FlopsCheck] = []
-    skipped: list[tuple[str, str]] = []
-    for row in mapped:
-        run, family = row.run, row.run.source_family
-        if family == "nemo" and run.metric == "tflops_per_gpu" and row.tokens_per_s_per_gpu:
-            if "SFT" in run.model:
-                skipped.append((run.id, "packed fine-tuning sequences: the source counts attention per packed sample"))
-                continue
-            blocks = transformer_blocks(row.model)
-            ours = model_flops_per_sample(blocks) / row.model.seq_len
-            published = run.value * 1e12 / row.tokens_per_s_per_gpu
-            checks.append(FlopsCheck(run.id, "model FLOPs per token", published, ours))
-        elif family == "korthikanti" and run.metric == "iteration_s" and "MFU" in run.notes:
-            mfu = float(re.search(r"MFU ([0-9.]+)%", run.notes).group(1)) / 100.0  # type: ignore[union-attr]
-            flops = row.flops_per_iteration()
-            peak = load_device(row.device).peak_flops_for(row.layout.precision if row.layout else "bf16")
-            assert flops is not None and run.gpus is not None
-            checks.append(FlopsCheck(run.id, "MFU", mfu, model_flops_utilization(flops, run.value, run.gpus, peak)))
-        elif family == "narayanan" and run.params_b is not None:
-            parameters = sum(block.parameters for block in transformer_blocks(row.model)) / 1e9
-            checks.append(FlopsCheck(run.id, "parameters (billions)", run.params_b, parameters))
-        else:
-            skipped.append((run.id, "the row gives no second FLOPs figure to compare with"))
-    return checks, skipped
-
-
-@dataclass(frozen=True)
-class MemoryCheck:
-    """The fullest pipeline rank of a row: its bytes before the allowances and the device's capacity."""
-
-    run_id: str
-    stage: int
-    before_allowances_bytes: float
-    capacity_bytes: float
-    total_bytes: float  # with the default allowances
-
-    @property
-    def fits(self) -> bool:
-        return self.total_bytes <= self.capacity_bytes
-
-
-def memory_checks(
-    mapped: list[MappedRun], settings_changes: dict | None = None
-) -> tuple[list[MemoryCheck], list[tuple[str, str]]]:
-    """Every row whose memory can be checked, at the fullest rank; the others with the reason."""
-    checks: list[MemoryCheck] = []
-    skipped: list[tuple[str, str]] = []
-    for row in mapped:
-        if row.memory_unchecked or row.layout is None:
-            skipped.append((row.run.id, row.memory_unchecked))
-            continue
-        settings = dataclasses.replace(row.memory_settings, **(settings_changes or {}))
-        bare = dataclasses.replace(settings, fragmentation=0.0, runtime_reserve_bytes=0.0)
-        stages = stage_memory(row.model, row.layout, bare)
-        full = stage_memory(row.model, row.layout, settings)
-        worst = max(range(len(stages)), key=lambda i: full[i].total)
-        capacity = load_device(row.device).memory_capacity_bytes
-        checks.append(MemoryCheck(row.run.id, worst, stages[worst].total, capacity, full[worst].total))
-    return checks, skipped
-
-
-def largest_fragmentation(checks: list[MemoryCheck], reserve_bytes: float) -> float:
-    """The largest fragmentation fraction that refuses none of the rows, rounded down to 0.01.
-
-    Each row that ran bounds it: before x (1 + f) + reserve <= capacity.
-    """
-    bound = min((check.capacity_bytes - reserve_bytes) / check.before_allowances_bytes - 1.0 for check in checks)
-    return int(bound * 100.0) / 100.0
