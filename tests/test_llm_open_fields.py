@@ -148,3 +148,28 @@ def test_a_row_without_layout_gpus_or_batch_says_why():
     run = next(run for run in load_llm_runs() if run.id == "LLM-067")
     (prediction,) = llm_validation.predict_runs([dataclasses.replace(run, global_batch=None)])
     assert prediction.reason == "tp, pp or dp is not in the row, nor both the GPUs and the global batch to choose one"
+
+
+def test_a_time_to_train_row_is_its_tokens_over_the_predicted_rate():
+    """time_to_train_min: the tokens the notes give over the tokens each predicted iteration trains;
+    without them the row says what is missing."""
+    run = other_stack_row(metric="time_to_train_min", value=1000.0, notes="trained on 300B tokens")
+    (prediction,) = llm_validation.predict_runs([run])
+    assert not prediction.reason
+    per_iteration = run.global_batch * 2048  # sequences of 2048 tokens
+    expected = 300e9 / per_iteration * prediction.iteration_s / 60.0
+    assert llm_validation.metric_of(prediction, prediction.iteration_s) == pytest.approx(expected, rel=1e-12)
+    assert llm_validation.slowdown(prediction) == pytest.approx(1000.0 / expected, rel=1e-12)
+    (missing,) = llm_validation.predict_runs([dataclasses.replace(run, notes="2621 tokens/s/GPU")])
+    assert missing.reason.startswith("time to train needs the tokens trained")
+
+
+@pytest.mark.parametrize(
+    ("zero_stage", "recompute", "expected"),
+    [("ZeRO-3", "full", (3, "full")), ("FSDP", "", (3, "none")), ("SHARD_GRAD_OP", "Selective", (2, "selective")),
+     ("distributed optimizer", "none", (1, "none")), ("2", "Full (uniform)", (2, "full"))],
+)  # fmt: skip
+def test_sharding_and_recomputation_are_read_by_their_words(zero_stage, recompute, expected):
+    row = map_run(other_stack_row(zero_stage=zero_stage, recompute=recompute))
+    assert isinstance(row, MappedRun) and row.layout is not None
+    assert (row.layout.zero_stage, row.layout.recompute) == expected

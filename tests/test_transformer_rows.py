@@ -109,6 +109,26 @@ def test_horovod_is_read_as_the_library_it_reduces_with(tmp_path, device, librar
     assert predict(read).ok
 
 
+@pytest.mark.parametrize(
+    ("algorithm", "device", "library", "verb"),
+    [("ddp", "v100_sxm2", "nccl", "reduces with"), ("deepspeed", "a100_sxm4", "nccl", "reduces with"),
+     ("rccl", "mi300x", "nccl", "modelled as"), ("intel_mpi", "xeon_8180", "mpich", "modelled as"),
+     ("mvapich2", "v100_sxm2", "mpich", "modelled as")],
+)  # fmt: skip
+def test_other_frameworks_and_library_builds_are_read_as_the_library_ddlsim_models(
+    tmp_path, algorithm, device, library, verb
+):
+    row = {**BERT, "workload": "resnet50", "algorithm": algorithm, "device": device, "notes": "from a paper"}
+    if device == "xeon_8180":
+        row |= {"devices_per_node": "1", "intra_node_link": "", "nodes": "4", "network": "opa_100", "precision": "fp32"}
+    if device in ("mi300x", "a100_sxm4"):
+        row |= {"intra_node_link": load_device(device).system.intra_node_link}
+    read = _rows(tmp_path, [row])["B-8"]
+    assert read.algorithm == library
+    assert read.notes == f"from a paper; {algorithm} {verb} {library} on {load_device(device).kind} devices"
+    assert predict(read).ok
+
+
 def test_horovod_without_a_device_leaves_the_library_open(tmp_path):
     read = _rows(tmp_path, [{**BERT, "workload": "resnet50", "algorithm": "horovod", "device": ""}])["B-8"]
     assert read.algorithm == "" and read.notes == "horovod: library left open"

@@ -41,8 +41,8 @@ from ddlsim.simulator.workloads.llm_runs import (
 )
 
 SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"
-TIME_METRICS = ("iteration_s",)
-MODELLED_METRICS = ("tflops_per_gpu", "mfu", "iteration_s")
+TIME_METRICS = ("iteration_s", "time_to_train_min")
+MODELLED_METRICS = ("tflops_per_gpu", "mfu", "iteration_s", "time_to_train_min")
 
 
 def is_llm_file(path: Path | str) -> bool:
@@ -169,6 +169,9 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
             out.append(LlmPrediction(run, None, reason=mapped.reason))
         elif mapped.layout is None:
             out.append(LlmPrediction(run, mapped, reason=mapped.layout_missing))
+        elif run.metric == "time_to_train_min" and mapped.train_tokens is None:
+            out.append(LlmPrediction(run, mapped, reason="time to train needs the tokens trained ('300B tokens' in "
+                                                         "the notes), which the row does not give"))  # fmt: skip
         elif run.metric not in MODELLED_METRICS:
             out.append(LlmPrediction(run, mapped, reason=f"metric {run.metric!r} is not predicted yet"))
         else:
@@ -205,6 +208,9 @@ def metric_of(prediction: LlmPrediction, iteration_s: float) -> float:
         return iteration_s
     gpus = mapped.layout.gpus
     batch = mapped.layout.global_batch or mapped.layout.dp * mapped.layout.micro_batch
+    if run.metric == "time_to_train_min":  # the iterations that train the row's tokens
+        assert mapped.train_tokens is not None
+        return mapped.train_tokens / (batch * mapped.model.seq_len) * iteration_s / 60.0
     model_flops = model_flops_per_sample(transformer_blocks(mapped.model)) * batch
     if run.metric == "mfu":  # in percent, as the data sets give it
         peak = load_device(mapped.device).peak_flops_for(mapped.layout.precision)

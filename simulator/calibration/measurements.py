@@ -80,7 +80,19 @@ POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 # (Horovod's GPU builds reduce with NCCL, HOROVOD_GPU_ALLREDUCE=NCCL, as Sergeev & Del Balso 2018
 # describe; its CPU builds with MPI). A row without a device keeps the library open (open_fields.py),
 # whose default is the same choice.
-FRAMEWORK_LIBRARIES = {"horovod": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"}}
+# PyTorch DistributedDataParallel (``ddp``) and DeepSpeed reduce with NCCL on GPUs (their documented
+# GPU backend) and MPI or Gloo on CPUs. Library builds named for the library ddlsim models: RCCL is
+# ROCm's port of NCCL (the same ring and tree algorithms); Intel MPI and MVAPICH2 derive from MPICH.
+_MPI_EVERYWHERE = {"gpu": "mpich", "cpu": "mpich", "manycore": "mpich"}
+LIBRARY_BUILDS = ("rccl", "intel_mpi", "mvapich2")
+FRAMEWORK_LIBRARIES = {
+    "horovod": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"},
+    "ddp": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"},
+    "deepspeed": {"gpu": "nccl"},
+    "rccl": {"gpu": "nccl"},
+    "intel_mpi": _MPI_EVERYWHERE,
+    "mvapich2": _MPI_EVERYWHERE,
+}
 
 
 class MeasurementError(ValueError):
@@ -299,11 +311,9 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
     if algorithm in FRAMEWORK_LIBRARIES:
         kind_of_device = load_device(device).kind if device in device_names() else ""
         library = FRAMEWORK_LIBRARIES[algorithm].get(kind_of_device, "")
-        said = (
-            f"{algorithm} reduces with {library} on {kind_of_device} devices"
-            if library
-            else f"{algorithm}: library left open"
-        )
+        verb = "modelled as" if algorithm in LIBRARY_BUILDS else "reduces with"
+        said = f"{algorithm} {verb} {library} on {kind_of_device} devices" if library else ""
+        said = said or f"{algorithm}: library left open"
         algorithm, notes = library, f"{notes}; {said}" if notes else said
     return Measurement(
         id=row_id,

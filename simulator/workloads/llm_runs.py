@@ -207,6 +207,12 @@ class MappedRun:
         return ""
 
     @property
+    def train_tokens(self) -> float | None:
+        """The tokens a time-to-train row trained, from its notes ('300B tokens'), or None."""
+        match = re.search(r"(\d+(?:\.\d+)?)\s*([MBT])\s*tokens(?!\s*/)", self.run.notes)
+        return float(match.group(1)) * {"M": 1e6, "B": 1e9, "T": 1e12}[match.group(2)] if match else None
+
+    @property
     def tokens_per_s_per_gpu(self) -> float | None:
         """The NeMo rows' published tokens/s per GPU, from the notes."""
         match = re.search(r"([0-9][0-9.]*) tokens/s/GPU", self.run.notes)
@@ -390,6 +396,32 @@ def stage_memory_peak(model: TransformerConfig, layout: ParallelLayout, settings
     return max(stage.total for stage in stage_memory(model, layout, settings))
 
 
+def _zero_stage_of(text: str, assumptions: list[str]) -> int:
+    """The ZeRO stage a row's words name: a stage number ('2', 'ZeRO-3', 'stage 1'), FSDP's names
+    (FULL_SHARD 3, SHARD_GRAD_OP 2), a distributed optimizer 1; 0 where they name none."""
+    lowered = text.lower()
+    match = re.search(r"(?:zero|stage)?[\s_-]*\b([0-3])\b", lowered)
+    if match:
+        return int(match.group(1))
+    for words, stage in (("shard_grad_op", 2), ("fsdp", 3), ("full_shard", 3), ("dist", 1)):
+        if words in lowered:
+            return stage
+    if lowered:
+        assumptions.append(f"ZeRO stage 0 ({text!r} names no stage)")
+    return 0
+
+
+def _recompute_of(text: str, assumptions: list[str]) -> str:
+    """The recomputation a row's words name (full, selective, none), none where they name none."""
+    lowered = text.lower()
+    for mode in ("full", "selective", "none"):
+        if mode in lowered:
+            return mode
+    assumptions.append("no activation recomputation (the source leaves it open)" if not text else
+                       f"no activation recomputation ({text!r} names none of full, selective, none)")  # fmt: skip
+    return "none"
+
+
 def _precision_of(text: str, assumptions: list[str]) -> str:
     """The layout precision a row's words name (fp8 before bf16 before fp16: "fp8 with bf16 master
     weights" trains in fp8); bf16 where they name none."""
@@ -429,13 +461,11 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     if tp_overlap:
         assumptions.append("tensor-parallel communication overlapped with its matrix products (NeMo performance "
                            "recipes: MegatronCommOverlapCallback tp_comm_overlap with userbuffers)")
-    zero = {"0": 0, "2": 2, "": 0}.get(run.zero_stage, 1 if run.zero_stage.startswith("dist-opt") else 0)
+    zero = _zero_stage_of(run.zero_stage, assumptions)
     if family == "nemo" and run.zero_stage == "":
         zero = 1
         assumptions.append("distributed optimizer (ZeRO-1), NeMo's default (the fine-tuning table leaves it open)")
-    recompute = run.recompute or "none"
-    if not run.recompute:
-        assumptions.append("no activation recomputation (the source leaves it open)")
+    recompute = _recompute_of(run.recompute, assumptions)
     micro = run.micro_batch
     if micro is None:
         micro = 1
