@@ -173,3 +173,10 @@ def test_sharding_and_recomputation_are_read_by_their_words(zero_stage, recomput
     row = map_run(other_stack_row(zero_stage=zero_stage, recompute=recompute))
     assert isinstance(row, MappedRun) and row.layout is not None
     assert (row.layout.zero_stage, row.layout.recompute) == expected
+
+
+def test_a_planned_layout_keeps_the_sharding_and_recomputation_the_row_states():
+    run = next(run for run in load_llm_runs() if run.id == "LLM-067")
+    (prediction,) = llm_validation.predict_runs([dataclasses.replace(run, zero_stage="1", recompute="full")])
+    assert prediction.mapped is not None and prediction.mapped.layout is not None
+    assert (prediction.mapped.layout.zero_stage, prediction.mapped.layout.recompute) == (1, "full")

@@ -38,6 +38,8 @@ from ddlsim.simulator.workloads.llm_runs import (
     MappedRun,
     load_llm_runs,
     map_run,
+    recompute_of,
+    zero_stage_of,
 )
 
 SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"
@@ -137,7 +139,12 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     cluster = planner.Cluster(mapped.device, run.gpus, per_node, mapped.intra_node_link if per_node > 1 else None,
                               mapped.network or "ib_hdr", min(mapped.nics_per_node, per_node), mapped.precision,
                               tuple(stack.items()))  # fmt: skip
-    fixed = {name: getattr(run, name) for name in ("tp", "pp", "dp", "micro_batch") if getattr(run, name)}
+    stated = ("tp", "pp", "dp", "micro_batch")
+    fixed: dict[str, Any] = {name: getattr(run, name) for name in stated if getattr(run, name)}
+    if run.zero_stage:
+        fixed["zero_stage"] = zero_stage_of(run.zero_stage, [])
+    if run.recompute:
+        fixed["recompute"] = recompute_of(run.recompute, [])
     layouts = list(planner.candidate_layouts(mapped.model, cluster, run.global_batch, fixed))
     ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
                                          changes=transformer_changes(mapped.model))  # fmt: skip

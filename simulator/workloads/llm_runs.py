@@ -396,7 +396,7 @@ def stage_memory_peak(model: TransformerConfig, layout: ParallelLayout, settings
     return max(stage.total for stage in stage_memory(model, layout, settings))
 
 
-def _zero_stage_of(text: str, assumptions: list[str]) -> int:
+def zero_stage_of(text: str, assumptions: list[str]) -> int:
     """The ZeRO stage a row's words name: a stage number ('2', 'ZeRO-3', 'stage 1'), FSDP's names
     (FULL_SHARD 3, SHARD_GRAD_OP 2), a distributed optimizer 1; 0 where they name none."""
     lowered = text.lower()
@@ -411,7 +411,7 @@ def _zero_stage_of(text: str, assumptions: list[str]) -> int:
     return 0
 
 
-def _recompute_of(text: str, assumptions: list[str]) -> str:
+def recompute_of(text: str, assumptions: list[str]) -> str:
     """The recomputation a row's words name (full, selective, none), none where they name none."""
     lowered = text.lower()
     for mode in ("full", "selective", "none"):
@@ -461,11 +461,11 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
     if tp_overlap:
         assumptions.append("tensor-parallel communication overlapped with its matrix products (NeMo performance "
                            "recipes: MegatronCommOverlapCallback tp_comm_overlap with userbuffers)")
-    zero = _zero_stage_of(run.zero_stage, assumptions)
+    zero = zero_stage_of(run.zero_stage, assumptions)
     if family == "nemo" and run.zero_stage == "":
         zero = 1
         assumptions.append("distributed optimizer (ZeRO-1), NeMo's default (the fine-tuning table leaves it open)")
-    recompute = _recompute_of(run.recompute, assumptions)
+    recompute = recompute_of(run.recompute, assumptions)
     micro = run.micro_batch
     if micro is None:
         micro = 1
