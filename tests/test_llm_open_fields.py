@@ -79,8 +79,7 @@ def other_stack_row(**changes):
 
 def test_a_row_worded_another_way_maps_as_the_file_s_own_wording_does():
     ours = map_run(other_stack_row())
-    theirs = map_run(other_stack_row(source="A later paper", gpu_type="NVIDIA A100 80GB SXM4",
-                                     interconnect="NVSwitch; 8x HDR 200Gb/s IB"))  # fmt: skip
+    theirs = map_run(other_stack_row(gpu_type="NVIDIA A100 80GB SXM4", interconnect="NVSwitch; 8x HDR 200Gb/s IB"))
     assert isinstance(ours, MappedRun) and isinstance(theirs, MappedRun)
     key = ("device", "intra_node_link", "network", "nics_per_node", "layout")
     assert [getattr(theirs, name) for name in key] == [getattr(ours, name) for name in key]
@@ -180,3 +179,17 @@ def test_a_planned_layout_keeps_the_sharding_and_recomputation_the_row_states():
     (prediction,) = llm_validation.predict_runs([dataclasses.replace(run, zero_stage="1", recompute="full")])
     assert prediction.mapped is not None and prediction.mapped.layout is not None
     assert (prediction.mapped.layout.zero_stage, prediction.mapped.layout.recompute) == (1, "full")
+
+
+def test_a_row_from_another_source_runs_as_current_stacks_do():
+    """FlashAttention on for a row from a source after the 2020-2022 papers on Ampere or later, off on
+    a V100 (it needs Ampere); a pipeline whose stages do not divide the layers gets lighter ends, as
+    Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
+    newer = map_run(other_stack_row(source="A later paper"))
+    assert isinstance(newer, MappedRun) and newer.layout is not None and newer.layout.flash_attention
+    older = map_run(other_stack_row(source="A later paper", gpu_type="V100 32GB"))
+    assert isinstance(older, MappedRun) and older.layout is not None and not older.layout.flash_attention
+    llama = map_run(other_stack_row(source="A later paper", model="Llama 3.1 405B", layers=None, hidden=None,
+                                    heads=None, tp=8, pp=16, dp=8, global_batch=1024, seq_len=8192))  # fmt: skip
+    assert isinstance(llama, MappedRun) and llama.layout is not None
+    assert llama.layout.layers_per_stage(126) == [7] + [8] * 14 + [7]

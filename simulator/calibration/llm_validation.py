@@ -148,6 +148,8 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     layouts = list(planner.candidate_layouts(mapped.model, cluster, run.global_batch, fixed))
     ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
                                          changes=transformer_changes(mapped.model))  # fmt: skip
+    if not layouts:
+        return f"{mapped.layout_missing}, and no layout of its model divides its {run.gpus} GPUs and global batch"
     if not ranked:
         return f"{mapped.layout_missing}, and none of the {len(layouts)} layouts of its model fits its GPUs"
     ranked = ranked[:3]

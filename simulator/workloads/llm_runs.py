@@ -346,7 +346,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
                                  f"({getattr(model, column)})")  # fmt: skip
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
-    layout, missing, settings = _layout(run, model, assumptions)
+    layout, missing, settings = _layout(run, model, assumptions, device)
     precision = layout.precision if layout is not None else _PRECISIONS.get(run.precision) or _precision_of(
         run.precision, []
     )
@@ -434,7 +434,7 @@ def _precision_of(text: str, assumptions: list[str]) -> str:
     return "bf16"
 
 
-def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
+def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], device: str):
     """The row's ParallelLayout (or None and why), and the memory settings of its software stack."""
     family = run.source_family
     precision = _PRECISIONS.get(run.precision) or _precision_of(run.precision, assumptions)
@@ -480,8 +480,14 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
             assumptions.append(f"{virtual} interleaved chunks per stage (Calculon's configuration of this run)")
     elif run.pp > 1 and "interleaved" in run.notes:
         assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
-    flash = family in ("nemo", "megatron_readme")
-    assumptions.append("FlashAttention" if flash else "no FlashAttention (it postdates the source)")
+    # FlashAttention (2022) postdates the 2020-2022 papers' runs and needs Ampere or later; current stacks use it
+    pre_ampere = device.startswith(("v100", "p100", "k80", "k40", "k20", "m40", "p40", "titanx"))
+    flash = family not in ("narayanan", "korthikanti", "zero") and not pre_ampere
+    if flash:
+        assumptions.append("FlashAttention")
+    else:
+        assumptions.append("no FlashAttention (it postdates the source)" if not pre_ampere else
+                           f"no FlashAttention (it needs Ampere or later, not {device})")  # fmt: skip
     frozen = bool(re.search(r"\blora\b", run.model, flags=re.IGNORECASE))
     if frozen:
         assumptions.append(LORA_NOTE)
@@ -491,11 +497,28 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str]):
         virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
         flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo", tp_comm_overlap=tp_overlap,
     )  # fmt: skip
+    layout = _uneven_ends(layout, model, assumptions)
     try:
         check_layout(layout, model, run.gpus)
     except LayoutError as error:
         return None, f"the published layout breaks a rule: {error}", settings
     return layout, "", settings
+
+
+def _uneven_ends(layout: ParallelLayout, model: TransformerConfig, assumptions: list[str]) -> ParallelLayout:
+    """A pipeline whose stages do not divide the layers: the middle stages take the rounded-up share and
+    the first and last stages split the rest equally, as Llama 3 405B's 126 layers ran on 16 stages (8 on
+    each middle stage, 7 on the ends); the layout unchanged where that does not come out whole."""
+    layers, stages = model.total_layers, layout.pp * layout.virtual_stages
+    if layout.pp <= 2 or not layers % stages or layout.first_stage_layers or layout.last_stage_layers:
+        return layout
+    per = -(-layers // layout.pp)
+    rest = layers - per * (layout.pp - 2)
+    if rest % 2 or not layout.virtual_stages <= rest // 2 <= per or per % layout.virtual_stages:
+        return layout
+    assumptions.append(f"{layers} layers on {layout.pp} stages: {per} on each middle stage, {rest // 2} on the first "
+                       "and the last (the ends lighter, as Llama 3 405B's pipeline)")  # fmt: skip
+    return dataclasses.replace(layout, first_stage_layers=rest // 2, last_stage_layers=rest // 2)
 
 
 def mapped_runs(path: Path | str = DATA_FILE) -> tuple[list[MappedRun], list[Unmapped]]:
