@@ -140,8 +140,6 @@ def write_copy(tmp_path: Path, edit) -> Path:
     [
         (lambda t: t.replace("id,source,model", "id,origin,model", 1), "the header must be exactly id,source,model"),
         (lambda t: t.replace("LLM-002,", "LLM-001,", 1), "empty or repeated id 'LLM-001'"),
-        (lambda t: t.replace(",tflops_per_gpu,140,", ",petaflops,140,", 1),
-         "row 'LLM-006' (line 7), column 'metric': must be one of tflops_per_gpu, mfu, iteration_s"),
         (lambda t: t.replace("LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,60,",
                              "LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,sixty,", 1),
          "row 'LLM-006' (line 7), column 'layers': must be a whole number >= 1 or empty, got 'sixty'"),
@@ -161,3 +159,19 @@ def test_a_lora_row_runs_its_base_model_with_the_weights_frozen() -> None:
     assert row.model.name == "llama2_70b" and row.layout is not None and row.layout.frozen_weights
     assert any(note.startswith("LoRA: base weights frozen") for note in row.assumptions)
     assert by_id("LLM-066").layout is not None and not by_id("LLM-066").layout.frozen_weights  # its SFT row
+
+
+def test_a_row_with_a_metric_ddlsim_does_not_predict_is_one_row_s_reason_not_the_file_s(tmp_path: Path) -> None:
+    """Every row gets an answer (issue 13): an unknown metric is that row's reason, the rest are read;
+    a thousands separator in a count is read as the number."""
+    from ddlsim.simulator.calibration.llm_validation import predict_runs
+
+    path = write_copy(tmp_path, lambda t: t.replace(",tflops_per_gpu,140,", ",petaflops,140,", 1).replace(
+        "LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,60,10240,80,2048,1792,,1024,",
+        'LLM-006,Narayanan et al. SC21 Table 1,GPT (Megatron),76.1,60,10240,80,2048,1792,,"1,024",', 1))
+    runs = load_llm_runs(path)
+    assert len(runs) == 27
+    odd = next(run for run in runs if run.id == "LLM-006")
+    assert odd.gpus == 1024
+    (prediction,) = predict_runs([odd])
+    assert prediction.reason.startswith("metric 'petaflops' is not one ddlsim predicts (tflops_per_gpu, mfu")

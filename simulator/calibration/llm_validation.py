@@ -182,7 +182,8 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
             out.append(LlmPrediction(run, mapped, reason="time to train needs the tokens trained ('300B tokens' in "
                                                          "the notes), which the row does not give"))  # fmt: skip
         elif run.metric not in MODELLED_METRICS:
-            out.append(LlmPrediction(run, mapped, reason=f"metric {run.metric!r} is not predicted yet"))
+            out.append(LlmPrediction(run, mapped, reason=f"metric {run.metric!r} is not one ddlsim predicts "
+                                                         f"({', '.join(MODELLED_METRICS)})"))  # fmt: skip
         else:
             try:
                 scenario = scenario_of(mapped)
