@@ -193,3 +193,10 @@ def test_a_row_from_another_source_runs_as_current_stacks_do():
                                     heads=None, tp=8, pp=16, dp=8, global_batch=1024, seq_len=8192))  # fmt: skip
     assert isinstance(llama, MappedRun) and llama.layout is not None
     assert llama.layout.layers_per_stage(126) == [7] + [8] * 14 + [7]
+
+
+def test_a_global_batch_that_does_not_divide_into_the_replicas_is_rounded_and_said():
+    """LLM-006's layout (dp 32, micro-batch 1) with a global batch of 1000: 992, the nearest multiple."""
+    row = map_run(other_stack_row(global_batch=1000))
+    assert isinstance(row, MappedRun) and row.layout is not None and row.layout.global_batch == 992
+    assert any(note.startswith("global batch 1000 taken as 992") for note in row.assumptions)

@@ -496,6 +496,12 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
         flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo", tp_comm_overlap=tp_overlap,
     )  # fmt: skip
     layout = _uneven_ends(layout, model, assumptions)
+    per_step = layout.micro_batch * layout.dp
+    if layout.global_batch is not None and layout.global_batch % per_step:
+        rounded = max(per_step, round(layout.global_batch / per_step) * per_step)
+        assumptions.append(f"global batch {layout.global_batch} taken as {rounded}, the nearest multiple of "
+                           f"micro-batch x dp = {per_step} (whole micro-batches on every replica)")  # fmt: skip
+        layout = dataclasses.replace(layout, global_batch=rounded)
     try:
         check_layout(layout, model, run.gpus)
     except LayoutError as error:
