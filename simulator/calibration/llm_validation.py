@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ddlsim.simulator.workloads.llm_open_fields import recompute_of, zero_stage_of
 from ddlsim.simulator.workloads.llm_runs import (
     COLUMNS,
     LAYOUT_NOT_STATED,
@@ -38,8 +39,6 @@ from ddlsim.simulator.workloads.llm_runs import (
     MappedRun,
     load_llm_runs,
     map_run,
-    recompute_of,
-    zero_stage_of,
 )
 
 SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"

@@ -13,6 +13,8 @@ which the row's note lists. None means the text names nothing they know.
   adapters ("8x", or a node total such as "800 Gbps" over the generation's rate); whatever the text
   leaves open comes from the device's node in the catalog (its ``[system]``), or for the parts
   without one from the DGX of their generation (``NODES``).
+- ``catalog_model_by_name``, ``zero_stage_of``, ``recompute_of``, ``precision_of``: a model by its
+  published name, and a run's optimizer sharding, recomputation and precision by their words.
 - ``shape_from_parameters``: the decoder shape of a GPT-like model of a given size, from the
   published Megatron family (Narayanan et al. SC21 table 1, the ``megatron_*`` catalog entries):
   the hidden size of the nearest member, the depth that gives the parameter count, 128-wide heads.
@@ -153,6 +155,61 @@ def _adapter_count(lowered: str, rate: float) -> int | None:
     if total and rate and total > rate and total % rate == 0:
         return int(total // rate)  # a node total such as "800 Gbps" over the generation's rate
     return None
+
+
+# --- a model, its sharding, recomputation and precision by their words -----------------------------
+
+
+def catalog_model_by_name(name: str) -> str | None:
+    """The catalog model a published name means (``Llama 3.1 405B`` -> ``llama3_405b``), if any."""
+    lowered = name.lower()
+    patterns = ((r"llama\s*-?\s*(\d)(?:\.\d)?\D*?(\d+)\s*b\b", "llama{0}_{1}b"), (r"gpt-?3\D*?(175)\s*b", "gpt3_{0}b"),
+                (r"mixtral\D*?8\s*x\s*7\s*b", "mixtral_8x7b"), (r"deepseek-?v3", "deepseek_v3"),
+                (r"t5\D*?(\d+)\s*b\b", "t5_{0}b"))  # fmt: skip
+    names = set(transformer_names())
+    for pattern, template in patterns:
+        match = re.search(pattern, lowered)
+        if match and template.format(*match.groups()) in names:
+            return template.format(*match.groups())
+    return None
+
+
+def zero_stage_of(text: str, assumptions: list[str]) -> int:
+    """The ZeRO stage a row's words name: a stage number ('2', 'ZeRO-3', 'stage 1'), FSDP's names
+    (FULL_SHARD 3, SHARD_GRAD_OP 2), a distributed optimizer 1; 0 where they name none."""
+    lowered = text.lower()
+    match = re.search(r"(?:zero|stage)?[\s_-]*\b([0-3])\b", lowered)
+    if match:
+        return int(match.group(1))
+    for words, stage in (("shard_grad_op", 2), ("fsdp", 3), ("full_shard", 3), ("dist", 1)):
+        if words in lowered:
+            return stage
+    if lowered:
+        assumptions.append(f"ZeRO stage 0 ({text!r} names no stage)")
+    return 0
+
+
+def recompute_of(text: str, assumptions: list[str]) -> str:
+    """The recomputation a row's words name (full, selective, none), none where they name none."""
+    lowered = text.lower()
+    for mode in ("full", "selective", "none"):
+        if mode in lowered:
+            return mode
+    assumptions.append("no activation recomputation (the source leaves it open)" if not text else
+                       f"no activation recomputation ({text!r} names none of full, selective, none)")  # fmt: skip
+    return "none"
+
+
+def precision_of(text: str, assumptions: list[str]) -> str:
+    """The layout precision a row's words name (fp8 before bf16 before fp16: "fp8 with bf16 master
+    weights" trains in fp8); bf16 where they name none."""
+    lowered = text.lower()
+    for word in ("fp8", "bf16", "fp16"):
+        if word in lowered:
+            return word
+    assumptions.append(f"bf16 (precision {text!r} names none of fp8, bf16, fp16)" if text else
+                       "bf16 (the row leaves the precision open)")  # fmt: skip
+    return "bf16"
 
 
 # --- the shape of a model given by its size ---------------------------------------------------------

@@ -24,10 +24,14 @@ from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.workloads.flops_formulas import narayanan_flops_per_iteration
 from ddlsim.simulator.workloads.llm_open_fields import (
+    catalog_model_by_name,
     device_from_text,
     links_from_text,
+    precision_of,
+    recompute_of,
     shape_from_dimensions,
     shape_from_parameters,
+    zero_stage_of,
 )
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
@@ -269,26 +273,12 @@ NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
 KORTHIKANTI_CHUNKS = {"gpt3_175b": 3, "megatron_530b": 3, "megatron_1t": 1}
 
 
-def _catalog_by_name(name: str) -> str | None:
-    """The catalog model a published name means (``Llama 3.1 405B`` -> ``llama3_405b``), if any."""
-    lowered = name.lower()
-    patterns = ((r"llama\s*-?\s*(\d)(?:\.\d)?\D*?(\d+)\s*b\b", "llama{0}_{1}b"), (r"gpt-?3\D*?(175)\s*b", "gpt3_{0}b"),
-                (r"mixtral\D*?8\s*x\s*7\s*b", "mixtral_8x7b"), (r"deepseek-?v3", "deepseek_v3"),
-                (r"t5\D*?(\d+)\s*b\b", "t5_{0}b"))  # fmt: skip
-    names = set(transformer_names())
-    for pattern, template in patterns:
-        match = re.search(pattern, lowered)
-        if match and template.format(*match.groups()) in names:
-            return template.format(*match.groups())
-    return None
-
-
 def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, ...], str] | str:
     """The row's model (a catalog entry, or a catalog decoder reshaped to what the row gives), other
     readings of it, and the assumption made; or why there is none."""
     name = re.sub(r"\s*\blora\b", "", run.model, flags=re.IGNORECASE)  # the base model of a LoRA run
     token = _megatron_by_dimensions(run) if name == "GPT (Megatron)" else _MODELS.get(name)
-    token = token or _catalog_by_name(name)
+    token = token or catalog_model_by_name(name)
     if token is not None:
         return load_transformer(token), (), ""
     if run.layers and run.hidden and run.heads:
@@ -345,7 +335,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions, device)
-    precision = layout.precision if layout is not None else _PRECISIONS.get(run.precision) or _precision_of(
+    precision = layout.precision if layout is not None else _PRECISIONS.get(run.precision) or precision_of(
         run.precision, []
     )
     alternative_layouts: tuple[ParallelLayout, ...] = ()
@@ -394,48 +384,10 @@ def stage_memory_peak(model: TransformerConfig, layout: ParallelLayout, settings
     return max(stage.total for stage in stage_memory(model, layout, settings))
 
 
-def zero_stage_of(text: str, assumptions: list[str]) -> int:
-    """The ZeRO stage a row's words name: a stage number ('2', 'ZeRO-3', 'stage 1'), FSDP's names
-    (FULL_SHARD 3, SHARD_GRAD_OP 2), a distributed optimizer 1; 0 where they name none."""
-    lowered = text.lower()
-    match = re.search(r"(?:zero|stage)?[\s_-]*\b([0-3])\b", lowered)
-    if match:
-        return int(match.group(1))
-    for words, stage in (("shard_grad_op", 2), ("fsdp", 3), ("full_shard", 3), ("dist", 1)):
-        if words in lowered:
-            return stage
-    if lowered:
-        assumptions.append(f"ZeRO stage 0 ({text!r} names no stage)")
-    return 0
-
-
-def recompute_of(text: str, assumptions: list[str]) -> str:
-    """The recomputation a row's words name (full, selective, none), none where they name none."""
-    lowered = text.lower()
-    for mode in ("full", "selective", "none"):
-        if mode in lowered:
-            return mode
-    assumptions.append("no activation recomputation (the source leaves it open)" if not text else
-                       f"no activation recomputation ({text!r} names none of full, selective, none)")  # fmt: skip
-    return "none"
-
-
-def _precision_of(text: str, assumptions: list[str]) -> str:
-    """The layout precision a row's words name (fp8 before bf16 before fp16: "fp8 with bf16 master
-    weights" trains in fp8); bf16 where they name none."""
-    lowered = text.lower()
-    for word in ("fp8", "bf16", "fp16"):
-        if word in lowered:
-            return word
-    assumptions.append(f"bf16 (precision {text!r} names none of fp8, bf16, fp16)" if text else
-                       "bf16 (the row leaves the precision open)")  # fmt: skip
-    return "bf16"
-
-
 def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], device: str):
     """The row's ParallelLayout (or None and why), and the memory settings of its software stack."""
     family = run.source_family
-    precision = _PRECISIONS.get(run.precision) or _precision_of(run.precision, assumptions)
+    precision = _PRECISIONS.get(run.precision) or precision_of(run.precision, assumptions)
     if family == "nemo":
         # NeMo-Framework-Launcher performance configs: distributed_fused_adam with bf16 gradient sync
         # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp; the
