@@ -200,3 +200,17 @@ def test_a_global_batch_that_does_not_divide_into_the_replicas_is_rounded_and_sa
     row = map_run(other_stack_row(global_batch=1000))
     assert isinstance(row, MappedRun) and row.layout is not None and row.layout.global_batch == 992
     assert any(note.startswith("global batch 1000 taken as 992") for note in row.assumptions)
+
+
+def test_a_planned_layout_rounds_a_batch_no_layout_divides_to_each_layout_s_nearest_multiple():
+    """992 GPUs (124 nodes) with TP 8 and a global batch of 2048: no pipeline depth divides both the
+    96 layers and the GPUs into replicas that 2048 divides, so each layout runs 2048 rounded to the
+    nearest multiple of its micro-batch x dp, and the note says so."""
+    run = next(run for run in load_llm_runs() if run.id == "LLM-067")
+    odd = dataclasses.replace(run, gpus=992, tp=8, global_batch=2048, notes="")
+    (prediction,) = llm_validation.predict_runs([odd])
+    assert not prediction.reason and prediction.mapped is not None and prediction.mapped.layout is not None
+    layout = prediction.mapped.layout
+    step = layout.micro_batch * layout.dp
+    assert layout.tp == 8 and layout.global_batch == max(step, round(2048 / step) * step) != 2048
+    assert prediction.mapped.assumptions[-1].endswith("rounded to the nearest multiple of micro-batch x dp")

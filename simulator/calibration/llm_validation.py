@@ -145,6 +145,10 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     if run.recompute:
         fixed["recompute"] = recompute_of(run.recompute, [])
     layouts = list(planner.candidate_layouts(mapped.model, cluster, run.global_batch, fixed))
+    rounded = ""
+    if not layouts:  # the batch divides into no layout's replicas: each layout runs its nearest multiple
+        layouts = _nearest_batch_layouts(planner, mapped.model, cluster, run.global_batch, fixed)
+        rounded = f"; global batch {run.global_batch} rounded to the nearest multiple of micro-batch x dp"
     ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
                                          changes=transformer_changes(mapped.model))  # fmt: skip
     if not layouts:
@@ -155,11 +159,27 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     best = ranked[0].layout
     note = (f"layout not stated: {planner.layout_text(best)}, the best of {len(layouts)} for its GPUs and batch by "
             f"ddlsim plan (flags from the notes: {', '.join(sorted(stack)) or 'none'}); the interval spans the next "
-            f"{len(ranked) - 1}")  # fmt: skip
+            f"{len(ranked) - 1}{rounded}")  # fmt: skip
     options = tuple(item for item in stack.items() if item[0] in planner.STACK_OPTIONS)  # the rest are layout fields
     return dataclasses.replace(mapped, layout=best, layout_missing="", assumptions=(*mapped.assumptions, note),
                                alternative_layouts=tuple(candidate.layout for candidate in ranked[1:]),
                                options=options)  # fmt: skip
+
+
+def _nearest_batch_layouts(planner: Any, model: Any, cluster: Any, batch: int, fixed: dict[str, Any]) -> list[Any]:
+    """Every layout whose global batch is ``batch`` rounded to the nearest multiple of its own
+    micro-batch x dp (the planner's candidates at each such batch, kept where the rounding is theirs)."""
+
+    def nearest(step: int) -> int:
+        return max(step, round(batch / step) * step)
+
+    replicas = [dp for dp in range(1, cluster.gpus + 1) if cluster.gpus % dp == 0]
+    steps = {dp * micro for dp in replicas for micro in planner.MICRO_BATCHES}
+    layouts = []
+    for size in sorted({nearest(step) for step in steps}):
+        layouts += [layout for layout in planner.candidate_layouts(model, cluster, size, fixed)
+                    if layout.global_batch == nearest(layout.micro_batch * layout.dp)]  # fmt: skip
+    return layouts
 
 
 def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | None = None) -> list[LlmPrediction]:
