@@ -48,6 +48,8 @@ def test_words_that_name_no_device_are_none():
         ("800 Gbps EDR", "v100_sxm3", ("nvswitch", "ib_edr", 8)),  # a node total over EDR's 100 Gb/s
         ("RoCE 400G, 8 NICs", "h100_sxm5", ("nvswitch3", "roce_400g", 8)),
         ("InfiniBand 200 Gb/s", "a100_sxm4", ("nvswitch2", "ib_hdr", 8)),
+        ("NVLink; Omni-Path 4x", "a100_sxm4_80gb", ("nvswitch2", "opa_100", 4)),
+        ("4x 100 Gbps EFA", "a100_sxm4", ("nvswitch2", "roce_100g", 4)),
     ],
 )
 def test_an_interconnect_is_read_by_generation_and_adapter_count(text, device, expected):

@@ -128,6 +128,10 @@ def _network_words(lowered: str) -> tuple[str | None, float]:
             return _IB_BY_RATE[nearest], nearest
     if "aries" in lowered:
         return "aries", 0.0
+    if "omni-path" in lowered or "omnipath" in lowered or re.search(r"\bopa\b", lowered):
+        return "opa_100", 100.0
+    if re.search(r"\befa\b", lowered):  # AWS Elastic Fabric Adapter: RDMA over Ethernet, 100 Gb/s a NIC (p4d)
+        return "roce_100g", 100.0
     return None, 0.0
 
 
@@ -148,7 +152,7 @@ def _adapter_count(lowered: str, rate: float) -> int | None:
                       lowered)  # fmt: skip
     if match:
         return int(match.group(1))
-    match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered)
+    match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered) or re.search(r"\b(\d+)\s*x\b", lowered)
     if match:
         return int(match.group(1))
     total = _rate_in_text(lowered)
