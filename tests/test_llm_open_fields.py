@@ -184,13 +184,12 @@ def test_a_planned_layout_keeps_the_sharding_and_recomputation_the_row_states():
 
 
 def test_a_row_from_another_source_runs_as_current_stacks_do():
-    """FlashAttention on for a row from a source after the 2020-2022 papers on Ampere or later, off on
-    a V100 (it needs Ampere); a pipeline whose stages do not divide the layers gets lighter ends, as
-    Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
-    newer = map_run(other_stack_row(source="A later paper"))
-    assert isinstance(newer, MappedRun) and newer.layout is not None and newer.layout.flash_attention
-    older = map_run(other_stack_row(source="A later paper", gpu_type="V100 32GB"))
-    assert isinstance(older, MappedRun) and older.layout is not None and not older.layout.flash_attention
+    """FlashAttention on for a row from another source on Hopper or later, off on an A100 (whose
+    flagship runs predate it) and a V100; a pipeline whose stages do not divide the layers gets lighter
+    ends, as Llama 3 405B's 126 layers on 16 stages (7, 8 x 14, 7)."""
+    for gpu, flash in (("H100 SXM", True), ("A100 80GB", False), ("V100 32GB", False)):
+        row = map_run(other_stack_row(source="A later paper", gpu_type=gpu))
+        assert isinstance(row, MappedRun) and row.layout is not None and row.layout.flash_attention == flash, gpu
     llama = map_run(other_stack_row(source="A later paper", model="Llama 3.1 405B", layers=None, hidden=None,
                                     heads=None, tp=8, pp=16, dp=8, global_batch=1024, seq_len=8192))  # fmt: skip
     assert isinstance(llama, MappedRun) and llama.layout is not None

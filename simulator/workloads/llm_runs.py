@@ -430,14 +430,17 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
             assumptions.append(f"{virtual} interleaved chunks per stage (Calculon's configuration of this run)")
     elif run.pp > 1 and "interleaved" in run.notes:
         assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
-    # FlashAttention (2022) postdates the 2020-2022 papers' runs and needs Ampere or later; current stacks use it
-    pre_ampere = device.startswith(("v100", "p100", "k80", "k40", "k20", "m40", "p40", "titanx"))
-    flash = family not in ("narayanan", "korthikanti", "zero") and not pre_ampere
+    # FlashAttention (May 2022) postdates the 2020-2022 papers' runs; NeMo and Megatron-LM's current runs use
+    # it. A row from another source: on Hopper or later (after it), yes; on A100, whose flagship runs (Megatron,
+    # MT-NLG, OPT, BLOOM) came before it, no; it never ran on Volta or older
+    hopper_or_later = device.startswith(("h100", "h200", "b200", "gb200", "gb300", "mi300x", "gaudi2"))
+    flash = family in ("nemo", "megatron_readme") or (family == "other" and hopper_or_later)
     if flash:
         assumptions.append("FlashAttention")
+    elif family == "other":
+        assumptions.append(f"no FlashAttention (on {device} a run of another source is taken to predate it)")
     else:
-        assumptions.append("no FlashAttention (it postdates the source)" if not pre_ampere else
-                           f"no FlashAttention (it needs Ampere or later, not {device})")  # fmt: skip
+        assumptions.append("no FlashAttention (it postdates the source)")
     frozen = bool(re.search(r"\blora\b", run.model, flags=re.IGNORECASE))
     if frozen:
         assumptions.append(LORA_NOTE)
