@@ -50,6 +50,8 @@ def test_words_that_name_no_device_are_none():
         ("InfiniBand 200 Gb/s", "a100_sxm4", ("nvswitch2", "ib_hdr", 8)),
         ("NVLink; Omni-Path 4x", "a100_sxm4_80gb", ("nvswitch2", "opa_100", 4)),
         ("4x 100 Gbps EFA", "a100_sxm4", ("nvswitch2", "roce_100g", 4)),
+        ("4x NVLink per GPU; NDR", "h100_sxm5", ("nvswitch3", "ib_ndr", 8)),  # NVLinks are not adapters
+        ("NVSwitch 900GB/s; InfiniBand 200Gb/s", "h100_sxm5", ("nvswitch3", "ib_hdr", 8)),  # GB/s is NVLink's
     ],
 )
 def test_an_interconnect_is_read_by_generation_and_adapter_count(text, device, expected):

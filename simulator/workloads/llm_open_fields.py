@@ -101,31 +101,30 @@ def links_from_text(text: str, device: str) -> tuple[str, str, int, list[str]]:
     lowered = text.lower()
     _, intra, default_network, default_nics = node_of(device)
     assumptions: list[str] = []
-    network, rate = _network_words(lowered)
+    stated = _rate_in_text(text)
+    network, rate = _network_words(lowered, stated)
     if network is None:
         network, rate = default_network, _rate_of(default_network)
         assumptions.append(f"network {default_network} (the usual one of a {device} node; the row names none)")
-    nics = _adapter_count(lowered, rate)
+    nics = _adapter_count(lowered, rate, stated)
     if nics is None:
         nics = default_nics
         assumptions.append(f"{default_nics} network adapters per node (as {device}'s usual node; not stated)")
     return intra, network, nics, assumptions
 
 
-def _network_words(lowered: str) -> tuple[str | None, float]:
+def _network_words(lowered: str, stated: float | None) -> tuple[str | None, float]:
     for word, token, rate in _IB:
         if re.search(rf"\b{word}", lowered):
             return token, rate
     for kind, rates in _ETHERNET_RATES.items():
         if kind in lowered or (kind == "eth" and "ethernet" in lowered):
-            speed = _rate_in_text(lowered) or rates[-1]
+            speed = stated or rates[-1]
             best = min(rates, key=lambda r: abs(math.log(r / speed)))
             return f"{kind}_{best}g", best
-    if re.search(r"\bib\b|infiniband", lowered):
-        stated = _rate_in_text(lowered)
-        if stated:
-            nearest = min(_IB_BY_RATE, key=lambda r: abs(math.log(r / stated)))
-            return _IB_BY_RATE[nearest], nearest
+    if stated and re.search(r"\bib\b|infiniband", lowered):
+        nearest = min(_IB_BY_RATE, key=lambda r: abs(math.log(r / stated)))
+        return _IB_BY_RATE[nearest], nearest
     if "aries" in lowered:
         return "aries", 0.0
     if "omni-path" in lowered or "omnipath" in lowered or re.search(r"\bopa\b", lowered):
@@ -135,8 +134,9 @@ def _network_words(lowered: str) -> tuple[str | None, float]:
     return None, 0.0
 
 
-def _rate_in_text(lowered: str) -> float | None:
-    match = re.search(r"(\d+)\s*g(?:b(?:it)?s?|bps|b/s)?\b", lowered)
+def _rate_in_text(text: str) -> float | None:
+    """A link rate in Gb/s ('400G', '200 Gb/s', '100Gbps'), not a rate in bytes ('600GB/s' of NVLink)."""
+    match = re.search(r"(\d+)\s*(?:[Gg]b(?:it)?(?:/s|ps|s)?|[Gg](?![Bb]))\b", text)
     return float(match.group(1)) if match else None
 
 
@@ -147,15 +147,15 @@ def _rate_of(network: str) -> float:
     return next((rate for _, token, rate in _IB if token == network), 0.0)
 
 
-def _adapter_count(lowered: str, rate: float) -> int | None:
+def _adapter_count(lowered: str, rate: float, total: float | None) -> int | None:
     match = re.search(r"(\d+)\s*x\s*(?:\w+\s*)?(?:ndr|hdr|edr|xdr|fdr|ib|infiniband|roce|cx|connectx|nic|hca|\d+\s*g)",
                       lowered)  # fmt: skip
     if match:
         return int(match.group(1))
-    match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered) or re.search(r"\b(\d+)\s*x\b", lowered)
+    match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered) or re.search(
+        r"(?:omni-?path|\bopa|\befa|\bib|infiniband|roce|ethernet|[nhefx]dr)\W*(\d+)\s*x\b", lowered)  # "OPA 4x"
     if match:
         return int(match.group(1))
-    total = _rate_in_text(lowered)
     if total and rate and total > rate and total % rate == 0:
         return int(total // rate)  # a node total such as "800 Gbps" over the generation's rate
     return None
