@@ -37,8 +37,10 @@ from ddlsim.simulator.workloads.llm_runs import (
     LAYOUT_NOT_STATED,
     LlmRun,
     MappedRun,
+    is_lora,
     load_llm_runs,
     map_run,
+    nearest_multiple,
 )
 
 SOURCE_NOTE = "transformer_slowdown: fitted on the calibration rows (geometric median of measured / predicted time)"
@@ -129,7 +131,7 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     from ddlsim.simulator import planner
 
     run = mapped.run
-    if "lora" in run.model.lower():
+    if is_lora(run.model):
         return f"{mapped.layout_missing}, and the planner searches full training only, not LoRA fine-tuning"
     if not run.gpus or not run.global_batch:
         return f"{mapped.layout_missing}, nor both the GPUs and the global batch to choose one"
@@ -149,10 +151,10 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     if not layouts:  # the batch divides into no layout's replicas: each layout runs its nearest multiple
         layouts = _nearest_batch_layouts(planner, mapped.model, cluster, run.global_batch, fixed)
         rounded = f"; global batch {run.global_batch} rounded to the nearest multiple of micro-batch x dp"
-    ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
-                                         changes=transformer_changes(mapped.model))  # fmt: skip
     if not layouts:
         return f"{mapped.layout_missing}, and no layout of its model divides its {run.gpus} GPUs and global batch"
+    ranked, _ = planner.branch_and_bound(mapped.model.name, mapped.model, cluster, layouts, keep=3,
+                                         changes=transformer_changes(mapped.model))  # fmt: skip
     if not ranked:
         return f"{mapped.layout_missing}, and none of the {len(layouts)} layouts of its model fits its GPUs"
     ranked = ranked[:3]
@@ -170,15 +172,12 @@ def _nearest_batch_layouts(planner: Any, model: Any, cluster: Any, batch: int, f
     """Every layout whose global batch is ``batch`` rounded to the nearest multiple of its own
     micro-batch x dp (the planner's candidates at each such batch, kept where the rounding is theirs)."""
 
-    def nearest(step: int) -> int:
-        return max(step, round(batch / step) * step)
-
     replicas = [dp for dp in range(1, cluster.gpus + 1) if cluster.gpus % dp == 0]
     steps = {dp * micro for dp in replicas for micro in planner.MICRO_BATCHES}
     layouts = []
-    for size in sorted({nearest(step) for step in steps}):
+    for size in sorted({nearest_multiple(batch, step) for step in steps}):
         layouts += [layout for layout in planner.candidate_layouts(model, cluster, size, fixed)
-                    if layout.global_batch == nearest(layout.micro_batch * layout.dp)]  # fmt: skip
+                    if layout.global_batch == nearest_multiple(batch, layout.micro_batch * layout.dp)]  # fmt: skip
     return layouts
 
 

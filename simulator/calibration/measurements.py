@@ -83,11 +83,12 @@ POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 # PyTorch DistributedDataParallel (``ddp``) and DeepSpeed reduce with NCCL on GPUs (their documented
 # GPU backend) and MPI or Gloo on CPUs. Library builds named for the library ddlsim models: RCCL is
 # ROCm's port of NCCL (the same ring and tree algorithms); Intel MPI and MVAPICH2 derive from MPICH.
+_NCCL_ON_GPUS = {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"}
 _MPI_EVERYWHERE = {"gpu": "mpich", "cpu": "mpich", "manycore": "mpich"}
 LIBRARY_BUILDS = ("rccl", "intel_mpi", "mvapich2")
 FRAMEWORK_LIBRARIES = {
-    "horovod": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"},
-    "ddp": {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"},
+    "horovod": _NCCL_ON_GPUS,
+    "ddp": _NCCL_ON_GPUS,
     "deepspeed": {"gpu": "nccl"},
     "rccl": {"gpu": "nccl"},
     "intel_mpi": _MPI_EVERYWHERE,
@@ -312,8 +313,11 @@ def parse_row(raw: dict[str, str], path: Path, line: int, tokens: dict[str, tupl
         kind_of_device = load_device(device).kind if device in device_names() else ""
         library = FRAMEWORK_LIBRARIES[algorithm].get(kind_of_device, "")
         verb = "modelled as" if algorithm in LIBRARY_BUILDS else "reduces with"
-        said = f"{algorithm} {verb} {library} on {kind_of_device} devices" if library else ""
-        said = said or f"{algorithm}: library left open"
+        said = (
+            f"{algorithm} {verb} {library} on {kind_of_device} devices"
+            if library
+            else f"{algorithm}: library left open"
+        )
         algorithm, notes = library, f"{notes}; {said}" if notes else said
     return Measurement(
         id=row_id,

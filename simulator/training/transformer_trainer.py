@@ -200,8 +200,8 @@ class TransformerCosts:
         divisor = cp * (tp if split else 1)
         # frozen weights: a product's backward computes its input gradient only (half its usual backward)
         frozen = backward and layout.frozen_weights and part.parameters > 0
-        flops = (part.backward_flops * (0.5 if frozen else 1.0) if backward else part.forward_flops
-                 ) * part.executed_factor * b / divisor  # fmt: skip
+        pass_flops = part.backward_flops if backward else part.forward_flops
+        flops = pass_flops * (0.5 if frozen else 1.0) * part.executed_factor * b / divisor
         saved = b * part.saved.bytes(
             tp, layout.sequence_parallel, layout.flash_attention, layout.recompute != "selective",
             self.activation_bytes,

@@ -35,7 +35,7 @@ from ddlsim.simulator.workloads.llm_open_fields import (
 )
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
-from ddlsim.simulator.workloads.transformer_memory import MemorySettings, settings_for, stage_memory
+from ddlsim.simulator.workloads.transformer_memory import MemorySettings, peak_memory, settings_for
 
 DATA_FILE = Path(__file__).resolve().parent.parent / "calibration" / "data" / "llm_dev.csv"
 
@@ -44,7 +44,6 @@ COLUMNS = (
     "gpus", "gpu_type", "interconnect", "tp", "pp", "dp", "cp_or_sp", "ep", "zero_stage", "recompute", "precision",
     "metric", "value", "notes",
 )  # fmt: skip
-METRICS = ("tflops_per_gpu", "mfu", "iteration_s", "time_to_train_min")  # the data set's; another is that row's reason
 _INTEGERS = ("layers", "hidden", "heads", "seq_len", "global_batch", "micro_batch", "gpus", "tp", "pp", "dp", "ep")
 
 
@@ -155,7 +154,6 @@ _MODELS = {
     "Nemotron-22B": "nemotron_22b",
     "GPT-3 175B (vocab 131072)": "gpt3_175b",
 }
-_UNMODELLED: dict[str, str] = {}  # published model names ddlsim declines, with the reason
 LORA_NOTE = ("LoRA: base weights frozen (the backward computes input gradients only; no weight gradients, "
              "optimizer states or update); the adapters' own small products and states are left out")  # fmt: skip
 _DEVICES = {"A100-80GB": "a100_sxm4_80gb", "H100-80GB SXM (DGX H100)": "h100_sxm5", "H100-80GB": "h100_sxm5",
@@ -175,6 +173,23 @@ _PRECISIONS = {"fp16 mixed": "fp16", "fp8": "fp8", "bf16 (FP8 not stated)": "bf1
 
 
 LAYOUT_NOT_STATED = "tp, pp or dp is not in the row"
+_LORA = re.compile(r"\s*\blora\b", re.IGNORECASE)
+
+
+def is_lora(model_name: str) -> bool:
+    """Whether a published model name is a LoRA fine-tuning run (its base weights frozen)."""
+    return bool(_LORA.search(model_name))
+
+
+def row_precision(run: LlmRun, assumptions: list[str]) -> str:
+    """The layout precision a row names: the data set's wording first, then its words."""
+    return _PRECISIONS.get(run.precision) or precision_of(run.precision, assumptions)
+
+
+def nearest_multiple(batch: int, step: int) -> int:
+    """``batch`` rounded to the nearest multiple of ``step`` (at least ``step``): the global batch of
+    whole micro-batches on every replica nearest a published one."""
+    return max(step, round(batch / step) * step)
 
 
 @dataclass(frozen=True)
@@ -195,7 +210,11 @@ class MappedRun:
     # other readings of what the row leaves open (shapes of a model given by its size): the interval spans them
     alternatives: tuple[TransformerConfig, ...] = ()
     alternative_layouts: tuple[ParallelLayout, ...] = ()  # other readings of an open batch or layout
-    precision: str = "bf16"  # the layout precision the row names (for a layout still to be chosen)
+
+    @property
+    def precision(self) -> str:
+        """The layout's precision, or the one the row names while its layout is still to be chosen."""
+        return self.layout.precision if self.layout is not None else row_precision(self.run, [])
 
     @property
     def memory_unchecked(self) -> str:
@@ -276,7 +295,7 @@ KORTHIKANTI_CHUNKS = {"gpt3_175b": 3, "megatron_530b": 3, "megatron_1t": 1}
 def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, ...], str] | str:
     """The row's model (a catalog entry, or a catalog decoder reshaped to what the row gives), other
     readings of it, and the assumption made; or why there is none."""
-    name = re.sub(r"\s*\blora\b", "", run.model, flags=re.IGNORECASE)  # the base model of a LoRA run
+    name = _LORA.sub("", run.model)  # the base model of a LoRA run
     token = _megatron_by_dimensions(run) if name == "GPT (Megatron)" else _MODELS.get(name)
     token = token or catalog_model_by_name(name)
     if token is not None:
@@ -295,8 +314,6 @@ def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, 
 
 def map_run(run: LlmRun) -> MappedRun | Unmapped:
     """Map one row, or say why it cannot be mapped."""
-    if run.model in _UNMODELLED:
-        return Unmapped(run, _UNMODELLED[run.model])
     found = _model_of(run)
     if isinstance(found, str):
         return Unmapped(run, found)
@@ -335,9 +352,6 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions, device)
-    precision = layout.precision if layout is not None else _PRECISIONS.get(run.precision) or precision_of(
-        run.precision, []
-    )
     alternative_layouts: tuple[ParallelLayout, ...] = ()
     if layout is not None and run.micro_batch is None and run.global_batch is None:
         layout, alternative_layouts, note = _fullest_batch(model, layout, settings, device, bool(run.recompute))
@@ -350,7 +364,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
-                     alternatives, alternative_layouts, precision)  # fmt: skip
+                     alternatives, alternative_layouts)  # fmt: skip
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
@@ -366,7 +380,7 @@ def _fullest_batch(model: TransformerConfig, layout: ParallelLayout, settings: M
     for recompute in tried:
         trial = dataclasses.replace(layout, recompute=recompute)
         fitting = [micro for micro in BATCHES
-                   if stage_memory_peak(model, dataclasses.replace(trial, micro_batch=micro), settings) <= capacity]
+                   if peak_memory(model, dataclasses.replace(trial, micro_batch=micro), settings).fits(capacity)]
         if fitting:
             break
     micro = fitting[0] if fitting else 1
@@ -379,15 +393,10 @@ def _fullest_batch(model: TransformerConfig, layout: ParallelLayout, settings: M
     return chosen, alternatives, note
 
 
-def stage_memory_peak(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings) -> float:
-    """Bytes of the fullest pipeline rank (with the default allowances)."""
-    return max(stage.total for stage in stage_memory(model, layout, settings))
-
-
 def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], device: str):
     """The row's ParallelLayout (or None and why), and the memory settings of its software stack."""
     family = run.source_family
-    precision = _PRECISIONS.get(run.precision) or precision_of(run.precision, assumptions)
+    precision = row_precision(run, assumptions)
     if family == "nemo":
         # NeMo-Framework-Launcher performance configs: distributed_fused_adam with bf16 gradient sync
         # keeps bf16 gradients and bf16 master remainders (plus fp32 moments) sharded over dp x cp; the
@@ -441,7 +450,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
         assumptions.append(f"no FlashAttention (on {device} a run of another source is taken to predate it)")
     else:
         assumptions.append("no FlashAttention (it postdates the source)")
-    frozen = bool(re.search(r"\blora\b", run.model, flags=re.IGNORECASE))
+    frozen = is_lora(run.model)
     if frozen:
         assumptions.append(LORA_NOTE)
     layout = ParallelLayout(
@@ -453,7 +462,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
     layout = _uneven_ends(layout, model, assumptions)
     per_step = layout.micro_batch * layout.dp
     if layout.global_batch is not None and layout.global_batch % per_step:
-        rounded = max(per_step, round(layout.global_batch / per_step) * per_step)
+        rounded = nearest_multiple(layout.global_batch, per_step)
         assumptions.append(f"global batch {layout.global_batch} taken as {rounded}, the nearest multiple of "
                            f"micro-batch x dp = {per_step} (whole micro-batches on every replica)")  # fmt: skip
         layout = dataclasses.replace(layout, global_batch=rounded)
