@@ -45,6 +45,10 @@ class Transport(Protocol):
 
     def barrier(self) -> None: ...
 
+    def close(self) -> None:
+        """Release the library's resources; this rank sends nothing after it (idempotent)."""
+        ...
+
     def reference(self, collective: str, array: np.ndarray, root: int = 0) -> np.ndarray:
         """The library's own collective on ``array``, with plain MPI semantics: allreduce, reduce
         (result on ``root``), broadcast (from ``root``) return full arrays; reduce_scatter returns
@@ -129,6 +133,9 @@ class MpiTransport:
 
     def barrier(self) -> None:
         self.comm.Barrier()
+
+    def close(self) -> None:
+        """Nothing to release: mpi4py finalizes MPI when the interpreter exits."""
 
     def dup(self) -> MpiTransport:
         """A transport on a duplicated communicator: its messages never match this one's."""

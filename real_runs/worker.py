@@ -112,14 +112,19 @@ def run(mode: str, scenario: dict[str, Any], out: Path) -> int:
     """Run ``mode`` on this rank (already under mpiexec or with a gloo environment); exit status."""
     transport = make_transport(scenario.get("backend", "mpi"))
     try:
-        check_scenario(transport, scenario)
-    except ScenarioMismatch as error:
-        print(f"ddlsim: error: rank {transport.rank}: {error}", file=sys.stderr, flush=True)
-        return SCENARIO_MISMATCH_EXIT
-    out.mkdir(parents=True, exist_ok=True)
-    MODES[mode](transport, scenario, out)
-    transport.barrier()
-    return 0
+        try:
+            check_scenario(transport, scenario)
+        except ScenarioMismatch as error:
+            print(f"ddlsim: error: rank {transport.rank}: {error}", file=sys.stderr, flush=True)
+            return SCENARIO_MISMATCH_EXIT
+        out.mkdir(parents=True, exist_ok=True)
+        MODES[mode](transport, scenario, out)
+        transport.barrier()
+        return 0
+    finally:
+        # gloo's worker threads must be joined before the interpreter exits: a process group left
+        # to the exit handlers aborts now and then ("terminate called without an active exception")
+        transport.close()
 
 
 def main(argv: list[str] | None = None) -> int:
