@@ -201,5 +201,24 @@ def test_from_env_names_missing_variables(monkeypatch):
         GlooTransport.from_env()
 
 
+@pytest.mark.parametrize("mode", ["finishes", "fails"])
+def test_a_worker_leaves_the_process_group_however_it_ends(monkeypatch, tmp_path, mode):
+    """A group left to the interpreter's exit handlers can abort the rank after its work is done."""
+    import torch.distributed as dist
+
+    from ddlsim.real_runs import worker
+
+    environment = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    if mode == "finishes":
+        assert worker.run("bench", {"backend": "gloo", "bench": {"benchmarks": []}}, tmp_path) == 0
+        assert (tmp_path / "measurements.csv").exists()
+    else:
+        with pytest.raises(KeyError, match="train"):
+            worker.run("train", {"backend": "gloo"}, tmp_path)
+    assert not dist.is_initialized()
+
+
 if __name__ == "__main__":
     _worker(sys.argv[1])
