@@ -185,16 +185,12 @@ def scenario_of(
     run makes them to the catalog model (``Scenario.transformer_changes``)."""
     from ddlsim.algorithms.training_algorithm import make_options
 
-    values = {name: getattr(layout, name) for name in (
-        "tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "virtual_stages", "sequence_parallel",
-        "zero_stage", "recompute", "grad_reduce_in_fp32", "tp_comm_overlap", "zero3_prefetch",
-        "fp8_attention_and_logits")}  # fmt: skip
     options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
         intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,
         precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False, transformer_changes=changes,
-        options=make_options("megatron", {"layout": values, **options}),
+        options=make_options("megatron", {"layout": layout, **options}),
     )  # fmt: skip
 
 

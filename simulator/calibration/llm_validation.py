@@ -82,24 +82,22 @@ class LlmPrediction:
 
 def scenario_of(mapped: MappedRun) -> Any:
     """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran)."""
-    from ddlsim.algorithms.training_algorithm import make_options
-    from ddlsim.simulator.scenario import Scenario
+    from ddlsim.simulator import planner
 
     assert mapped.layout is not None
-    changes = transformer_changes(mapped.model)
-    gpus = mapped.layout.gpus
+    cluster = cluster_of(mapped, mapped.layout.gpus, mapped.options)
+    return planner.scenario_of(mapped.model.name, cluster, mapped.layout, transformer_changes(mapped.model))
+
+
+def cluster_of(mapped: MappedRun, gpus: int, stack: tuple[tuple[str, Any], ...]) -> Any:
+    """``gpus`` of the row's device as a ``planner.Cluster``, in its catalog node (or the DGX of its
+    generation), on the row's network (HDR InfiniBand where it names none), with ``stack``."""
+    from ddlsim.simulator import planner
+
     per_node = devices_per_node(mapped.device, gpus)
-    layout = {
-        key: value for key, value in dataclasses.asdict(mapped.layout).items()
-        if key not in ("first_stage_layers", "last_stage_layers") or value is not None
-    }  # fmt: skip
-    return Scenario(
-        workload=mapped.model.name, algorithm="megatron", device=mapped.device, devices_per_node=per_node,
-        intra_node=mapped.intra_node_link if per_node > 1 else None, network=mapped.network or "ib_hdr",
-        nics_per_node=min(mapped.nics_per_node, per_node), precision=mapped.layout.precision,
-        nodes=(gpus // per_node,), enforce_memory=False, transformer_changes=changes,
-        options=make_options("megatron", {"layout": layout, **dict(mapped.options)}),
-    )  # fmt: skip
+    return planner.Cluster(mapped.device, gpus, per_node, mapped.intra_node_link if per_node > 1 else None,
+                           mapped.network or "ib_hdr", min(mapped.nics_per_node, per_node), mapped.precision,
+                           stack)  # fmt: skip
 
 
 def transformer_changes(model: Any) -> tuple[tuple[str, int], ...]:
@@ -135,11 +133,8 @@ def planned(mapped: MappedRun) -> MappedRun | str:
         return f"{mapped.layout_missing}, and the planner searches full training only, not LoRA fine-tuning"
     if not run.gpus or not run.global_batch:
         return f"{mapped.layout_missing}, nor both the GPUs and the global batch to choose one"
-    per_node = devices_per_node(mapped.device, run.gpus)
     stack = dict(mapped.options) | {flag.replace("-", "_"): True for flag in STACK_FLAGS if f"--{flag}" in run.notes}
-    cluster = planner.Cluster(mapped.device, run.gpus, per_node, mapped.intra_node_link if per_node > 1 else None,
-                              mapped.network or "ib_hdr", min(mapped.nics_per_node, per_node), mapped.precision,
-                              tuple(stack.items()))  # fmt: skip
+    cluster = cluster_of(mapped, run.gpus, tuple(stack.items()))
     stated = ("tp", "pp", "dp", "micro_batch")
     fixed: dict[str, Any] = {name: getattr(run, name) for name in stated if getattr(run, name)}
     if run.zero_stage:
