@@ -90,8 +90,8 @@ def scenario_of(mapped: MappedRun) -> Any:
 
 
 def cluster_of(mapped: MappedRun, gpus: int, stack: tuple[tuple[str, Any], ...]) -> Any:
-    """``gpus`` of the row's device as a ``planner.Cluster``, in its catalog node (or the DGX of its
-    generation), on the row's network (HDR InfiniBand where it names none), with ``stack``."""
+    """``gpus`` of the row's device as a ``planner.Cluster``, in its catalog node (an 8-card server
+    for a PCIe card), on the row's network (HDR InfiniBand where it names none), with ``stack``."""
     from ddlsim.simulator import planner
 
     per_node = devices_per_node(mapped.device, gpus)
@@ -111,7 +111,7 @@ def transformer_changes(model: Any) -> tuple[tuple[str, int], ...]:
 
 
 def devices_per_node(device: str, gpus: int) -> int:
-    """The catalog's node (or the DGX of the device's generation); fewer GPUs than a node: one node."""
+    """The catalog's node (an 8-card server for a PCIe card); fewer GPUs than a node: one node."""
     from ddlsim.simulator.workloads.llm_open_fields import node_of
 
     per_node = node_of(device)[0]

@@ -42,16 +42,10 @@ if TYPE_CHECKING:
 
 DEFAULT = Scenario()
 
-# Intra-node link of each SXM part's usual server, for --device without --intra-node (parts whose
-# datasheet has a [system] table take its link instead)
-SXM_INTRA_NODE = {
-    "p100_sxm2": "nvlink1",
-    "v100_sxm2": "nvlink2",
-    "v100_sxm3": "nvswitch",
-    "v100_sxm3_h": "nvswitch",
-}
 SERVER_COLUMNS = ("comm_share", "server_utilisation", "server_queue_s", "staleness_mean", "staleness_p99")
 TTA_COLUMNS = ("steps_to_target", "time_to_accuracy_s")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate",
@@ -220,7 +214,7 @@ def _device_defaults(values: dict[str, Any], given: set[str]) -> None:
                  "network": system.network, "nics_per_node": system.nics_per_node}  # fmt: skip
     else:
         per_node = 8 if device.kind == "gpu" else 1
-        intra = SXM_INTRA_NODE.get(device.token, "pcie3_x16" if device.kind == "gpu" else "upi")
+        intra = "pcie3_x16" if device.kind == "gpu" else "upi"
         shape = {"devices_per_node": per_node, "intra_node": intra, "nics_per_node": 1}
     if "devices_per_node" in given:
         shape.pop("nics_per_node")

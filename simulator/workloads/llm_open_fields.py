@@ -12,7 +12,7 @@ which the row's note lists. None means the text names nothing they know.
 - ``links_from_text``: the network generation (NDR, HDR, EDR, RoCE 400 Gb/s...) and the count of
   adapters ("8x", or a node total such as "800 Gbps" over the generation's rate); whatever the text
   leaves open comes from the device's node in the catalog (its ``[system]``), or for the parts
-  without one from the DGX of their generation (``NODES``).
+  without one (PCIe cards) as 8 to a server on one EDR InfiniBand adapter (``PCIE_SERVER``).
 - ``catalog_model_by_name``, ``zero_stage_of``, ``recompute_of``, ``precision_of``: a model by its
   published name, and a run's optimizer sharding, recomputation and precision by their words.
 - ``shape_from_parameters``: the decoder shape of a GPT-like model of a given size, from the
@@ -53,16 +53,9 @@ _DEVICE_PATTERNS: tuple[tuple[str, str, str], ...] = (
     (r"tpu ?v4", "tpu_v4", ""),
     (r"tpu ?v3", "tpu_v3", ""),
 )
-# The node of a device whose catalog entry has none ([system]): (devices per node, intra-node link,
-# network, adapters), each the DGX of its generation (NVIDIA DGX-1/DGX-2 system user guides).
-NODES = {
-    "v100_sxm2": (8, "nvlink2", "ib_edr", 4),
-    "v100_sxm3": (16, "nvswitch", "ib_edr", 8),
-    "v100_pcie": (8, "pcie3_x16", "ib_edr", 1),
-    "v100s_pcie": (8, "pcie3_x16", "ib_edr", 1),
-    "p100_sxm2": (8, "nvlink1", "ib_edr", 4),
-    "p100_pcie": (8, "pcie3_x16", "ib_fdr", 1),
-}
+# The node of a device whose catalog entry has none ([system]: PCIe cards, which no one system
+# defines): (devices per node, intra-node link, network, adapters) of an 8-card server on one adapter
+PCIE_SERVER = (8, "pcie3_x16", "ib_edr", 1)
 # network words -> (token, per-adapter rate in Gb/s); RoCE and Ethernet take their token from the rate
 _IB = (("xdr", "ib_xdr", 800), ("ndr", "ib_ndr", 400), ("hdr", "ib_hdr", 200), ("edr", "ib_edr", 100),
        ("fdr", "ib_fdr", 56))  # fmt: skip
@@ -93,7 +86,7 @@ def node_of(device: str) -> tuple[int, str, str, int]:
     system = load_device(device).system
     if system is not None:
         return system.devices_per_node, system.intra_node_link, system.network, system.nics_per_node
-    return NODES.get(device, (8, "pcie3_x16", "ib_edr", 1))
+    return PCIE_SERVER
 
 
 def links_from_text(text: str, device: str) -> tuple[str, str, int, list[str]]:
