@@ -94,6 +94,14 @@ class Device:
                 return max(fp32, self.peak_flops[key])
         return fp32
 
+    def mixed_precision(self) -> str:
+        """The 16-bit format a transformer trains in on this part: bf16 where it has bf16 units at
+        least as fast as its fp16 ones (Ampere and later, TPUs), fp16 where only fp16 is fast (Volta's
+        tensor cores), else bf16 (neither is faster than fp32 here)."""
+        fp32 = self.peak_flops["fp32"]
+        bf16, fp16 = self.peak_flops.get("bf16", 0.0), self.peak_flops.get("fp16", 0.0)
+        return "fp16" if fp16 > fp32 and fp16 > bf16 else "bf16"
+
     def efficiency_for(self, layer_type: str) -> float:
         return self.layer_efficiency.get(layer_type, self.compute_efficiency)
 
@@ -115,7 +123,7 @@ class Link:
     efficiency: float
     links_per_device: int = 1
     sources: dict[str, str] = field(default_factory=dict)
-    domain_size: int = 0  # devices one scale-up domain joins at the port bandwidth (0: not stated)
+    domain_size: int = 0  # devices one scale-up domain joins (a mesh's not all at the port bandwidth; 0: not stated)
     topology: str = ""  # switch | full_mesh | torus_3d | point_to_point ("": not stated)
 
     @property

@@ -74,6 +74,8 @@ def test_layouts_that_do_not_fit_are_kept_with_their_reason(tmp_path, capsys):
         (["--model", "llama3_8b", "--gpus", "16", "--global-batch", "3", "--dp", "2"], "no valid layout of llama3_8b"),
         (["--model", "llama3_8b", "--gpus", "16", "--zero-stage", "4"], "--zero-stage must be 0, 1, 2 or 3, got 4"),
         (["--model", "llama3_8b", "--gpus", "16", "--fp8-attention-and-logits"],
+         "--fp8-attention-and-logits needs --precision fp8, got the default precision"),
+        (["--model", "llama3_8b", "--gpus", "16", "--precision", "bf16", "--fp8-attention-and-logits"],
          "--fp8-attention-and-logits needs --precision fp8, got --precision bf16"),
     ],
 )  # fmt: skip
@@ -209,6 +211,28 @@ def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
     assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err
+
+
+def test_a_volta_node_plans_in_fp16_by_default_and_says_what_bf16_would_cost(tmp_path, capsys):
+    """V100 has fp16 tensor cores (125 TFLOP/s) and no bf16 units (bf16 runs at its 15.7 TFLOP/s
+    fp32 rate): the default is fp16; bf16 asked for is kept and said to be 8x slower at peak. The
+    DGX-2's node comes from the datasheet: 16 GPUs on NVSwitch, 8 EDR adapters."""
+    from ddlsim.simulator.records import read_csv
+
+    base = ["plan", "--model", "llama3_8b", "--gpus", "32", "--device", "v100_sxm3", "--global-batch", "64",
+            "--top", "1", "--no-progress"]  # fmt: skip
+    assert main([*base, "--out", str(tmp_path / "default")]) == 0
+    header = capsys.readouterr().out.splitlines()[:2]
+    assert header[0].startswith("# llama3_8b on 32 v100_sxm3 (2 nodes of 16, nvswitch, 8 x ib_edr)"), header
+    assert header[1] == "# precision fp16 (the default: v100_sxm3 has no fast bf16 units)"
+    assert main([*base, "--precision", "bf16", "--out", str(tmp_path / "bf16")]) == 0
+    note = capsys.readouterr().out.splitlines()[1]
+    assert note == ("# precision bf16 as asked; v100_sxm3 has no bf16 units: runs it at 15.7 TFLOP/s, "
+                    "--precision fp16 at 125.0")
+    fp16, bf16 = (float(read_csv(tmp_path / name / "layouts.csv")[0]["tokens_per_s"]) for name in ("default", "bf16"))
+    assert fp16 > 3 * bf16  # compute dominates: far from the 8x of the peaks, well past noise
+    assert main(["plan", "--model", "llama3_8b", "--gpus", "16", "--top", "1", "--no-progress"]) == 0
+    assert capsys.readouterr().out.splitlines()[1] == "# precision bf16 (the default)"
 
 
 @pytest.mark.mpi

@@ -45,7 +45,8 @@ def register(subparsers) -> None:
     parser.add_argument("--gpus", type=int, required=True, help="GPUs in all (a multiple of the device's node)")
     parser.add_argument("--device", default="h100_sxm5", help="catalog device with a node shape (default h100_sxm5)")
     parser.add_argument("--global-batch", type=int, default=1024, help="sequences per iteration (default 1024)")
-    parser.add_argument("--precision", default="bf16", choices=("bf16", "fp16", "fp8"))
+    parser.add_argument("--precision", default=None, choices=("bf16", "fp16", "fp8"),
+                        help="default: bf16, or fp16 on a device without fast bf16 (V100, P100)")  # fmt: skip
     for name, kind in FIXABLE.items():
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, default=None, help=f"fix {name} instead of searching it")
@@ -90,7 +91,8 @@ def _check(args: argparse.Namespace) -> dict[str, Any]:
     if not 0 <= args.tolerance < 1:
         raise InputError(f"--tolerance must be a fraction in [0, 1), got {args.tolerance}")
     if args.fp8_attention_and_logits and args.precision != "fp8":
-        raise InputError(f"--fp8-attention-and-logits needs --precision fp8, got --precision {args.precision}")
+        given = f"--precision {args.precision}" if args.precision else "the default precision"
+        raise InputError(f"--fp8-attention-and-logits needs --precision fp8, got {given}")
     for name in ("train_tokens", "price_per_gpu_hour"):
         value = getattr(args, name)
         if not value >= 0 or value == float("inf"):
@@ -132,7 +134,8 @@ def run(args: argparse.Namespace) -> int:
     out = args.out
     check_output(out, "directory", files=OUTPUT_FILES)
     config = planner.load_model(args.model)
-    cluster = planner.Cluster.of(args.device, args.gpus, args.precision, stack_of(args))
+    precision, precision_note = _precision(args.precision, load_device(args.device))
+    cluster = planner.Cluster.of(args.device, args.gpus, precision, stack_of(args))
     if "tp" in fixed:  # a fixed TP the model cannot take: say which rule, not just "nothing fits"
         if fixed["tp"] > cluster.devices_per_node:
             raise InputError(f"--tp {fixed['tp']} is larger than a node's {cluster.devices_per_node} GPUs "
@@ -194,6 +197,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
           f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
           f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
+    print(f"# {precision_note}")
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)
     if args.recheck:
@@ -205,6 +209,20 @@ def run(args: argparse.Namespace) -> int:
         _write(out, rows, candidates)
         print(f"# wrote {out / 'layouts.csv'}, {out / 'layouts.parquet'}")
     return 0
+
+
+def _precision(given: str | None, device: Any) -> tuple[str, str]:
+    """The precision the layouts run in, and a line saying why (or what it costs on this device)."""
+    native = device.mixed_precision()
+    if given is None:
+        why = "" if native == "bf16" else f": {device.token} has no fast bf16 units"
+        return native, f"precision {native} (the default{why})"
+    rate, fast = device.peak_flops_for(given) / 1e12, device.peak_flops_for(native) / 1e12
+    if given in device.peak_flops and rate >= fast:
+        return given, f"precision {given}"
+    units = f" has no {given} units:" if given not in device.peak_flops else ""
+    faster = f", --precision {native} at {fast:.1f}" if fast > rate else ""
+    return given, f"precision {given} as asked; {device.token}{units} runs it at {rate:.1f} TFLOP/s{faster}"
 
 
 def _explain(best: Any, config: Any, capacity: float) -> None:
