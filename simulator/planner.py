@@ -58,7 +58,7 @@ class Cluster:
     nics_per_node: int
     precision: str = "bf16"
     # the software stack every layout runs with: megatron options and layout switches that are not
-    # searched (overlap_grad_reduce, overlap_param_gather, bucket_bytes, tp_comm_overlap,
+    # searched (overlap_grad_reduce, overlap_param_gather, bucket_bytes, collective, tp_comm_overlap,
     # grad_reduce_in_fp32), as (name, value) pairs
     stack: tuple[tuple[str, Any], ...] = ()
 
@@ -194,7 +194,7 @@ def scenario_of(
     )  # fmt: skip
 
 
-STACK_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather", "bucket_bytes")  # megatron's options
+STACK_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather", "bucket_bytes", "collective")  # megatron's options
 
 
 FIGURES = ("iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s", "tp_s", "cp_s", "ep_s", "zero3_s",

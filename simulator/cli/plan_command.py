@@ -59,6 +59,9 @@ def register(subparsers) -> None:
                        help="--precision fp8: attention core and output logits in fp8 too (default: bf16)")
     stack.add_argument("--no-grad-reduce-in-fp32", action="store_true", help="reduce gradients in 16 bits")
     stack.add_argument("--bucket-bytes", default=None, help="gradient bucket of the overlapped reductions (25MB)")
+    stack.add_argument("--collective", default=None,
+                       help="algorithm of the data-parallel reductions and gathers (default ring: one ring per "
+                            "group, through one NIC of a node; nccl: NCCL's channels over all of them)")  # fmt: skip
     parser.add_argument("--top", type=int, default=10, help="layouts to print and write to layouts.csv (default 10)")
     parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
@@ -116,6 +119,12 @@ def stack_of(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     stack: list[tuple[str, Any]] = [(name, True) for name in switches if getattr(args, name)]
     if args.no_grad_reduce_in_fp32:
         stack.append(("grad_reduce_in_fp32", False))
+    if args.collective is not None:
+        from ddlsim.algorithms.collective import collective_tokens, is_collective_token
+
+        if not is_collective_token(args.collective):
+            raise InputError(f"--collective {args.collective!r} is unknown; valid: {', '.join(collective_tokens())}")
+        stack.append(("collective", args.collective))
     if args.bucket_bytes is not None:
         bucket = parse_bytes(args.bucket_bytes, "--bucket-bytes")
         if not bucket > 0:
@@ -197,7 +206,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
           f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
           f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
-    print(f"# {precision_note}")
+    collective = cluster.stack_value("collective", "ring")
+    print(f"# {precision_note}; data-parallel reductions and gathers: {collective}"
+          + (" (one NIC of a node per ring; --collective nccl spreads them over all)" if collective == "ring" else ""))
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)
     if args.recheck:
