@@ -59,7 +59,7 @@ class Cluster:
     precision: str = "bf16"
     # the software stack every layout runs with: megatron options and layout switches that are not
     # searched (overlap_grad_reduce, overlap_param_gather, bucket_bytes, collective, tp_comm_overlap,
-    # grad_reduce_in_fp32), as (name, value) pairs
+    # grad_reduce_in_fp32, frozen_weights for LoRA-style fine-tuning), as (name, value) pairs
     stack: tuple[tuple[str, Any], ...] = ()
 
     @property
@@ -132,6 +132,7 @@ def candidate_layouts(
     }
     for name, value in fixed.items():
         choices[name] = (value,)
+    frozen = bool(cluster.stack_value("frozen_weights", False))
     for values in itertools.product(*(choices[name] for name in SEARCHED)):
         chosen = dict(zip(SEARCHED, values, strict=True))
         tp, pp, cp, ep, micro = chosen["tp"], chosen["pp"], chosen["cp"], chosen["ep"], chosen["micro_batch"]
@@ -148,6 +149,8 @@ def candidate_layouts(
             continue
         if dp == 1 and chosen["zero_stage"] > 0 and "zero_stage" not in fixed:
             continue  # nothing to shard over one replica: ZeRO 0 is the same layout
+        if frozen and chosen["zero_stage"] in (1, 2) and "zero_stage" not in fixed:
+            continue  # frozen weights have no gradients or optimizer states to shard: ZeRO 0 again
         layout = ParallelLayout(
             tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro, global_batch=global_batch,
             virtual_stages=virtual, sequence_parallel=tp > 1, zero_stage=chosen["zero_stage"],
@@ -155,6 +158,7 @@ def candidate_layouts(
             grad_reduce_in_fp32=cluster.stack_value("grad_reduce_in_fp32", True),
             tp_comm_overlap=tp > 1 and cluster.stack_value("tp_comm_overlap", False),
             fp8_attention_and_logits=cluster.stack_value("fp8_attention_and_logits", False),
+            frozen_weights=frozen,
         )  # fmt: skip
         try:
             check_layout(layout, config, cluster.gpus)

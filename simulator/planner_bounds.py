@@ -50,7 +50,7 @@ from ddlsim.simulator.workloads.transformer import TransformerConfig
 if TYPE_CHECKING:
     from ddlsim.simulator.planner import Cluster
 
-ShapeKey = tuple[int, int, int, int, str, bool, bool, bool, bool, bool]
+ShapeKey = tuple[int, int, int, int, str, bool, bool, bool, bool, bool, bool]
 # pipeline schedules whose every rank ends with the backward of the same micro-batch on chunk 0
 ENDS_TOGETHER = ("gpipe", "1f1b", "interleaved")
 MapKey = tuple[int, int, int | None, int | None]
@@ -59,7 +59,7 @@ MapKey = tuple[int, int, int | None, int | None]
 def shape_key(layout: ParallelLayout) -> ShapeKey:
     return (layout.tp, layout.cp, layout.ep, layout.micro_batch, layout.recompute, layout.sequence_parallel,
             layout.flash_attention, layout.tp_comm_overlap, layout.zero3_prefetch,
-            layout.fp8_attention_and_logits)  # fmt: skip
+            layout.fp8_attention_and_logits, layout.frozen_weights)  # fmt: skip
 
 
 def map_key(layout: ParallelLayout) -> MapKey:
@@ -240,7 +240,8 @@ class LowerBounds:
             reductions = np.array([self.data_parallel_s(layout) for layout in members])
             together = np.array([self.ends_together(layout) for layout in members])
             busy = fill[None, :] + counts[:, None] * per_micro_batch[None, :]
-            ends = busy + adam_update_s(dense[None, :] / shards[:, None], self._costs.transformer.device)
+            update = adam_update_s(dense[None, :] / shards[:, None], self._costs.transformer.device)
+            ends = busy + (0.0 if members[0].frozen_weights else update)  # frozen: no optimizer step
             ends[:, 0] += reductions
             after_drain = busy + drain[None, :] + (ends[:, 0] - busy[:, 0])[:, None]
             ends = np.where(together[:, None], np.maximum(ends, after_drain), ends)
@@ -258,7 +259,7 @@ class LowerBounds:
         hidden_gathers = bool(self.cluster.stack_value("overlap_param_gather", False))
         if seconds is None:
             seconds = 0.0
-            if layout.zero_stage < 3 and layout.dp * layout.cp > 1:
+            if layout.zero_stage < 3 and layout.dp * layout.cp > 1 and not layout.frozen_weights:
                 group = self.group(layout)
                 _, _, dense, _, _ = self.block_costs(layout)
                 _, virtual = self.stage_of_block(layout)

@@ -122,6 +122,7 @@ NEMO_STACK = (("overlap_grad_reduce", True), ("overlap_param_gather", True), ("t
         ("mixtral_8x7b", 32, "h100_sxm5", 128, ()),
         ("gpt3_13b", 64, "a100_sxm4_80gb", 256, ()),
         ("llama3_8b", 64, "h100_sxm5", 256, NEMO_STACK),
+        ("llama2_70b", 16, "h100_sxm5", 32, (("frozen_weights", True),)),
     ],
 )
 def test_branch_and_bound_finds_the_exhaustive_top_and_prunes_only_slower_layouts(model, gpus, device, batch, stack):
@@ -211,6 +212,39 @@ def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     capsys.readouterr()
     assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
     assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err
+
+
+def test_lora_plans_frozen_weights_and_counts_their_flops(tmp_path, capsys):
+    """--frozen-weights (LoRA-style fine-tuning of Llama 2 70B on 16 H100): every layout runs with the
+    weights frozen and ZeRO 1-2 drop out (nothing left to shard but what ZeRO 0 holds); the best is
+    faster and smaller than full training's; its TFLOP/s count the frozen pass's FLOPs, forward plus
+    input gradients (about 2/3 of full training's), so it is not inflated by work never done."""
+    import pyarrow.parquet as pq
+
+    from ddlsim.simulator.records import read_csv
+    from ddlsim.simulator.workloads.transformer import load_transformer
+    from ddlsim.simulator.workloads.transformer_costs import model_flops_per_sample, transformer_blocks
+
+    base = ["plan", "--model", "llama2_70b", "--gpus", "16", "--global-batch", "32", "--top", "1", "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "full")]) == 0
+    assert "frozen" not in capsys.readouterr().out.splitlines()[1]
+    assert main([*base, "--frozen-weights", "--exhaustive", "--out", str(tmp_path / "lora")]) == 0
+    assert "base weights frozen (LoRA-style fine-tuning)" in capsys.readouterr().out.splitlines()[1]
+    every = pq.read_table(tmp_path / "lora" / "layouts.parquet").to_pylist()
+    assert every and {row["zero_stage"] for row in every} == {0, 3}
+    from ddlsim.simulator import planner
+
+    cluster = planner.Cluster.of("h100_sxm5", 16, stack=(("frozen_weights", True),))
+    layouts = list(planner.candidate_layouts(planner.load_model("llama2_70b"), cluster, 32))
+    assert len(layouts) == len(every) and all(layout.frozen_weights for layout in layouts)
+    (full,), (lora,) = (read_csv(tmp_path / name / "layouts.csv") for name in ("full", "lora"))
+    assert float(lora["tokens_per_s"]) > 1.5 * float(full["tokens_per_s"])
+    assert float(lora["memory_GB"]) < float(full["memory_GB"])
+    blocks = transformer_blocks(load_transformer("llama2_70b"))
+    share = model_flops_per_sample(blocks, frozen_weights=True) / model_flops_per_sample(blocks)
+    assert 0.66 < share < 0.72  # 2N forward + 2N input gradients of 6N, plus the attention core's whole backward
+    per_token = model_flops_per_sample(blocks, frozen_weights=True) / 4096
+    assert float(lora["tflops_per_gpu"]) == pytest.approx(float(lora["tokens_per_s"]) * per_token / 16 / 1e12, rel=1e-3)
 
 
 def test_nccl_spreads_the_data_parallel_collectives_over_every_nic(tmp_path, capsys):

@@ -129,11 +129,11 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     from ddlsim.simulator import planner
 
     run = mapped.run
-    if is_lora(run.model):
-        return f"{mapped.layout_missing}, and the planner searches full training only, not LoRA fine-tuning"
     if not run.gpus or not run.global_batch:
         return f"{mapped.layout_missing}, nor both the GPUs and the global batch to choose one"
     stack = dict(mapped.options) | {flag.replace("-", "_"): True for flag in STACK_FLAGS if f"--{flag}" in run.notes}
+    if is_lora(run.model):
+        stack["frozen_weights"] = True
     cluster = cluster_of(mapped, run.gpus, tuple(stack.items()))
     stated = ("tp", "pp", "dp", "micro_batch")
     fixed: dict[str, Any] = {name: getattr(run, name) for name in stated if getattr(run, name)}

@@ -58,6 +58,9 @@ def register(subparsers) -> None:
     stack.add_argument("--fp8-attention-and-logits", action="store_true",
                        help="--precision fp8: attention core and output logits in fp8 too (default: bf16)")
     stack.add_argument("--no-grad-reduce-in-fp32", action="store_true", help="reduce gradients in 16 bits")
+    stack.add_argument("--frozen-weights", action="store_true",
+                       help="LoRA-style fine-tuning: base weights frozen (no weight gradients, optimizer states or "
+                            "update; ZeRO 1-2 are then ZeRO 0)")  # fmt: skip
     stack.add_argument("--bucket-bytes", default=None, help="gradient bucket of the overlapped reductions (25MB)")
     stack.add_argument("--collective", default=None,
                        help="algorithm of the data-parallel reductions and gathers (default ring: one ring per "
@@ -115,7 +118,8 @@ def stack_of(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     """The software-stack flags as ``Cluster.stack`` pairs (only those given)."""
     from ddlsim.hardware_models.units import parse_bytes
 
-    switches = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "fp8_attention_and_logits")
+    switches = ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap", "fp8_attention_and_logits",
+                "frozen_weights")  # fmt: skip
     stack: list[tuple[str, Any]] = [(name, True) for name in switches if getattr(args, name)]
     if args.no_grad_reduce_in_fp32:
         stack.append(("grad_reduce_in_fp32", False))
@@ -208,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
           f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
     collective = cluster.stack_value("collective", "ring")
     print(f"# {precision_note}; data-parallel reductions and gathers: {collective}"
-          + (" (one NIC of a node per ring; --collective nccl spreads them over all)" if collective == "ring" else ""))
+          + (" (one NIC of a node per ring; --collective nccl spreads them over all)" if collective == "ring" else "")
+          + ("; base weights frozen (LoRA-style fine-tuning)" if cluster.stack_value("frozen_weights", False) else ""))
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)
     if args.recheck:

@@ -349,7 +349,7 @@ def layout_figures(scenario: Scenario, plan: Any, breakdown: dict[str, float]) -
     blocks = transformer_blocks(scenario.transformer_spec)
     return breakdown | {
         "tokens_per_step": float(sequences * blocks[-1].tokens),
-        "model_flops_per_step": sequences * model_flops_per_sample(blocks),
+        "model_flops_per_step": sequences * model_flops_per_sample(blocks, layout.frozen_weights),
         "peak_flops": scenario.device_spec.peak_flops_for(scenario.precision),
     }
 

@@ -423,9 +423,14 @@ def active_parameter_count(config: TransformerConfig, blocks: tuple[Block, ...])
     return total
 
 
-def model_flops_per_sample(blocks: tuple[Block, ...]) -> float:
-    """Forward plus backward matrix-product FLOPs of one sample: the 'model FLOPs' of MFU."""
-    return math.fsum(block.forward_flops + block.backward_flops for block in blocks)
+def model_flops_per_sample(blocks: tuple[Block, ...], frozen_weights: bool = False) -> float:
+    """Forward plus backward matrix-product FLOPs of one sample: the 'model FLOPs' of MFU. With
+    ``frozen_weights`` (LoRA-style fine-tuning) a product with weights computes only its input
+    gradient, half its backward; the attention core keeps its whole backward."""
+    if not frozen_weights:
+        return math.fsum(block.forward_flops + block.backward_flops for block in blocks)
+    return math.fsum(part.forward_flops + part.backward_flops * (0.5 if part.parameters > 0 else 1.0)
+                     for block in blocks for part in block.parts)  # fmt: skip
 
 
 def hardware_flops_per_sample(blocks: tuple[Block, ...], recompute: str = "none") -> float:
