@@ -395,6 +395,28 @@ def test_a_fixed_cost_per_kernel_adds_on_a_cpu_and_floors_an_accelerator():
     assert gpu_bound.block_cost(layer, 0).forward_compute == pytest.approx(len(layer.parts))
 
 
+def test_an_attention_core_without_flash_attention_pays_for_its_score_traffic():
+    """Megatron's 22B on TP 8 of an A100: a rank's 8 heads hold 8 x 2048^2 score elements a sequence.
+    FlashAttention keeps them on chip, so its core is compute-bound (2 s^2 a (d_qk + d_v) / 8 FLOPs at
+    0.64 x 312 TFLOP/s); without it the forward moves 13 bytes an element plus the rank's Q, K and V
+    (2 bytes each of 3 x 2048 x 768), at 0.85 x 2039 GB/s, and its backward 19 bytes plus twice those.
+    Nothing else in the layer changes."""
+    def layer_cost(flash: bool):
+        point = scenario(nodes=1, per_node=8, workload="megatron_22b", tp=8, global_batch=1, flash_attention=flash)
+        point = dataclasses.replace(point, device="a100_sxm4_80gb", nics_per_node=8)
+        costs = ClosedFormCosts(setup_of(point, 1)).transformer
+        return costs.block_cost(next(block for block in costs.blocks if block.kind == "layer"), 0)
+
+    flash, unfused = layer_cost(True), layer_cost(False)
+    elements, qkv = 8 * 2048**2, 2.0 * 3 * 2048 * 768
+    bandwidth, compute = 0.85 * 2039e9, 0.64 * 312e12
+    core_flops = 2 * 2048**2 * 64 * (96 + 96) / 8
+    forward = (13 * elements + qkv) / bandwidth - core_flops / compute
+    backward = (19 * elements + 2 * qkv) / bandwidth - 2 * core_flops / compute
+    assert unfused.forward_compute - flash.forward_compute == pytest.approx(forward, rel=1e-3)
+    assert unfused.backward_compute - flash.backward_compute == pytest.approx(backward, rel=1e-3)
+
+
 def test_zero3_without_prefetch_pays_every_gather_and_reduce_scatter():
     """--no-zero3-prefetch (FSDP without forward/backward prefetch): a block's gathers and its
     gradient reduce-scatter add to its time instead of hiding under its compute."""

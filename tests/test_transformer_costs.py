@@ -175,6 +175,26 @@ def test_flash_attention_keeps_no_score_matrix() -> None:
     assert layer.saved.bytes(flash_attention=True) == 427_819_008 + 4 * 64 * 2048
 
 
+def test_the_attention_scores_move_more_bytes_than_the_core_keeps() -> None:
+    """Megatron's unfused core attention per score element, in 16 bits: forward the scores written,
+    read and the probabilities written by the softmax, read and written again with a 1-byte mask by
+    the dropout, read by the product with V: 6 x 2 + 1 = 13 bytes; backward 9 x 2 + 1 = 19. Without
+    dropout (Llama) 4 x 2 = 8 and 7 x 2 = 14. The core keeps 5 (Korthikanti et al. eq. 1)."""
+    from ddlsim.simulator.workloads.transformer_costs import score_traffic_bytes
+
+    for name, heads, forward, backward in (("megatron_22b", 64, 13, 19), ("llama2_7b", 32, 8, 14)):
+        config = load_transformer(name)
+        core = next(part for part in transformer_blocks(config)[1].parts if part.name.endswith("_core"))
+        elements = heads * config.seq_len**2
+        assert score_traffic_bytes(core.saved, backward=False) == forward * elements
+        assert score_traffic_bytes(core.saved, backward=True) == backward * elements
+    gpt = transformer_blocks(load_transformer("megatron_22b"))[1]
+    kept = next(part for part in gpt.parts if part.name.endswith("_core")).saved
+    assert kept.bytes(flash_attention=False) - kept.bytes(flash_attention=False, keep_scores=False) == 5 * 64 * 2048**2
+    qkv = next(part for part in gpt.parts if part.name.endswith("_qkv"))
+    assert score_traffic_bytes(qkv.saved, backward=False) == 0.0  # only the core has score matrices
+
+
 def test_llama_layer_activations_gqa_swiglu_no_dropout() -> None:
     """Llama 3 8B layer at s=8192 (h=4096, 8 kv heads of 128, f=14336), flash, bf16, bytes per sample:
     replicated 4 s h (two norm inputs, QKV and MLP inputs); split: Q s h, K and V 2 s x 1024,

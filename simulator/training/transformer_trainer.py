@@ -10,7 +10,9 @@ sequences its forward of a chunk costs, over the chunk's blocks and their parts
   core and the output layer's logits run at the bf16 peak unless the layout's
   ``fp8_attention_and_logits`` says otherwise); matrix FLOPs divided over the tensor-parallel ranks
   (replicated parts too under sequence parallelism) and the context-parallel ranks (who split the
-  sequence); bytes are the part's activations (what it keeps for backward) and its weights;
+  sequence); bytes are the part's activations (what it keeps for backward), its weights, and for an
+  attention core without FlashAttention what its unfused kernels move for the score matrices
+  (``transformer_costs.score_traffic_bytes``: 13 bytes an element forward, 19 backward);
 * ``tp``: the part's tensor-parallel collectives (Megatron's rules, ``transformer_traffic``) at the
   collectives' closed forms over the TP group's links (inside an NVLink domain when tp <= devices
   per node), not overlapped; with the layout's ``tp_comm_overlap`` only what exceeds the part's own
@@ -45,7 +47,7 @@ from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group
 from ddlsim.algorithms.parallel_layout import ParallelLayout
 from ddlsim.hardware_models.catalog import Device
 from ddlsim.simulator.workloads.transformer import TransformerConfig
-from ddlsim.simulator.workloads.transformer_costs import Block, Part, transformer_blocks
+from ddlsim.simulator.workloads.transformer_costs import Block, Part, score_traffic_bytes, transformer_blocks
 from ddlsim.simulator.workloads.transformer_traffic import (
     context_parallel_kv_elements,
     expert_all_to_all_elements,
@@ -202,15 +204,19 @@ class TransformerCosts:
         frozen = backward and layout.frozen_weights and part.parameters > 0
         pass_flops = part.backward_flops if backward else part.forward_flops
         flops = pass_flops * (0.5 if frozen else 1.0) * part.executed_factor * b / divisor
-        saved = b * part.saved.bytes(
-            tp, layout.sequence_parallel, layout.flash_attention, layout.recompute != "selective",
-            self.activation_bytes,
-        ) / cp  # fmt: skip
+        # bytes through memory: what the part keeps (written forward, read back and its gradient written
+        # backward), with the score matrices of an attention core without FlashAttention at what its
+        # kernels move (``score_traffic_bytes``), kept or recomputed alike
+        kept = b * part.saved.bytes(tp, layout.sequence_parallel, layout.flash_attention, False,
+                                    self.activation_bytes) / cp  # fmt: skip
+        scores = 0.0
+        if not layout.flash_attention:
+            scores = b * score_traffic_bytes(part.saved, backward, self.activation_bytes) / (tp * cp)
         if part.expert:
             parameters = part.parameters / (tp * layout.ep)
         else:
             parameters = part.parameters / (tp if part.tensor_parallel in TP_SPLIT else 1)
-        nbytes = (2.0 if backward else 1.0) * saved + parameters * self.weight_bytes
+        nbytes = (2.0 if backward else 1.0) * kept + scores + parameters * self.weight_bytes
         seconds = _roofline(flops, nbytes, self.device, self.part_precision(part))
         if not self.launch_s:
             return seconds

@@ -104,6 +104,26 @@ class SavedActivations:
 NOTHING_SAVED = SavedActivations()
 
 
+def score_traffic_bytes(saved: SavedActivations, backward: bool, activation_bytes: float = 2.0) -> float:
+    """Bytes the attention core without FlashAttention moves through memory per sample for its score
+    matrices (a elements of s x s per head), in one pass: Megatron-LM's core attention runs
+    ``torch.baddbmm`` (writes the scores), ``FusedScaleMaskSoftmax`` (reads them, writes the
+    probabilities), ``attention_dropout`` (reads those, writes its output and a 1-byte mask) and
+    ``torch.bmm`` with V (reads the dropped probabilities): 6 activations and a mask per element
+    forward, 13 bytes in 16 bits. The backward writes the gradient of the dropped probabilities, the
+    dropout's backward reads it and the mask and writes its own, the softmax's backward reads that and
+    the probabilities and writes the scores' gradient, which the two products for dQ and dK read, and
+    dV reads the dropped probabilities: 9 activations and the mask, 19 bytes. Without dropout: 4 and 7
+    activations. (What the core keeps for backward, ``scores`` and ``score_masks``, is 5 bytes an
+    element, Korthikanti et al. eq. 1: fewer than its passes move.)"""
+    elements = saved.scores - saved.score_masks  # scores holds 2 tensors per element under dropout
+    if not elements:
+        return 0.0
+    dropout = saved.score_masks > 0
+    activations = (9.0 if dropout else 7.0) if backward else (6.0 if dropout else 4.0)
+    return elements * (activations * activation_bytes + (1.0 if dropout else 0.0))
+
+
 @dataclass(frozen=True)
 class Part:
     """One part of a block, per sample.
