@@ -189,13 +189,21 @@ def scenario_of(
     run makes them to the catalog model (``Scenario.transformer_changes``)."""
     from ddlsim.algorithms.training_algorithm import make_options
 
-    options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
+    options = {"collective": default_collective(cluster.device)}
+    options |= {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
         intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,
         precision=cluster.precision, nodes=(cluster.nodes,), enforce_memory=False, transformer_changes=changes,
         options=make_options("megatron", {"layout": layout, **options}),
     )  # fmt: skip
+
+
+def default_collective(device: str) -> str:
+    """The data-parallel collectives' algorithm of a layout's stack: NCCL on GPUs (Megatron-LM, NeMo and
+    DeepSpeed all reduce through it), its channels spread over every NIC beside the group's GPUs; a
+    plain ring on other accelerators."""
+    return "nccl" if load_device(device).kind == "gpu" else "ring"
 
 
 STACK_OPTIONS = ("overlap_grad_reduce", "overlap_param_gather", "bucket_bytes", "collective")  # megatron's options

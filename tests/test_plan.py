@@ -40,7 +40,8 @@ def test_the_search_ranks_fitting_layouts_by_the_closed_form(tmp_path, capsys):
     scenario = Scenario(
         workload="llama3_8b", algorithm="megatron", device="h100_sxm5", devices_per_node=8, intra_node="nvswitch3",
         network="ib_ndr", nics_per_node=8, precision="bf16", nodes=(2,), enforce_memory=False,
-        options=make_options("megatron", {"layout": {**layout, "global_batch": 32, "sequence_parallel": True}}),
+        options=make_options("megatron", {"layout": {**layout, "global_batch": 32, "sequence_parallel": True},
+                                          "collective": "nccl"}),  # the planner's stack on GPUs
     )  # fmt: skip
     result = closed_form_result(scenario, 2)
     assert best["iteration_s"] == pytest.approx(result.iteration_s, rel=1e-12)
@@ -250,18 +251,18 @@ def test_lora_plans_frozen_weights_and_counts_their_flops(tmp_path, capsys):
 def test_nccl_spreads_the_data_parallel_collectives_over_every_nic(tmp_path, capsys):
     """One layout fixed (GPT-3 13B as tp2 dp32 ZeRO 1 on 8 DGX H100): its gradient reduce-scatter and
     weight all-gather are 13e9 / 2 x (4 + 2) B = 39 GB per rank per iteration (fp32 gradients, Megatron's
-    default). As one ring per data-parallel group they leave each node through one 400 Gb/s NIC (about
-    47 GB/s of payload), 0.83 s; NCCL's channels use the group's 4 NICs (a quarter of that), so the
-    iteration is faster by most of it."""
+    default). As one ring per data-parallel group (--collective ring) they leave each node through one
+    400 Gb/s NIC (about 47 GB/s of payload), 0.83 s; NCCL's channels (the default on GPUs) use the
+    group's 4 NICs (a quarter of that), so the iteration is faster by most of it."""
     from ddlsim.simulator.records import read_csv
 
     base = ["plan", "--model", "gpt3_13b", "--gpus", "64", "--global-batch", "256", "--tp", "2", "--pp", "1",
             "--cp", "1", "--zero-stage", "1", "--micro-batch", "2", "--recompute", "selective", "--top", "1",
             "--no-progress"]  # fmt: skip
-    assert main([*base, "--out", str(tmp_path / "ring")]) == 0
-    assert "data-parallel reductions and gathers: ring (one NIC" in capsys.readouterr().out
-    assert main([*base, "--collective", "nccl", "--out", str(tmp_path / "nccl")]) == 0
-    assert "data-parallel reductions and gathers: nccl" in capsys.readouterr().out
+    assert main([*base, "--collective", "ring", "--out", str(tmp_path / "ring")]) == 0
+    assert "data-parallel reductions and gathers: ring (one ring per group" in capsys.readouterr().out
+    assert main([*base, "--out", str(tmp_path / "nccl")]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("data-parallel reductions and gathers: nccl")
     ring, nccl = (float(read_csv(tmp_path / name / "layouts.csv")[0]["iteration_s"]) for name in ("ring", "nccl"))
     ring_traffic_s = 39e9 / 47e9  # both collectives, unhidden (Megatron's default stack overlaps neither)
     assert ring - nccl > 0.5 * ring_traffic_s, (ring, nccl)

@@ -82,7 +82,7 @@ def add_algorithm_arguments(parser: argparse.ArgumentParser, default: str = "syn
     group = parser.add_argument_group("algorithm options (each applies to the algorithms that read it)")
     group.add_argument(
         "--collective", default=None, help="all-reduce algorithm or library (ring, hierarchical, nccl, mpich...; "
-        "default ring): sync_sgd, sync_easgd, hybrid_parallel",
+        "default ring, for megatron on GPUs nccl): sync_sgd, sync_easgd, hybrid_parallel, megatron",
     )  # fmt: skip
     group.add_argument(
         "--collective-option", action="append", metavar="KEY=VALUE", help="option of the collective, repeatable"

@@ -63,8 +63,8 @@ def register(subparsers) -> None:
                             "update; ZeRO 1-2 are then ZeRO 0)")  # fmt: skip
     stack.add_argument("--bucket-bytes", default=None, help="gradient bucket of the overlapped reductions (25MB)")
     stack.add_argument("--collective", default=None,
-                       help="algorithm of the data-parallel reductions and gathers (default ring: one ring per "
-                            "group, through one NIC of a node; nccl: NCCL's channels over all of them)")  # fmt: skip
+                       help="algorithm of the data-parallel reductions and gathers (default on GPUs nccl: "
+                            "its channels over every NIC; ring: one ring per group, through one NIC)")  # fmt: skip
     parser.add_argument("--top", type=int, default=10, help="layouts to print and write to layouts.csv (default 10)")
     parser.add_argument("--train-tokens", type=float, default=1e12, help="tokens to train, for days and cost (1e12)")
     parser.add_argument("--price-per-gpu-hour", type=float, default=2.0, help="for the cost column (default 2.0)")
@@ -210,9 +210,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
           f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
           f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
-    collective = cluster.stack_value("collective", "ring")
+    collective = cluster.stack_value("collective", planner.default_collective(cluster.device))
     print(f"# {precision_note}; data-parallel reductions and gathers: {collective}"
-          + (" (one NIC of a node per ring; --collective nccl spreads them over all)" if collective == "ring" else "")
+          + (" (one ring per group, through one NIC of a node)" if collective == "ring" else "")
           + ("; base weights frozen (LoRA-style fine-tuning)" if cluster.stack_value("frozen_weights", False) else ""))
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)

@@ -174,6 +174,10 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         given_options["layout"] = {**(base_layout if isinstance(base_layout, dict) else {"dp": 0}),
                                    **given_options["layout"]}  # fmt: skip
     options.update(given_options)
+    if values["algorithm"] == "megatron" and "collective" not in options:  # the planner's stack (NCCL on GPUs)
+        from ddlsim.simulator.planner import default_collective
+
+        options["collective"] = default_collective(values["device"])
     values["options"] = make_options(values["algorithm"], _applicable(values["algorithm"], options)).to_dict()
     if values["algorithm"] == "megatron" and "precision" not in given and "precision" not in from_file:
         values["precision"] = "bf16"  # transformers train in bf16 (fp32 runs H100s at a 15th of their peak)
