@@ -316,6 +316,28 @@ def test_layout_flags_set_the_layout_field_by_field(tmp_path, capsys):
     assert "--tp do(es) not apply to --algorithm sync_sgd" in capsys.readouterr().err
 
 
+def test_megatron_on_gpus_reduces_through_nccl_unless_told_otherwise(tmp_path):
+    """The planner's stack: on GPUs the data-parallel collectives run as NCCL does, its channels over
+    every NIC (a data-parallel-heavy layout is faster than one ring through one NIC); --collective
+    ring keeps the single ring, and a CPU's default stays the ring."""
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    flags = ["--algorithm", "megatron", "--workload", "gpt2", "--device", "h100_sxm5", "--global-batch", "32",
+             "--nodes", "2", "--executor", "analytic", "--no-progress"]  # fmt: skip
+    assert main(["simulate", *flags, "--out", str(tmp_path / "default")]) == 0
+    assert main(["simulate", *flags, "--collective", "ring", "--out", str(tmp_path / "ring")]) == 0
+    saved = {name: json.loads((tmp_path / name / "scenario.json").read_text())["scenario"]["options"]["collective"]
+             for name in ("default", "ring")}  # fmt: skip
+    assert saved == {"default": "nccl", "ring": "ring"}
+    nccl, ring = (float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"]) for name in ("default", "ring"))
+    assert nccl < ring
+    cpu = ["--algorithm", "megatron", "--workload", "gpt_tiny", "--device", "local_cpu", "--global-batch", "2",
+           "--nodes", "2", "--executor", "analytic", "--no-progress", "--out", str(tmp_path / "cpu")]  # fmt: skip
+    assert main(["simulate", *cpu]) == 0
+    assert json.loads((tmp_path / "cpu" / "scenario.json").read_text())["scenario"]["options"]["collective"] == "ring"
+
+
 def test_overlap_and_gradient_type_flags_reach_the_run_and_hide_communication(tmp_path, capsys):
     """--overlap-grad-reduce, --overlap-param-gather and --no-grad-reduce-in-fp32 are saved with the
     scenario and make a data-parallel-heavy layout faster; sync SGD refuses them."""
