@@ -69,6 +69,11 @@ class Cluster:
     def stack_value(self, name: str, default: Any) -> Any:
         return dict(self.stack).get(name, default)
 
+    @property
+    def collective(self) -> str:
+        """The data-parallel collectives' algorithm: the stack's, or the device's default."""
+        return str(self.stack_value("collective", default_collective(self.device)))
+
     @classmethod
     def of(cls, device: str, gpus: int, precision: str = "bf16", stack: tuple[tuple[str, Any], ...] = ()) -> Cluster:
         """``gpus`` of ``device`` in its catalog node (DGX-like: devices per node, NVLink, NICs)."""
@@ -189,8 +194,8 @@ def scenario_of(
     run makes them to the catalog model (``Scenario.transformer_changes``)."""
     from ddlsim.algorithms.training_algorithm import make_options
 
-    options = {"collective": default_collective(cluster.device)}
-    options |= {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
+    options = {name: value for name, value in cluster.stack if name in STACK_OPTIONS}
+    options["collective"] = cluster.collective
     return Scenario(
         workload=model, algorithm="megatron", device=cluster.device, devices_per_node=cluster.devices_per_node,
         intra_node=cluster.intra_node, network=cluster.network, nics_per_node=cluster.nics_per_node,

@@ -93,8 +93,10 @@ def cluster_of(mapped: MappedRun, gpus: int, stack: tuple[tuple[str, Any], ...])
     """``gpus`` of the row's device as a ``planner.Cluster``, in its catalog node (an 8-card server
     for a PCIe card), on the row's network (HDR InfiniBand where it names none), with ``stack``."""
     from ddlsim.simulator import planner
+    from ddlsim.simulator.workloads.llm_open_fields import node_of
 
-    per_node = devices_per_node(mapped.device, gpus)
+    per_node = node_of(mapped.device)[0]
+    per_node = gpus if gpus % per_node else per_node  # fewer GPUs than a node: one node holds them
     return planner.Cluster(mapped.device, gpus, per_node, mapped.intra_node_link if per_node > 1 else None,
                            mapped.network or "ib_hdr", min(mapped.nics_per_node, per_node), mapped.precision,
                            stack)  # fmt: skip
@@ -108,14 +110,6 @@ def transformer_changes(model: Any) -> tuple[tuple[str, int], ...]:
     base = load_transformer(model.name)
     return tuple((name, int(getattr(model, name))) for name in TRANSFORMER_CHANGES
                  if getattr(model, name) != getattr(base, name))  # fmt: skip
-
-
-def devices_per_node(device: str, gpus: int) -> int:
-    """The catalog's node (an 8-card server for a PCIe card); fewer GPUs than a node: one node."""
-    from ddlsim.simulator.workloads.llm_open_fields import node_of
-
-    per_node = node_of(device)[0]
-    return gpus if gpus % per_node else per_node
 
 
 STACK_FLAGS = ("overlap-grad-reduce", "overlap-param-gather", "tp-comm-overlap")  # Megatron flags a row may name

@@ -210,9 +210,8 @@ def run(args: argparse.Namespace) -> int:
     print(f"# {config.name} on {args.gpus} {args.device} ({cluster.nodes} nodes of {cluster.devices_per_node}, "
           f"{cluster.intra_node}, {cluster.nics_per_node} x {cluster.network}), global batch {args.global_batch}: "
           f"{len(layouts)} valid layouts, {searched}; best {len(top)} by tokens/s")  # fmt: skip
-    collective = cluster.stack_value("collective", planner.default_collective(cluster.device))
-    print(f"# {precision_note}; data-parallel reductions and gathers: {collective}"
-          + (" (one ring per group, through one NIC of a node)" if collective == "ring" else "")
+    print(f"# {precision_note}; data-parallel reductions and gathers: {cluster.collective}"
+          + (" (one ring per group, through one NIC of a node)" if cluster.collective == "ring" else "")
           + ("; base weights frozen (LoRA-style fine-tuning)" if cluster.stack_value("frozen_weights", False) else ""))
     print_table(rows, TOP_COLUMNS)
     _explain(top[0], config, capacity)

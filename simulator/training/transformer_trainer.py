@@ -207,8 +207,8 @@ class TransformerCosts:
         # bytes through memory: what the part keeps (written forward, read back and its gradient written
         # backward), with the score matrices of an attention core without FlashAttention at what its
         # kernels move (``score_traffic_bytes``), kept or recomputed alike
-        kept = b * part.saved.bytes(tp, layout.sequence_parallel, layout.flash_attention, False,
-                                    self.activation_bytes) / cp  # fmt: skip
+        kept = b * part.saved.bytes(tp, layout.sequence_parallel, layout.flash_attention, keep_scores=False,
+                                    activation_bytes=self.activation_bytes) / cp  # fmt: skip
         scores = 0.0
         if not layout.flash_attention:
             scores = b * score_traffic_bytes(part.saved, backward, self.activation_bytes) / (tp * cp)
