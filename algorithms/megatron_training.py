@@ -116,6 +116,12 @@ def _data_parallel_group(tp: int, pp: int, expert: int, layout: ParallelLayout) 
     return tuple(members if expert < 0 else members[expert :: layout.ep])
 
 
+def gathers_updated_weights(layout: ParallelLayout, group_size: int) -> bool:
+    """Whether a rank all-gathers its updated weights after the step: the distributed optimizer (ZeRO
+    1-2) over more than one replica, and weights that are trained (not frozen)."""
+    return 1 <= layout.zero_stage <= 2 and group_size > 1 and not layout.frozen_weights
+
+
 def micro_batches(layout: ParallelLayout) -> int:
     """Micro-batches each pipeline runs per iteration (a global batch not given: one per stage)."""
     count = layout.micro_batches
@@ -189,8 +195,7 @@ class MegatronTraining(TrainingAlgorithm):
         # the ranks holding the virtual stages next to this rank's (looked up once, not per message)
         near = stage_neighbours(rank, layout)
         backwards = Counter(task.chunk for task in tasks if task.phase == BACKWARD)
-        # the distributed optimizer's updated shards (none when the weights are frozen)
-        gathered = 1 <= layout.zero_stage <= 2 and len(group) > 1 and not layout.frozen_weights
+        gathered = gathers_updated_weights(layout, len(group))
         early_gathers = gathered and options.overlap_param_gather
         bucketed = options.overlap_grad_reduce or early_gathers
         buckets = {chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in range(chunks) if bucketed}
@@ -274,8 +279,7 @@ class MegatronTraining(TrainingAlgorithm):
         bucketed = options.overlap_grad_reduce or options.overlap_param_gather
         buckets = [{chunk: trainer.chunk_buckets(chunk, options.bucket_bytes) for chunk in chunks if bucketed}
                    for trainer in trainers]  # fmt: skip
-        gathered = [1 <= layout.zero_stage <= 2 and len(data_parallel_group(rank, layout)) > 1
-                    and not layout.frozen_weights for rank in pipeline]  # fmt: skip
+        gathered = [gathers_updated_weights(layout, len(data_parallel_group(rank, layout))) for rank in pipeline]
         gather_ready: dict[tuple[int, int], list[float]] = {}  # (stage, chunk) -> each bucket's gather end
         stream_start, spent_on = [-float("inf")] * layout.pp, [0.0] * layout.pp
         for stage, rank in enumerate(pipeline):
