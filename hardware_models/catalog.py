@@ -125,6 +125,10 @@ class Link:
     sources: dict[str, str] = field(default_factory=dict)
     domain_size: int = 0  # devices one scale-up domain joins (a mesh's not all at the port bandwidth; 0: not stated)
     topology: str = ""  # switch | full_mesh | torus_3d | point_to_point ("": not stated)
+    # seconds a collective call whose group crosses this link pays once, before its first transfer:
+    # a library's fixed cost per call (set-up, buffer registration), not per message. Datasheets
+    # have none; a calibration profile fits it (``LinkFit.call_s``).
+    call_overhead_s: float = 0.0
 
     @property
     def port_bandwidth_Bps(self) -> float:

@@ -21,6 +21,7 @@ units) written by ``ddlsim calibrate``::
     breakpoints_bytes = { value = [1e6], source = "protocol switch between 0.4 and 12 MB" }
     alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
     beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
+    call_s = { value = [0.0, 1.8e-2], source = "fitted ..." }  # optional: fixed seconds per call
     reduce_Bps = { value = 3e9, source = "fitted ..." }  # optional: receiver's reduction rate (gamma)
     cores = { value = 2.0, source = "fitted ..." }       # optional: cores driving a CPU transport
 
@@ -41,7 +42,10 @@ units) written by ``ddlsim calibrate``::
 
 The segment of a message of S bytes is the number of breakpoints <= S. A fitted link replaces the
 datasheet's (latency + per-message overhead, line rate x efficiency x links) by (alpha, beta):
-alpha is all the per-message time the path's other (uncalibrated) parts do not already carry.
+alpha is all the per-message time the path's other (uncalibrated) parts do not already carry;
+``call_s`` (optional, 0 without it) is a cost each collective call crossing the link pays once,
+whatever the number of ranks: a library's fixed cost per call, told apart from alpha (paid per
+step, so growing with the ranks) by rows at two or more scales.
 
 Nothing here is global: a profile is a frozen value passed to ``Scenario(profile=...)`` and
 ``CollectiveSetup(profile=...)``.
@@ -63,7 +67,7 @@ from ddlsim.hardware_models.compute import LAYER_TYPES, ComputeModel, architectu
 SCHEMA_VERSION = 1
 
 DEVICE_KEYS = ("compute_efficiency", "memory_efficiency", "layer_efficiency", "workload_scale")
-LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps", "reduce_Bps", "cores")
+LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps", "call_s", "reduce_Bps", "cores")
 LINK_REQUIRED = ("breakpoints_bytes", "alpha_s", "beta_Bps")
 TOP_KEYS = (
     "schema_version",
@@ -100,6 +104,8 @@ class LinkFit:
     # cores of the host that drive this transport (CPU-driven: shared memory, TCP); a host running
     # more ranks than this stretches alpha, 1/beta and gamma by ranks / cores. inf = never stretched.
     cores: float = math.inf
+    # fixed seconds per collective call, per segment (empty: none); see the module docstring
+    call_s: tuple[float, ...] = ()
 
     def segment(self, message_bytes: float | None) -> int:
         if message_bytes is None:
@@ -120,6 +126,7 @@ class LinkFit:
             links_per_device=1,
             latency_s=0.0,
             per_message_overhead_s=self.alpha_s[index] * stretch,
+            call_overhead_s=self.call_s[index] if self.call_s else 0.0,
             sources={**link.sources, "profile": self.source},
         )
 
@@ -319,6 +326,8 @@ class Profile:
                 out[f"links.{key}.alpha_s.{index}"] = value
             for index, value in enumerate(link.beta_Bps):
                 out[f"links.{key}.beta_Bps.{index}"] = value
+            for index, value in enumerate(link.call_s):
+                out[f"links.{key}.call_s.{index}"] = value
         return out
 
     def with_flat(self, values: dict[str, float]) -> Profile:
@@ -353,9 +362,10 @@ class Profile:
                 key, what, index = ".".join(parts[1:-2]), parts[-2], int(parts[-1])
                 if key in links:
                     link = links[key]
-                    alphas, betas = list(link.alpha_s), list(link.beta_Bps)
-                    (alphas if what == "alpha_s" else betas)[index] = value
-                    links[key] = dataclasses.replace(link, alpha_s=tuple(alphas), beta_Bps=tuple(betas))
+                    segments = list(getattr(link, what, ()))
+                    if what in ("alpha_s", "beta_Bps", "call_s") and index < len(segments):
+                        segments[index] = value
+                        links[key] = dataclasses.replace(link, **{what: tuple(segments)})  # type: ignore[arg-type]
         fitted = dataclasses.replace(self.compute, values=compute) if self.compute and compute is not None else None
         return dataclasses.replace(
             self, devices=devices, links=links, overlap_interference=interference, compute=fitted
@@ -448,6 +458,8 @@ def profile_to_toml(profile: Profile) -> str:
         lines.append(f"breakpoints_bytes = {_entry(list(link.breakpoints_bytes), link.source)}")
         lines.append(f"alpha_s = {_entry(list(link.alpha_s), link.source)}")
         lines.append(f"beta_Bps = {_entry(list(link.beta_Bps), link.source)}")
+        if any(link.call_s):  # absent = no fixed cost per call
+            lines.append(f"call_s = {_entry(list(link.call_s), link.source)}")
         for name in ("reduce_Bps", "cores"):
             value = getattr(link, name)
             if math.isfinite(value):  # absent = inf: free reduction, never stretched
@@ -624,11 +636,17 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         for name, low, high in (("reduce_Bps", 1.0, 1e15), ("cores", 1.0, 1e6)):
             if name in table:
                 optional[name] = float(_number_entry(table, name, at, low, high)[0])
+        call: tuple[float, ...] = ()
+        if "call_s" in table:
+            call = tuple(float(c) for c in _number_entry(table, "call_s", at, 0.0, 1e3, array=True)[0])
+            if len(call) != len(alpha):
+                raise ProfileError(f"{at}: call_s needs one value per segment (breakpoints + 1), like alpha_s")
         links[key] = LinkFit(
             tuple(float(b) for b in breakpoints),
             tuple(float(a) for a in alpha),
             tuple(float(b) for b in beta),
             source,
+            call_s=call,
             **optional,
         )
     samples = data.get("bootstrap", [])

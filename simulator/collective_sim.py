@@ -18,7 +18,7 @@ from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link, load_link
 from ddlsim.simulator.engine.collective_engine import ContentionDetected, run_collective
 from ddlsim.simulator.engine.fabric import Fabric
-from ddlsim.simulator.engine.fabric_spec import FabricSpec, topology_of, torus_shape
+from ddlsim.simulator.engine.fabric_spec import FabricSpec, call_overhead_s, topology_of, torus_shape
 from ddlsim.simulator.input_errors import ScenarioError, check_sockets
 
 if TYPE_CHECKING:  # a calibration profile is read only where one is named (``--profile``)
@@ -152,7 +152,9 @@ def simulate_collective(
     schedule = impl.schedule(collective, ranks, devices_per_node=setup.devices_per_node, **merged)
     fabric = setup.fabric(schedule.ranks, message_bytes)
     started = time.perf_counter()
-    launch = launch_s(algorithm, ranks)  # a library's call enters its schedule this late
+    # a library's call enters its schedule this late: its launch, and a calibrated fixed cost per call
+    per_node = setup.devices_per_node if setup.placement == "block" else 1
+    launch = launch_s(algorithm, ranks) + call_overhead_s(fabric.spec, ranks, per_node)
     try:
         finish, path = run_collective(schedule, fabric, message_bytes, launch, mode)
     except ContentionDetected as detected:  # only a forced path declines: auto always has the message path

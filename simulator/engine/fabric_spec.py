@@ -127,6 +127,20 @@ class FabricSpec:
         return nic * self.sockets // self.nics_per_node
 
 
+def call_overhead_s(spec: FabricSpec, ranks: int, per_node: int) -> float:
+    """The fixed cost of one collective call over ``ranks`` ranks, ``per_node`` of them on each node:
+    the calibrated per-call cost (``Link.call_overhead_s``) of the node's link if the group has
+    several ranks on a node, plus the network's if it spans nodes. 0 for one rank, and on datasheets."""
+    if ranks <= 1:
+        return 0.0
+    seconds = 0.0
+    if per_node > 1 and spec.peer_link is not None:
+        seconds += spec.peer_link.call_overhead_s
+    if ranks > per_node and spec.network is not None:
+        seconds += spec.network.call_overhead_s
+    return seconds
+
+
 def peer_crosses_sockets(spec: FabricSpec) -> bool:
     """Whether traffic between devices on different sockets crosses the socket link: yes over PCIe
     (peer transfers run through the CPUs' root complexes), no over a direct device link (NVLink)."""

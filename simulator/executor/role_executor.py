@@ -79,6 +79,7 @@ from ddlsim.simulator.engine.collective_engine import (
     VectorisedExecutor,
 )
 from ddlsim.simulator.engine.fabric import Fabric
+from ddlsim.simulator.engine.fabric_spec import call_overhead_s
 from ddlsim.simulator.engine.flow_network import FlowNetwork, Route
 from ddlsim.simulator.engine.fluid_executor import FluidExecutor
 from ddlsim.simulator.engine.message_executor import MemberLog
@@ -658,7 +659,8 @@ class RoleExecutor:
             )
         count = len(members)
         env = self.env
-        launch = launch_s(op.algorithm, ranks)
+        per_node, _ = self._devices_per_node(member_ranks[:ranks])
+        launch = launch_s(op.algorithm, ranks) + call_overhead_s(self.fabric.spec, ranks, per_node)
         if self.vectorised is not None:
             done = [env.event() for _ in range(count)]
             return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), launch_s=launch)

@@ -25,7 +25,13 @@ from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
 from ddlsim.algorithms.schedule import FabricCosts, HopCost
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link
-from ddlsim.simulator.engine.fabric_spec import SWITCH_HOP_LATENCY_S, FabricSpec, peer_crosses_sockets, torus_shape
+from ddlsim.simulator.engine.fabric_spec import (
+    SWITCH_HOP_LATENCY_S,
+    FabricSpec,
+    call_overhead_s,
+    peer_crosses_sockets,
+    torus_shape,
+)
 
 
 def _hop(overhead_s: float, latency_s: float, bottleneck_Bps: float, loggp: bool) -> HopCost:
@@ -162,7 +168,8 @@ class GroupCosts:
             costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node, nics)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
-            seconds += launch_s(algorithm, ranks)  # a library call's launch, before its first transfer
+            # a library call's launch, and a calibrated fixed cost per call, before its first transfer
+            seconds += launch_s(algorithm, ranks) + call_overhead_s(self.spec, ranks, per_node)
             if key is not None:
                 self._seconds[key] = seconds
         return seconds
