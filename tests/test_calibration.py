@@ -41,7 +41,10 @@ def test_link_alpha_beta_recovered_within_the_bootstrap_interval():
     assert fit.alpha_s[0] == pytest.approx(40e-6, rel=0.15)
     assert fit.beta_Bps[0] == pytest.approx(0.9e9, rel=0.05)
     samples = result.profile.bootstrap
-    alphas = [s[f"links.{KEY}.alpha_s.{len(fit.alpha_s) - 1}"] for s in samples]
+    # alpha where it shows (the smallest messages' segment: 2 (p - 1) x 40 us against kB-sized
+    # transfers), beta where it does (the largest's); alpha is under 2 % of a 16-64 MB all-reduce,
+    # inside the 3 % noise, and its bootstrap there says nothing either way
+    alphas = [s[f"links.{KEY}.alpha_s.0"] for s in samples]
     betas = [s[f"links.{KEY}.beta_Bps.{len(fit.beta_Bps) - 1}"] for s in samples]
     # the stated interval: the bootstrap's 2.5-97.5 percentiles, widened by the fitted noise
     widen = np.exp(2 * result.profile.noise_sigma)

@@ -1,13 +1,25 @@
 """Calibration step 2: links, per (link, device, software), from collective and ping-pong rows.
 
 Intra-node links from one-node rows first, then networks from multi-node rows (which run over the
-fitted intra-node links). The model's time for a row is linear in the link's alpha and 1/beta
-while the bottleneck does not move: T = a + b alpha + c / beta, with a, b, c read off the model
-itself by probing (three model runs per distinct configuration: repeated measurements of one
-setup are probed once). Every split of the sorted message sizes into at most three segments is
-fitted by bounded linear least squares on the relative error (``scipy.optimize.lsq_linear``, alpha
->= 0 and beta within the profile's range); the split is chosen by extrapolation to the largest
-scale, or by BIC. The coefficients are re-read at the fitted point twice.
+fitted intra-node links). The model's time for a row is linear in the link's alpha, 1/beta and
+per-call cost while the bottleneck does not move: T = a + b alpha + c / beta + d call, with a, b,
+c, d read off the model itself by probing (four model runs per distinct configuration: repeated
+measurements of one setup are probed once). Every split of the sorted message sizes into at most
+three segments is fitted by bounded linear least squares on the relative error
+(``scipy.optimize.lsq_linear``, alpha and call >= 0, beta within the profile's range); the split is
+chosen by extrapolation to the largest scale, or by BIC. The coefficients are re-read at the
+fitted point twice.
+
+Per step or per call. A ring pays alpha at each of its 2 (p - 1) steps; a library may also pay a
+fixed cost once per call (set-up, buffer registration, its large-message path). Both raise the
+time at the scale measured; only the first grows with the ranks. Each segment is read both ways,
+with two free parameters each: (alpha, beta) with no per-call cost, or beta and a per-call cost
+with alpha kept at the datasheet's. Rows at two or more scales tell the readings apart and the
+better fit wins (DeepBench's MLSL all-reduces on KNL at 2 and 4 nodes: the large-message segment's
+time is 18 ms above its bandwidth term at both scales, where a per-step alpha would have to triple
+from 2 to 4 nodes). At one scale both fit alike and the per-call reading is kept: extrapolated in
+ranks, it adds nothing the data did not show. (Fitting both at once, three parameters, let noise
+buy a per-call cost in the harness's 8-row groups: their held-out median went from 21.5 % to 23.3 %.)
 
 A device without rows of its own gets the datasheets, not another device's fit: in the published
 data one box's PCIe (8 TitanX behind PLX switches, 8.8 GB/s bus bandwidth) says little about another's
@@ -41,6 +53,7 @@ MAX_SEGMENTS = 3
 LIBRARY_BREAKPOINTS = {"mlsl": (128.0 * 2**20,)}
 LINK_PROBE_ALPHA = 0.5  # relative alpha step of the coefficient probes
 LINK_PROBE_BETA = 0.25  # relative 1/beta step
+LINK_PROBE_CALL_S = 1e-3  # per-call cost step (the time is exactly linear in it)
 # candidate receiver reduction rates (inf = free) and host core counts for ranks sharing a CPU
 REDUCE_GRID_BPS = (math.inf, 32e9, 16e9, 8e9, 4e9, 2e9, 1e9, 0.5e9)
 CORES_GRID = (1.0, 1.5, 2.0, 2.5, 3.0, 4.0, 6.0, 8.0)
@@ -104,13 +117,26 @@ def with_link(profile: Profile, key: str, fit: LinkFit) -> Profile:
 
 @dataclass
 class LinearRows:
-    """T_i ~= a_i + b_i alpha + c_i u (u = 1/beta) for the rows of one link group."""
+    """T_i ~= a_i + b_i alpha + c_i u + d_i call (u = 1/beta) for the rows of one link group."""
 
     a: np.ndarray
     b: np.ndarray
     c: np.ndarray
+    d: np.ndarray
     y: np.ndarray  # measured seconds
     sizes: np.ndarray  # message bytes
+    scales: np.ndarray  # devices in the run
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One message-size segment's fit: alpha (s per step), beta (bytes/s), the fixed cost per call
+    (s) and the weighted residual sum of squares."""
+
+    alpha: float
+    beta: float
+    call: float
+    rss: float
 
 
 def _model_time(row: Measurement, profile: Profile) -> float:
@@ -125,77 +151,98 @@ def _probe(
     key: str,
     alpha: np.ndarray,
     beta: np.ndarray,
+    call: np.ndarray,
     host: tuple[float, float] = (math.inf, math.inf),
 ) -> LinearRows:
-    """Linear coefficients of each row at its own (alpha_i, beta_i), with ``host`` = (reduce_Bps, cores) held.
+    """Linear coefficients of each row at its own (alpha_i, beta_i, call_i), with ``host`` =
+    (reduce_Bps, cores) held.
 
     Rows of one configuration probed at the same point share their coefficients (computed once).
     """
     reduce_Bps, cores = host
-    done: dict[tuple, tuple[float, float, float]] = {}
-    a, b, c = [], [], []
-    for row, alpha_i, beta_i in zip(rows, alpha, beta, strict=True):
-        point = (config_key(row), row.devices_per_node, float(alpha_i), float(beta_i))
+    done: dict[tuple, tuple[float, float, float, float]] = {}
+    a, b, c, d = [], [], [], []
+    for row, alpha_i, beta_i, call_i in zip(rows, alpha, beta, call, strict=True):
+        point = (config_key(row), row.devices_per_node, float(alpha_i), float(beta_i), float(call_i))
         if point not in done:
 
-            def time(al: float, be: float, row=row) -> float:
-                fit = LinkFit((), (al,), (be,), "probe", reduce_Bps=reduce_Bps, cores=cores)
+            def time(al: float, be: float, ca: float, row=row) -> float:
+                fit = LinkFit((), (al,), (be,), "probe", reduce_Bps=reduce_Bps, cores=cores, call_s=(ca,))
                 return _model_time(row, with_link(profile, key, fit))
 
-            base = time(alpha_i, beta_i)
+            base = time(alpha_i, beta_i, call_i)
             d_alpha = LINK_PROBE_ALPHA * alpha_i + 1e-7
-            slope_alpha = (time(alpha_i + d_alpha, beta_i) - base) / d_alpha
+            slope_alpha = (time(alpha_i + d_alpha, beta_i, call_i) - base) / d_alpha
             u = 1.0 / beta_i
             d_u = LINK_PROBE_BETA * u
-            slope_u = (time(alpha_i, 1.0 / (u + d_u)) - base) / d_u
-            done[point] = (base - slope_alpha * alpha_i - slope_u * u, slope_alpha, slope_u)
+            slope_u = (time(alpha_i, 1.0 / (u + d_u), call_i) - base) / d_u
+            slope_call = (time(alpha_i, beta_i, call_i + LINK_PROBE_CALL_S) - base) / LINK_PROBE_CALL_S
+            intercept = base - slope_alpha * alpha_i - slope_u * u - slope_call * call_i
+            done[point] = (intercept, slope_alpha, slope_u, slope_call)
         coefficients = done[point]
         a.append(coefficients[0])
         b.append(coefficients[1])
         c.append(coefficients[2])
+        d.append(coefficients[3])
     return LinearRows(
         np.array(a),
         np.array(b),
         np.array(c),
+        np.array(d),
         np.array([collective_time_s(row, row.value) for row in rows]),
         np.array([float(row.message_bytes or 0) for row in rows]),
+        np.array([float(row.devices) for row in rows]),
     )
 
 
-def _solve_segment(lin: LinearRows, index: np.ndarray, fallback: tuple[float, float]) -> tuple[float, float, float]:
-    """(alpha, beta, weighted RSS) minimising sum ((a + b alpha + c u - y) / y)^2 within the profile's ranges."""
+def _solve_segment(
+    lin: LinearRows, index: np.ndarray, fallback: tuple[float, float], datasheet_alpha: float | None = None
+) -> Segment:
+    """The segment's (alpha, beta, call) minimising sum ((a + b alpha + c u + d call - y) / y)^2
+    within the profile's ranges (module docstring: per step or per call). ``fallback``: (alpha,
+    beta) where the rows decide nothing; ``datasheet_alpha`` (default: the fallback's) is the alpha
+    the per-call reading keeps."""
     w = 1.0 / lin.y[index]
     target = (lin.y[index] - lin.a[index]) * w
-    design = np.column_stack([lin.b[index] * w, lin.c[index] * w])
+    design = np.column_stack([lin.b[index] * w, lin.c[index] * w, lin.d[index] * w])
     alpha0, beta0 = fallback
+    u_range = (1.0 / BETA_RANGE_BPS[1], 1.0 / BETA_RANGE_BPS[0])
+    upper = np.array([ALPHA_MAX_S, u_range[1], ALPHA_MAX_S])
+    lower = np.array([0.0, u_range[0], 0.0])
 
-    def rss(alpha: float, u: float) -> float:
-        r = design @ np.array([alpha, u]) - target
+    def rss(x: np.ndarray) -> float:
+        r = design @ x - target
         return float(r @ r)
 
-    candidates = []
-    scale = np.maximum(np.abs(design).max(axis=0), 1e-300)
-    u_range = (1.0 / BETA_RANGE_BPS[1], 1.0 / BETA_RANGE_BPS[0])
-    if index.size >= 2 and np.linalg.matrix_rank(design / scale, tol=1e-9) == 2:
-        # bounded linear least squares: alpha in [0, ALPHA_MAX_S], 1/beta in the profile's range
-        solution = lsq_linear(
-            design / scale,
-            target,
-            bounds=([0.0, u_range[0] * scale[1]], [ALPHA_MAX_S * scale[0], u_range[1] * scale[1]]),
-        )
-        candidates.append((float(solution.x[0] / scale[0]), float(solution.x[1] / scale[1])))
-    # one-parameter fits on the boundary: alpha = 0, or beta kept at its prior
-    if float(design[:, 1] @ design[:, 1]) > 0:
-        u = float(design[:, 1] @ target / (design[:, 1] @ design[:, 1]))
-        if u > 0:
-            candidates.append((0.0, min(max(u, u_range[0]), u_range[1])))
-    if float(design[:, 0] @ design[:, 0]) > 0:
-        u0 = 1.0 / beta0
-        alpha = float(design[:, 0] @ (target - design[:, 1] * u0) / (design[:, 0] @ design[:, 0]))
-        candidates.append((min(max(alpha, 0.0), ALPHA_MAX_S), u0))
-    candidates.append((alpha0, 1.0 / beta0))
-    alpha, u = min(candidates, key=lambda pair: rss(*pair))
-    return alpha, 1.0 / u, rss(alpha, u)
+    def bounded(columns: list[int], fixed: np.ndarray) -> np.ndarray | None:
+        """Least squares over ``columns`` with the others held at ``fixed``; None if not full rank."""
+        sub = design[:, columns]
+        scale = np.maximum(np.abs(sub).max(axis=0), 1e-300)
+        if index.size < len(columns) or np.linalg.matrix_rank(sub / scale, tol=1e-9) < len(columns):
+            return None
+        rest = target - np.delete(design, columns, axis=1) @ np.delete(fixed, columns)
+        solution = lsq_linear(sub / scale, rest, bounds=(lower[columns] * scale, upper[columns] * scale))
+        x = fixed.copy()
+        x[columns] = solution.x / scale
+        return x
+
+    prior = np.array([alpha0, 1.0 / beta0, 0.0])
+    candidates = [prior]
+    # without a per-call cost: alpha and 1/beta, alpha = 0, or beta kept at its prior
+    for columns in ([0, 1], [1], [0]):
+        x = bounded(columns, np.array([0.0 if columns == [1] else alpha0, 1.0 / beta0, 0.0]))
+        if x is not None:
+            candidates.append(x)
+    best = min(candidates, key=rss)
+    if np.any(lin.d[index] > 0):
+        # the per-call reading: alpha at the datasheet's, the excess a fixed cost per call; as many
+        # free parameters as the per-step reading, so the better fit wins, and a tie (one scale,
+        # where the two cannot be told apart) goes to it
+        at = datasheet_alpha if datasheet_alpha is not None else alpha0
+        x = bounded([1, 2], np.array([at, 1.0 / beta0, 0.0]))
+        if x is not None and rss(x) <= rss(best) * (1 + 1e-9) + 1e-18:
+            best = x
+    return Segment(float(best[0]), float(1.0 / best[1]), float(best[2]), rss(best))
 
 
 def library_breakpoints(key: str) -> tuple[float, ...]:
@@ -218,25 +265,28 @@ def _segmentations(sizes: np.ndarray, forced: tuple[float, ...] = ()) -> list[tu
 
 def _fit_segments(
     lin: LinearRows, breakpoints: tuple[float, ...], prior: tuple[float, float], rows: np.ndarray, minimum: int
-):
-    """Per-segment (alphas, betas, weighted RSS) fitted on ``rows``; None if a segment has too few."""
+) -> list[Segment] | None:
+    """Each segment's fit on ``rows``; None if a segment has too few."""
     segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
-    alphas, betas, total = [], [], 0.0
+    fits = []
     for s in range(len(breakpoints) + 1):
         index = rows[segment[rows] == s]
         if index.size < minimum:
             return None
-        alpha, beta, rss = _solve_segment(lin, index, prior)
-        alphas.append(alpha)
-        betas.append(beta)
-        total += rss
-    return tuple(alphas), tuple(betas), total
+        fits.append(_solve_segment(lin, index, prior))
+    return fits
 
 
-def _extrapolation_error(lin: LinearRows, breakpoints: tuple[float, ...], fitted, test: np.ndarray) -> float:
-    alphas, betas, _ = fitted
+def _rss(fits: list[Segment]) -> float:
+    return sum(fit.rss for fit in fits)
+
+
+def _extrapolation_error(
+    lin: LinearRows, breakpoints: tuple[float, ...], fits: list[Segment], test: np.ndarray
+) -> float:
     segment = np.searchsorted(np.array(breakpoints), lin.sizes[test], side="right")
-    predicted = lin.a[test] + lin.b[test] * np.array(alphas)[segment] + lin.c[test] / np.array(betas)[segment]
+    alpha, beta, call = (np.array([getattr(fit, name) for fit in fits])[segment] for name in ("alpha", "beta", "call"))
+    predicted = lin.a[test] + lin.b[test] * alpha + lin.c[test] / beta + lin.d[test] * call
     return float(np.sum(np.log(np.maximum(predicted, 1e-300) / lin.y[test]) ** 2))
 
 
@@ -247,7 +297,8 @@ def choose_segments(
 
     With rows at two or more scales (rank counts), the split is the one whose fit on the smaller
     scales best predicts the largest scale: the same extrapolation validate asks for. With one
-    scale, the lowest BIC among splits with at least three rows per segment. Every split breaks at
+    scale, the lowest BIC among splits with at least three rows per segment (two, or one, where the
+    library's thresholds leave no split with three). Every split breaks at
     the library's own protocol thresholds (``forced``, ``LIBRARY_BREAKPOINTS``) inside the sizes.
     """
     n = lin.y.size
@@ -263,16 +314,19 @@ def choose_segments(
                 scored.append((_extrapolation_error(lin, breakpoints, fitted, test), len(breakpoints), breakpoints))
         if scored:
             return min(scored)[2]
-    best: tuple[float, tuple[float, ...]] | None = None
-    for breakpoints in candidates:
-        fitted = _fit_segments(lin, breakpoints, prior, everything, 3)
-        if fitted is None:
-            continue
-        params = 2 * (len(breakpoints) + 1) + len(breakpoints)
-        bic = n * math.log(fitted[2] / n + 1e-12) + params * math.log(n)
-        if best is None or bic < best[0]:
-            best = (bic, breakpoints)
-    return best[1] if best else ()
+    for minimum in (3, 2, 1):  # fewer rows a segment only where the library's thresholds leave fewer
+        best: tuple[float, tuple[float, ...]] | None = None
+        for breakpoints in candidates:
+            fitted = _fit_segments(lin, breakpoints, prior, everything, minimum)
+            if fitted is None:
+                continue
+            params = 2 * (len(breakpoints) + 1) + len(breakpoints)
+            bic = n * math.log(_rss(fitted) / n + 1e-12) + params * math.log(n)
+            if best is None or bic < best[0]:
+                best = (bic, breakpoints)
+        if best:
+            return best[1]
+    return ()
 
 
 def _fit_alpha_beta(
@@ -283,21 +337,23 @@ def _fit_alpha_beta(
     host: tuple[float, float],
     rereads: int,
 ):
-    """Segmented alpha/beta of one group with (reduce_Bps, cores) held: (breakpoints, alphas, betas, RSS, lin)."""
+    """Segmented alpha/beta/call of one group with (reduce_Bps, cores) held: (breakpoints, fits, lin)."""
     n = len(rows)
     everything = np.arange(n)
-    lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), host)
-    breakpoints = choose_segments(lin, np.array([row.devices for row in rows]), prior, library_breakpoints(key))
-    fitted = _fit_segments(lin, breakpoints, prior, everything, 1)
-    assert fitted is not None
-    alphas, betas, rss = fitted
+    lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), np.zeros(n), host)
+    breakpoints = choose_segments(lin, lin.scales, prior, library_breakpoints(key))
+    fits = _fit_segments(lin, breakpoints, prior, everything, 1)
+    assert fits is not None
     for _ in range(rereads):  # re-read the coefficients at the fitted point
         segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
-        lin = _probe(rows, profile, key, np.array(alphas)[segment], np.array(betas)[segment], host)
+        alpha, beta, call = (
+            np.array([getattr(fit, name) for fit in fits])[segment] for name in ("alpha", "beta", "call")
+        )
+        lin = _probe(rows, profile, key, alpha, beta, call, host)
         refit = _fit_segments(lin, breakpoints, prior, everything, 1)
         if refit is not None:
-            alphas, betas, rss = refit
-    return breakpoints, alphas, betas, rss, lin
+            fits = refit
+    return breakpoints, fits, lin
 
 
 def shares_host_cpu(rows: list[Measurement]) -> bool:
@@ -317,9 +373,9 @@ def fit_host(profile: Profile, key: str, rows: list[Measurement], prior: tuple[f
     cores_grid = [math.inf] + [c for c in CORES_GRID if c < host_ranks]
 
     def score(host: tuple[float, float]) -> float:
-        _, alphas, _, rss, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
+        _, fits, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
         extra = sum(math.isfinite(value) for value in host)
-        return n * math.log(rss / n + 1e-12) + (2 * len(alphas) + extra) * math.log(n)
+        return n * math.log(_rss(fits) / n + 1e-12) + (2 * len(fits) + extra) * math.log(n)
 
     best = (math.inf, math.inf)
     for _ in range(2):
@@ -343,28 +399,36 @@ def fit_link_group(
         prior = (broader.alpha_s[-1], broader.beta_Bps[-1])
     n = len(rows)
     host = fit_host(profile, key, rows, prior) if shares_host_cpu(rows) else (math.inf, math.inf)
-    breakpoints, alphas, betas, _, lin = _fit_alpha_beta(profile, key, rows, prior, host, 2)
+    breakpoints, fits, lin = _fit_alpha_beta(profile, key, rows, prior, host, 2)
     source = (
         f"fitted by ddlsim calibrate to {n} collective rows ({rows[0].id} ... {rows[-1].id}); "
-        f"{len(alphas)} message-size segment(s)"
+        f"{len(fits)} message-size segment(s)"
     )
     if shares_host_cpu(rows):
         source += "; reduce_Bps and cores by grid search (BIC), inf = not supported by the data"
+    calls = tuple(fit.call for fit in fits)
     fit = LinkFit(
-        tuple(float(b) for b in breakpoints), tuple(alphas), tuple(betas), source, reduce_Bps=host[0], cores=host[1]
+        tuple(float(b) for b in breakpoints),
+        tuple(fit.alpha for fit in fits),
+        tuple(fit.beta for fit in fits),
+        source,
+        reduce_Bps=host[0],
+        cores=host[1],
+        call_s=calls if any(calls) else (),
     )
     boot: list[dict[str, float]] = []
     segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
     for _ in range(samples):
         drawn = rng.integers(0, n, n)
         sample: dict[str, float] = {}
-        for s in range(len(alphas)):
+        for s, fitted in enumerate(fits):
             index = drawn[segment[drawn] == s]
-            alpha, beta = alphas[s], betas[s]
             if np.unique(index).size >= 2:
-                alpha, beta, _ = _solve_segment(lin, index, (alphas[s], betas[s]))
-            sample[f"links.{key}.alpha_s.{s}"] = alpha
-            sample[f"links.{key}.beta_Bps.{s}"] = beta
+                fitted = _solve_segment(lin, index, (fitted.alpha, fitted.beta), prior[0])
+            sample[f"links.{key}.alpha_s.{s}"] = fitted.alpha
+            sample[f"links.{key}.beta_Bps.{s}"] = fitted.beta
+            if fit.call_s:
+                sample[f"links.{key}.call_s.{s}"] = fitted.call
         boot.append(sample)
     return fit, boot
 
@@ -415,7 +479,7 @@ def fit_links(
                 unused.extend((row.id, f"link fit failed: {error}") for row in members)
                 continue
         profile = with_link(profile, key, fit)
-        parameters += 2 * len(fit.alpha_s) + len(fit.breakpoints_bytes)
+        parameters += (3 if fit.call_s else 2) * len(fit.alpha_s) + len(fit.breakpoints_bytes)
         for index, sample in enumerate(boot):
             samples[index].update(sample)
         if progress:

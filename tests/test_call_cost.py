@@ -1,0 +1,140 @@
+"""A library's fixed cost per collective call (``LinkFit.call_s``): fitted apart from the per-step
+alpha where rows at two scales tell them apart, taken as per call where one scale cannot, and paid
+once per call by every executor."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from ddlsim.hardware_models.profile import LinkFit, Profile, ProfileError, load_profile, profile_to_toml
+from ddlsim.simulator.calibration.fit import calibrate
+from ddlsim.simulator.calibration.measurements import Measurement
+from ddlsim.simulator.calibration.predict import predict
+from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
+
+KEY = "eth_10g@xeon_8180@ring"
+SIZES = (1e3, 16e3, 256e3, 1e6, 4e6, 16e6, 64e6)
+
+
+def rows_under(truth: Profile, ranks: tuple[int, ...], sigma: float = 0.0, seed: int = 2) -> list[Measurement]:
+    """Ring all-reduce times of the model under ``truth`` (one rank per node), with lognormal noise."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for p in ranks:
+        for size in SIZES:
+            row = Measurement(
+                id=f"CALL-{p}-{int(size)}", kind="collective", metric="time_s", value=1.0, device="xeon_8180",
+                devices_per_node=1, nodes=p, collective="allreduce", algorithm="ring", network="eth_10g",
+                message_bytes=size, precision="fp32",
+            )  # fmt: skip
+            value = predict(row, truth).value
+            assert value is not None
+            rows.append(dataclasses.replace(row, value=value * float(np.exp(rng.normal(0.0, sigma)))))
+    return rows
+
+
+def test_two_scales_tell_a_per_call_cost_from_a_per_step_alpha():
+    """Rows at 2, 4 and 8 nodes made with a 2 ms cost per call (alpha the datasheet's): the per-call
+    reading fits them and comes back; a per-step alpha would have to grow from 2 to 14 steps."""
+    datasheet = LinkFit((), (35e-6,), (0.9e9,))
+    truth = Profile(links={KEY: dataclasses.replace(datasheet, call_s=(2e-3,))})
+    fit = calibrate(rows_under(truth, (2, 4, 8), sigma=0.01), bootstrap=0).profile.links[KEY]
+    small = fit.segment(1e3)
+    assert fit.call_s and fit.call_s[small] == pytest.approx(2e-3, rel=0.1)
+    assert fit.alpha_s[small] == pytest.approx(35e-6, rel=1e-3)  # eth_10g: 10 us overhead + 25 us latency
+
+
+def test_a_per_step_alpha_gets_no_per_call_cost_from_noise():
+    truth = Profile(links={KEY: LinkFit((), (40e-6,), (0.9e9,))})
+    fit = calibrate(rows_under(truth, (2, 4, 8), sigma=0.02), bootstrap=0).profile.links[KEY]
+    assert fit.alpha_s[fit.segment(1e3)] == pytest.approx(40e-6, rel=0.15)
+    assert not fit.call_s or fit.call_s[fit.segment(1e3)] < 0.1 * 2 * 40e-6
+
+
+def test_one_scale_keeps_the_datasheet_alpha_and_extrapolates_the_excess_flat():
+    """Rows at 2 nodes only, 5 ms slower than the datasheet at every size: per step or per call is
+    not decidable, the fit puts it per call, and 16 nodes then cost 5 ms more than the datasheet
+    says (a per-step reading would add 15 x 5 / 2 ms)."""
+    rows = [dataclasses.replace(row, value=row.value + 5e-3) for row in rows_under(Profile(), (2,))]
+    profile = calibrate(rows, bootstrap=0).profile
+    fit = profile.links[KEY]
+    assert fit.call_s and all(c == pytest.approx(5e-3, rel=0.05) for c in fit.call_s)
+    datasheet_alpha = 10e-6 + 25e-6  # eth_10g: per-message overhead + latency
+    assert all(a == pytest.approx(datasheet_alpha, rel=1e-3) for a in fit.alpha_s)
+    far = dataclasses.replace(rows[0], nodes=16)
+    added = predict(far, profile).value - predict(far, Profile()).value
+    assert added == pytest.approx(5e-3, rel=0.05)
+
+
+def test_every_executor_pays_the_cost_once_per_call():
+    profile = Profile(links={"ib_edr@v100_sxm2@nccl": LinkFit((), (2e-6,), (12e9,), call_s=(3e-3,))})
+    setup = CollectiveSetup(
+        devices_per_node=8, intra_node="nvlink2", network="ib_edr", profile=profile, device="v100_sxm2@nccl"
+    )
+    plain = dataclasses.replace(setup, profile=Profile(links={"ib_edr@v100_sxm2@nccl": LinkFit((), (2e-6,), (12e9,))}))
+    for ranks, extra in ((16, 3e-3), (8, 0.0)):  # two nodes cross the network; one node does not
+        with_cost = simulate_collective(setup, "nccl", "allreduce", ranks, 64e6)
+        without = simulate_collective(plain, "nccl", "allreduce", ranks, 64e6)
+        assert with_cost["time_s"] - without["time_s"] == pytest.approx(extra, abs=1e-9)
+        assert with_cost["closed_form_s"] - without["closed_form_s"] == pytest.approx(extra, abs=1e-9)
+
+
+def test_the_cost_round_trips_through_the_profile_file_and_is_checked(tmp_path):
+    profile = Profile(links={KEY: LinkFit((1e6,), (1e-5, 2e-5), (1e9, 1.2e9), "test", call_s=(0.0, 0.018))})
+    path = tmp_path / "p.toml"
+    path.write_text(profile_to_toml(profile))
+    loaded = load_profile(path)
+    assert loaded.links[KEY].call_s == (0.0, 0.018)
+    assert loaded.flat()[f"links.{KEY}.call_s.1"] == pytest.approx(0.018)
+    assert loaded.with_flat({f"links.{KEY}.call_s.1": 0.02}).links[KEY].call_s == (0.0, 0.02)
+    path.write_text(profile_to_toml(profile).replace("call_s = { value = [0.0, 0.018]", "call_s = { value = [0.018]"))
+    with pytest.raises(ProfileError, match="call_s needs one value per segment"):
+        load_profile(path)
+
+
+class _Payload:
+    def __init__(self, nbytes: float) -> None:
+        self.nbytes = nbytes
+
+
+def _spec(call_s: float):
+    import dataclasses as dc
+
+    from ddlsim.hardware_models.catalog import load_link
+    from ddlsim.simulator.engine.fabric import FabricSpec
+
+    pcie = load_link("pcie3_x16")
+    network = dc.replace(load_link("ib_edr"), call_overhead_s=call_s)
+    return FabricSpec(nodes=2, devices_per_node=4, peer_link=pcie, host_link=pcie, network=network)
+
+
+@pytest.mark.parametrize("mode", ["vectorised", "message"])
+def test_the_event_simulation_and_the_closed_form_pay_it_once_per_call(mode):
+    """Two all-reduces, one over all 8 ranks of 2 nodes, one over the 4 of node 0: the first pays
+    the network's 2 ms per call, the second (inside a node) does not."""
+    from ddlsim.simulator.engine.fabric import Fabric
+    from ddlsim.simulator.executor.role_executor import RoleExecutor
+    from ddlsim.simulator.training.costs import GroupCosts
+
+    def finish(call_s: float) -> list[float]:
+        ends: list[float] = []
+
+        def program(comm):
+            yield comm.allreduce(_Payload(16e6), "ring")
+            if comm.rank < 4:
+                yield comm.allreduce(_Payload(16e6), "ring", group=(0, 1, 2, 3))
+            ends.append(comm.now())
+
+        RoleExecutor(Fabric(_spec(call_s)), list(range(8)), mode).run(program)
+        return ends
+
+    assert finish(2e-3) == pytest.approx([end + 2e-3 for end in finish(0.0)], rel=1e-12, abs=1e-12)
+    plain, costly = GroupCosts(_spec(0.0)), GroupCosts(_spec(2e-3))
+    assert costly.collective_s("allreduce", "ring", 8, 16e6, {}) == pytest.approx(
+        plain.collective_s("allreduce", "ring", 8, 16e6, {}) + 2e-3
+    )
+    within = ("allreduce", "ring", 4, 16e6, {}, (0, 1, 2, 3))
+    assert costly.collective_s(*within) == plain.collective_s(*within)
