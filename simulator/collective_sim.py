@@ -154,7 +154,8 @@ def simulate_collective(
     started = time.perf_counter()
     # a library's call enters its schedule this late: its launch, and a calibrated fixed cost per call
     per_node = setup.devices_per_node if setup.placement == "block" else 1
-    launch = launch_s(algorithm, ranks) + call_overhead_s(fabric.spec, ranks, per_node)
+    library, call = launch_s(algorithm, ranks), call_overhead_s(fabric.spec, ranks, per_node)
+    launch = library + call
     try:
         finish, path = run_collective(schedule, fabric, message_bytes, launch, mode)
     except ContentionDetected as detected:  # only a forced path declines: auto always has the message path
@@ -178,7 +179,8 @@ def simulate_collective(
         "algbw_Bps": algbw,
         "busbw_Bps": algbw * bus_factor(collective, ranks),
         "closed_form_s": closed,
-        "launch_s": launch,
+        "launch_s": library,
+        "call_s": call,  # a calibration profile's fixed cost per call over the links crossed
         "execution_path": path,
         "wall_s": wall,
     }

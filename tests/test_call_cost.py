@@ -80,6 +80,7 @@ def test_every_executor_pays_the_cost_once_per_call():
         without = simulate_collective(plain, "nccl", "allreduce", ranks, 64e6)
         assert with_cost["time_s"] - without["time_s"] == pytest.approx(extra, abs=1e-9)
         assert with_cost["closed_form_s"] - without["closed_form_s"] == pytest.approx(extra, abs=1e-9)
+        assert with_cost["call_s"] == extra and with_cost["launch_s"] == without["launch_s"]  # named apart
 
 
 def test_the_cost_round_trips_through_the_profile_file_and_is_checked(tmp_path):
