@@ -67,6 +67,12 @@ def test_one_scale_keeps_the_datasheet_alpha_and_extrapolates_the_excess_flat():
     far = dataclasses.replace(rows[0], nodes=16)
     added = predict(far, profile).value - predict(far, Profile()).value
     assert added == pytest.approx(5e-3, rel=0.05)
+    # the validation table names the term where it applied, as it does the rank jitter
+    from ddlsim.simulator.calibration.crossval import table_row
+    from ddlsim.simulator.calibration.intervals import Estimator
+
+    note = table_row(far, Estimator(profile, 0.9).estimate(far), "predicted")["note"]
+    assert "fitted fixed cost per call 5" in note
 
 
 def test_every_executor_pays_the_cost_once_per_call():

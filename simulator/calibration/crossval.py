@@ -90,7 +90,8 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
         out.update(status="cannot_model", reason=estimate.reason if estimate else "")
         return out
     assert estimate.low is not None and estimate.high is not None
-    jitter = estimate.detail.partition(", rank jitter ")[2]  # the named cost term, where it applied
+    jitter = estimate.detail.partition(", rank jitter ")[2]  # the named cost terms, where they applied
+    per_call = estimate.detail.partition(", fixed cost per call ")[2]
     out.update(
         predicted=estimate.value,
         error_pct=100.0 * (estimate.value - row.value) / row.value,
@@ -99,7 +100,15 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
         ci_width=estimate.high / estimate.low,
         in_ci=estimate.low <= row.value <= estimate.high,
         basis=estimate.kind,
-        note="; ".join(part for part in (estimate.note, f"rank jitter {jitter}" if jitter else "") if part),
+        note="; ".join(
+            part
+            for part in (
+                estimate.note,
+                f"rank jitter {jitter}" if jitter else "",
+                f"fitted fixed cost per call {per_call}" if per_call else "",
+            )
+            if part
+        ),
     )
     return out
 

@@ -162,6 +162,8 @@ def predict_collective(
     result = simulate_collective(setup, row.algorithm, row.collective, row.devices, nbytes, mode=mode)
     time_s = float(result["time_s"])
     detail = str(result["resolved_algorithm"])
+    if result["call_s"]:  # named where it applies, as the rank jitter is
+        detail += f", fixed cost per call {1e3 * float(result['call_s']):.3g} ms"
     if row.metric == "time_s":
         return Prediction(time_s, detail=detail)
     if row.metric == "bus_bandwidth_Bps":
