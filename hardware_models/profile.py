@@ -373,10 +373,14 @@ class Profile:
 
     def ideal(self) -> Profile:
         """This profile with the fitted step-level cost terms switched off (``--ideal``): no rank
-        jitter (the slowest of N ranks) and no overlap interference; compute and links stay fitted."""
+        jitter (the slowest of N ranks), no overlap interference and no fixed cost per collective
+        call; compute and the links' alpha and beta stay fitted."""
         sources = {**self.sources, "rank_jitter_sigma": "switched off (--ideal)",
                    "overlap_interference": "switched off (--ideal)"}  # fmt: skip
-        return dataclasses.replace(self, rank_jitter_sigma=0.0, overlap_interference=0.0, sources=sources)
+        links = {key: dataclasses.replace(fit, call_s=()) for key, fit in self.links.items()}
+        return dataclasses.replace(
+            self, rank_jitter_sigma=0.0, overlap_interference=0.0, links=links, sources=sources
+        )
 
     def samples(self) -> list[Profile]:
         """One profile per bootstrap sample (empty when the profile carries none)."""

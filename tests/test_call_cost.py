@@ -73,6 +73,9 @@ def test_one_scale_keeps_the_datasheet_alpha_and_extrapolates_the_excess_flat():
 
     note = table_row(far, Estimator(profile, 0.9).estimate(far), "predicted")["note"]
     assert "fitted fixed cost per call 5" in note
+    # --ideal switches it off with the other step-level terms; the link's alpha and beta stay fitted
+    assert predict(far, profile.ideal()).value == pytest.approx(predict(far, profile).value - added)
+    assert profile.ideal().links[KEY].beta_Bps == fit.beta_Bps
 
 
 def test_every_executor_pays_the_cost_once_per_call():

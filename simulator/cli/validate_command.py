@@ -76,7 +76,8 @@ def register(subparsers) -> None:
     parser.add_argument("--executor", choices=("analytic", "des"), default="analytic")
     parser.add_argument(
         "--ideal", action="store_true",
-        help="switch off the fitted step-level cost terms (rank jitter: the slowest of N ranks; overlap interference)",
+        help="switch off the fitted step-level cost terms (rank jitter: the slowest of N ranks; overlap "
+        "interference; a link's fixed cost per collective call)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, required=True, help="directory for validation.csv, summary.json")
