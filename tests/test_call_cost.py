@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 
 from ddlsim.hardware_models.profile import LinkFit, Profile, ProfileError, load_profile, profile_to_toml
@@ -14,26 +13,12 @@ from ddlsim.simulator.calibration.fit import calibrate
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.calibration.predict import predict
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
-
-KEY = "eth_10g@xeon_8180@ring"
-SIZES = (1e3, 16e3, 256e3, 1e6, 4e6, 16e6, 64e6)
+from tests.test_calibration import KEY, synthetic_collectives
 
 
-def rows_under(truth: Profile, ranks: tuple[int, ...], sigma: float = 0.0, seed: int = 2) -> list[Measurement]:
-    """Ring all-reduce times of the model under ``truth`` (one rank per node), with lognormal noise."""
-    rng = np.random.default_rng(seed)
-    rows = []
-    for p in ranks:
-        for size in SIZES:
-            row = Measurement(
-                id=f"CALL-{p}-{int(size)}", kind="collective", metric="time_s", value=1.0, device="xeon_8180",
-                devices_per_node=1, nodes=p, collective="allreduce", algorithm="ring", network="eth_10g",
-                message_bytes=size, precision="fp32",
-            )  # fmt: skip
-            value = predict(row, truth).value
-            assert value is not None
-            rows.append(dataclasses.replace(row, value=value * float(np.exp(rng.normal(0.0, sigma)))))
-    return rows
+def rows_under(truth: Profile, ranks: tuple[int, ...], sigma: float = 0.0) -> list[Measurement]:
+    """Ring all-reduce times over eth_10g of the model under ``truth`` (one rank per node), with noise."""
+    return synthetic_collectives(truth, sigma, seed=2, ranks=ranks)
 
 
 def test_two_scales_tell_a_per_call_cost_from_a_per_step_alpha():
