@@ -213,3 +213,24 @@ def test_a_shape_pinned_only_by_multi_device_rows_reproduces_them_under_the_rank
     for row in mlperf:
         assert row.devices >= 8
         assert predict(row, profile).value == pytest.approx(row.value, rel=0.01), row.id
+
+
+def test_box_least_squares_is_the_bounded_optimum():
+    """The link fit's one- and two-column bounded least squares (no iterative solver) reaches the
+    residual scipy's lsq_linear reaches, on random problems whose optimum is often on a bound."""
+    from scipy.optimize import lsq_linear
+
+    from ddlsim.simulator.calibration.link_fit import _box_least_squares
+
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        columns = 1 + trial % 2
+        a = rng.normal(size=(6, columns))
+        y = rng.normal(size=6)
+        low = rng.uniform(-1.0, 0.0, size=columns)
+        high = low + rng.uniform(0.05, 1.0, size=columns)
+        ours = _box_least_squares(a, y, low, high)
+        assert np.all((low - 1e-12 <= ours) & (ours <= high + 1e-12))
+        reference = lsq_linear(a, y, bounds=(low, high), tol=1e-12).x
+        rss_ours, rss_reference = (float(np.sum((a @ x - y) ** 2)) for x in (ours, reference))
+        assert rss_ours <= rss_reference * (1 + 1e-7) + 1e-12

@@ -195,6 +195,33 @@ def _probe(
     )
 
 
+def _box_least_squares(a: np.ndarray, y: np.ndarray, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    """argmin |a x - y|^2 with low <= x <= high. One or two columns (every fit here) exactly and
+    without an iterative solver: the unconstrained solution if inside the box, else the best of
+    the box's edges, each a one-column fit clipped to its bounds. More columns: ``lsq_linear``."""
+
+    def one(column: np.ndarray, target: np.ndarray, lo: float, hi: float) -> float:
+        norm = float(column @ column)
+        return float(np.clip(column @ target / norm, lo, hi)) if norm > 0 else float(np.clip(0.0, lo, hi))
+
+    if a.shape[1] == 1:
+        return np.array([one(a[:, 0], y, low[0], high[0])])
+    solution = np.linalg.lstsq(a, y, rcond=None)[0]
+    if np.all((low <= solution) & (solution <= high)):
+        return solution
+    if a.shape[1] > 2:
+        return lsq_linear(a, y, bounds=(low, high)).x
+    edges = []
+    for held in (0, 1):
+        free = 1 - held
+        for bound in (low[held], high[held]):
+            x = np.empty(2)
+            x[held] = bound
+            x[free] = one(a[:, free], y - a[:, held] * bound, low[free], high[free])
+            edges.append(x)
+    return min(edges, key=lambda x: float(np.sum((a @ x - y) ** 2)))
+
+
 def _solve_segment(
     lin: LinearRows, index: np.ndarray, fallback: tuple[float, float], datasheet_alpha: float | None = None
 ) -> Segment:
@@ -221,9 +248,8 @@ def _solve_segment(
         if index.size < len(columns) or np.linalg.matrix_rank(sub / scale, tol=1e-9) < len(columns):
             return None
         rest = target - np.delete(design, columns, axis=1) @ np.delete(fixed, columns)
-        solution = lsq_linear(sub / scale, rest, bounds=(lower[columns] * scale, upper[columns] * scale))
         x = fixed.copy()
-        x[columns] = solution.x / scale
+        x[columns] = _box_least_squares(sub / scale, rest, lower[columns] * scale, upper[columns] * scale) / scale
         return x
 
     prior = np.array([alpha0, 1.0 / beta0, 0.0])
