@@ -234,3 +234,13 @@ def test_box_least_squares_is_the_bounded_optimum():
         reference = lsq_linear(a, y, bounds=(low, high), tol=1e-12).x
         rss_ours, rss_reference = (float(np.sum((a @ x - y) ** 2)) for x in (ours, reference))
         assert rss_ours <= rss_reference * (1 + 1e-7) + 1e-12
+
+
+def test_a_row_the_rest_of_the_model_overruns_keeps_its_link_at_the_datasheet():
+    """DeepBench's one OpenMPI row (0.4 MB on 4 TitanX boxes) is faster than the model's intra-node
+    part alone: no bandwidth fits it, and the fit keeps the datasheet's rather than the range's top."""
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements
+
+    rows = [row for row in read_measurements([packaged_published_dev()]).rows if row.device == "titanx_pascal"]
+    fit = calibrate(rows, bootstrap=0).profile.links["ib_fdr@titanx_pascal@openmpi"]
+    assert fit.beta_Bps == pytest.approx((6e9,), rel=0.01)  # FDR's payload rate per port

@@ -257,7 +257,9 @@ def _solve_segment(
     # without a per-call cost: alpha and 1/beta, alpha = 0, or beta kept at its prior
     for columns in ([0, 1], [1], [0]):
         x = bounded(columns, np.array([0.0 if columns == [1] else alpha0, 1.0 / beta0, 0.0]))
-        if x is not None:
+        # alpha = 0 and a free beta only where the rows ask for a positive time per byte: a row the
+        # model's other parts already overrun would otherwise clip beta to the range's top (1e15 B/s)
+        if x is not None and not (columns == [1] and float(design[:, 1] @ target) <= 0):
             candidates.append(x)
     best = min(candidates, key=rss)
     if np.any(lin.d[index] > 0):
