@@ -133,3 +133,16 @@ def test_the_event_simulation_and_the_closed_form_pay_it_once_per_call(mode):
     )
     within = ("allreduce", "ring", 4, 16e6, {}, (0, 1, 2, 3))
     assert costly.collective_s(*within) == plain.collective_s(*within)
+
+
+def test_calibrate_prints_each_link_segment_and_its_per_call_cost():
+    from ddlsim.simulator.cli.calibrate_command import describe_link
+
+    fit = LinkFit(
+        (14.42e6, 128 * 2**20), (22.1e-6, 2e-6, 2e-6), (10.19e9, 13.81e9, 13.28e9), call_s=(0.0, 4.39e-4, 0.0182)
+    )
+    assert describe_link(fit) == (
+        "below 14.42 MB: alpha 22.1 us, 10.19 GB/s; 14.42 MB-128 MiB: alpha 2 us, 13.81 GB/s, 0.439 ms a call; "
+        "from 128 MiB: alpha 2 us, 13.28 GB/s, 18.2 ms a call"
+    )
+    assert describe_link(LinkFit((), (5e-6,), (6e9,))) == "all sizes: alpha 5 us, 6 GB/s"

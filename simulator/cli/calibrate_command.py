@@ -13,7 +13,8 @@ import sys
 import tomllib
 from pathlib import Path
 
-from ddlsim.hardware_models.profile import ProfileError, parse_profile, profile_to_toml
+from ddlsim.hardware_models.profile import LinkFit, ProfileError, parse_profile, profile_to_toml
+from ddlsim.reports.formatting import format_size
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import MeasurementError, read_measurements
 from ddlsim.simulator.cli.common import Progress, print_table
@@ -83,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
         + "".join(f"; {kind} {sigma:.3f}" for kind, sigma in sorted(profile.noise.items()))
         + f"; overlap interference {profile.overlap_interference:.3f}, {len(profile.bootstrap)} bootstrap samples"
     )
+    for key in sorted(profile.links):
+        print(f"# link {key}: {describe_link(profile.links[key])}")
     for warning in result.warnings:
         print(f"ddlsim: warning: {warning}", file=sys.stderr)
     text = profile_to_toml(profile)
@@ -94,6 +97,26 @@ def run(args: argparse.Namespace) -> int:
         handle.write(text)
     print(f"# wrote {args.out}")
     return 0
+
+
+def describe_link(fit: LinkFit) -> str:
+    """A fitted link, one segment after the other: ``below 14.42 MB: alpha 22.1 us, 10.19 GB/s;
+    14.42 MB-128 MiB: ..., 0.439 ms a call``."""
+    edges = [None, *fit.breakpoints_bytes, None]
+    parts = []
+    for index, (alpha, beta) in enumerate(zip(fit.alpha_s, fit.beta_Bps, strict=True)):
+        low, high = edges[index], edges[index + 1]
+        where = (
+            "all sizes" if low is None and high is None
+            else f"below {format_size(high)}" if low is None
+            else f"from {format_size(low)}" if high is None
+            else f"{format_size(low)}-{format_size(high)}"
+        )  # fmt: skip
+        text = f"{where}: alpha {1e6 * alpha:.3g} us, {beta / 1e9:.4g} GB/s"
+        if fit.call_s and fit.call_s[index]:
+            text += f", {1e3 * fit.call_s[index]:.3g} ms a call"
+        parts.append(text)
+    return "; ".join(parts)
 
 
 def _calibrate_llm(args: argparse.Namespace) -> int:
