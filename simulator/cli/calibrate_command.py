@@ -102,15 +102,16 @@ def run(args: argparse.Namespace) -> int:
 def describe_link(fit: LinkFit) -> str:
     """A fitted link, one segment after the other: ``below 14.42 MB: alpha 22.1 us, 10.19 GB/s;
     14.42 MB-128 MiB: ..., 0.439 ms a call``."""
-    edges = [None, *fit.breakpoints_bytes, None]
+    cuts = [format_size(size) for size in fit.breakpoints_bytes]
+    edges = ["", *cuts, ""]
     parts = []
     for index, (alpha, beta) in enumerate(zip(fit.alpha_s, fit.beta_Bps, strict=True)):
         low, high = edges[index], edges[index + 1]
         where = (
-            "all sizes" if low is None and high is None
-            else f"below {format_size(high)}" if low is None
-            else f"from {format_size(low)}" if high is None
-            else f"{format_size(low)}-{format_size(high)}"
+            f"{low}-{high}" if low and high
+            else f"below {high}" if high
+            else f"from {low}" if low
+            else "all sizes"
         )  # fmt: skip
         text = f"{where}: alpha {1e6 * alpha:.3g} us, {beta / 1e9:.4g} GB/s"
         if fit.call_s and fit.call_s[index]:
