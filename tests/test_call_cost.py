@@ -146,3 +146,34 @@ def test_calibrate_prints_each_link_segment_and_its_per_call_cost():
         "from 128 MiB: alpha 2 us, 13.28 GB/s, 18.2 ms a call"
     )
     assert describe_link(LinkFit((), (5e-6,), (6e9,))) == "all sizes: alpha 5 us, 6 GB/s"
+
+
+def _collective_time_us(capsys, argv: list[str]) -> list[float]:
+    from ddlsim.simulator.cli.main import main
+
+    assert main(["collective", "--algorithm", "ring", "--message-bytes", "64MB", "--ranks", "2,16", *argv]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    return [float(line.split()[3]) for line in lines if line.split()[0].isdigit()]
+
+
+def test_the_collective_command_runs_on_a_profile_and_shows_its_per_call_cost(tmp_path, capsys):
+    """ddlsim collective --profile P --device D: the profile's link for D's ring all-reduce replaces the
+    datasheet's, and each call pays its 3 ms once, at 2 ranks as at 16."""
+    key = "ib_edr@v100_sxm2@ring"
+    paths = []
+    for name, call in (("plain", ()), ("costly", (3e-3,))):
+        path = tmp_path / f"{name}.toml"
+        path.write_text(profile_to_toml(Profile(links={key: LinkFit((), (2e-6,), (10e9,), "test", call_s=call)})))
+        paths.append(path)
+    plain = _collective_time_us(capsys, ["--profile", str(paths[0]), "--device", "v100_sxm2"])
+    costly = _collective_time_us(capsys, ["--profile", str(paths[1]), "--device", "v100_sxm2"])
+    assert costly == pytest.approx([t + 3000.0 for t in plain], abs=0.01)
+    datasheet = _collective_time_us(capsys, [])
+    assert datasheet[1] != pytest.approx(plain[1], rel=0.01)  # the fitted 10 GB/s, not EDR's datasheet
+    from ddlsim.simulator.cli.main import main
+
+    assert main(["collective", "--profile", str(paths[1]), "--message-bytes", "1MB", "--ranks", "2",
+                 "--device", "v100_sxm2"]) == 0  # fmt: skip
+    assert "fixed cost per call, 3 ms" in capsys.readouterr().out
+    assert main(["collective", "--profile", str(paths[1])]) == 2
+    assert "--profile and --device go together" in capsys.readouterr().err

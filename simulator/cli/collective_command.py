@@ -37,6 +37,7 @@ COLUMNS = (
     "busbw_Bps",
     "closed_form_s",
     "launch_s",
+    "call_s",
     "execution_path",
 )
 
@@ -59,6 +60,15 @@ def register(subparsers) -> None:
     p.add_argument("--network", default="ib_edr")
     add_topology_arguments(p)
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
+    p.add_argument(
+        "--profile", type=Path, default=None, metavar="TOML",
+        help="a profile from 'ddlsim calibrate': its fitted links (alpha, bandwidth, fixed cost per call per "
+        "message size) replace the datasheets' for --device's rows of this algorithm and collective",
+    )  # fmt: skip
+    p.add_argument(
+        "--device", default=None,
+        help="the device the profile's link fits were measured on (with --profile), e.g. knl_7250",
+    )  # fmt: skip
     p.add_argument(
         "--mode", default="auto", choices=("auto", "vectorised", "fluid", "message"), help="DES execution path"
     )
@@ -83,11 +93,23 @@ def reach_note(ranks: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, "directory", files=("results.csv", "setup.json"))
+    if (args.profile is None) != (args.device is None):
+        raise InputError("--profile and --device go together: the profile's links are fitted per device")
+    profile, scope = None, None
+    if args.profile is not None:
+        from ddlsim.hardware_models.catalog import load_device
+        from ddlsim.hardware_models.profile import load_profile
+
+        load_device(args.device)  # an unknown token: one line naming the valid ones
+        profile = load_profile(args.profile)
+        scope = f"{args.device}@{args.algorithm}@{args.collective}"  # as validate scopes a collective row
     setup = CollectiveSetup(
         devices_per_node=args.devices_per_node,
         intra_node=args.intra_node,
         host_link=args.host_link,
         network=args.network,
+        profile=profile,
+        device=scope,
         **topology_options(args),
     )
     sizes = parse_sizes(args.message_bytes, "--message-bytes")
@@ -111,7 +133,11 @@ def run(args: argparse.Namespace) -> int:
     shown = [row | {"size": format_size(row["message_bytes"]), "time_us": 1e6 * row["time_s"]} for row in rows]
     launch = max(row["launch_s"] for row in rows)
     included = f"; times include {args.algorithm}'s launch, {1e6 * launch:g} us a call" if launch else ""
-    where = f"{args.topology} ({args.network})"
+    calls = sorted({row["call_s"] for row in rows if row["call_s"]})
+    if calls:
+        span = f"{1e3 * calls[0]:.3g} ms" + (f" to {1e3 * calls[-1]:.3g} ms" if len(calls) > 1 else "")
+        included += f"; and the profile's fixed cost per call, {span}"
+    where = f"{args.topology} ({args.network})" + (f", links calibrated in {args.profile}" if profile else "")
     print(f"# {args.collective} with {args.algorithm} on {where}, busbw as nccl-tests{included}")
     chosen = ("resolved_options",) if any(row["resolved_options"] for row in rows) else ()
     print_table(
@@ -123,7 +149,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(
             args.out / "setup.json",
             {
-                "setup": vars(setup) | {"torus_dims": setup.torus_dims},
+                "setup": vars(setup) | {"torus_dims": setup.torus_dims, "profile": str(args.profile or "")},
                 "algorithm": args.algorithm,
                 "collective": args.collective,
                 "options": options,
