@@ -22,6 +22,7 @@ units) written by ``ddlsim calibrate``::
     alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
     beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
     call_s = { value = [0.0, 1.8e-2], source = "fitted ..." }  # optional: fixed seconds per call
+    step_alpha_s = { value = [0.0, 1.1e-3], source = "..." }  # optional: the per-step reading's alpha
     reduce_Bps = { value = 3e9, source = "fitted ..." }  # optional: receiver's reduction rate (gamma)
     cores = { value = 2.0, source = "fitted ..." }       # optional: cores driving a CPU transport
 
@@ -45,7 +46,9 @@ datasheet's (latency + per-message overhead, line rate x efficiency x links) by 
 alpha is all the per-message time the path's other (uncalibrated) parts do not already carry;
 ``call_s`` (optional, 0 without it) is a cost each collective call crossing the link pays once,
 whatever the number of ranks: a library's fixed cost per call, told apart from alpha (paid per
-step, so growing with the ranks) by rows at two or more scales.
+step, so growing with the ranks) by rows at two or more scales. Where one scale could not tell
+them apart, ``step_alpha_s`` keeps the per-step reading's alpha (0 where the rows decided), and
+``per_step_reading()`` gives the profile that reading makes: predictions span both.
 
 Nothing here is global: a profile is a frozen value passed to ``Scenario(profile=...)`` and
 ``CollectiveSetup(profile=...)``.
@@ -67,7 +70,7 @@ from ddlsim.hardware_models.compute import LAYER_TYPES, ComputeModel, architectu
 SCHEMA_VERSION = 1
 
 DEVICE_KEYS = ("compute_efficiency", "memory_efficiency", "layer_efficiency", "workload_scale")
-LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps", "call_s", "reduce_Bps", "cores")
+LINK_KEYS = ("breakpoints_bytes", "alpha_s", "beta_Bps", "call_s", "step_alpha_s", "reduce_Bps", "cores")
 LINK_REQUIRED = ("breakpoints_bytes", "alpha_s", "beta_Bps")
 TOP_KEYS = (
     "schema_version",
@@ -106,6 +109,9 @@ class LinkFit:
     cores: float = math.inf
     # fixed seconds per collective call, per segment (empty: none); see the module docstring
     call_s: tuple[float, ...] = ()
+    # the per-step reading's alpha per segment where one scale could not tell it from the per-call
+    # reading the fit kept (0: the rows decided; empty: none)
+    step_alpha_s: tuple[float, ...] = ()
 
     def segment(self, message_bytes: float | None) -> int:
         if message_bytes is None:
@@ -371,6 +377,22 @@ class Profile:
             self, devices=devices, links=links, overlap_interference=interference, compute=fitted
         )
 
+    def per_step_reading(self) -> Profile | None:
+        """This profile with every undecided link segment read per step (its ``step_alpha_s``, no
+        per-call cost), or None when the rows decided every segment."""
+        links = dict(self.links)
+        changed = False
+        for key, fit in self.links.items():
+            if not any(fit.step_alpha_s):
+                continue
+            alphas, calls = list(fit.alpha_s), list(fit.call_s or (0.0,) * len(fit.alpha_s))
+            for index, step in enumerate(fit.step_alpha_s):
+                if step:
+                    alphas[index], calls[index] = step, 0.0
+            links[key] = dataclasses.replace(fit, alpha_s=tuple(alphas), call_s=tuple(calls), step_alpha_s=())
+            changed = True
+        return dataclasses.replace(self, links=links, bootstrap=()) if changed else None
+
     def ideal(self) -> Profile:
         """This profile with the fitted step-level cost terms switched off (``--ideal``): no rank
         jitter (the slowest of N ranks), no overlap interference and no fixed cost per collective
@@ -464,6 +486,9 @@ def profile_to_toml(profile: Profile) -> str:
         lines.append(f"beta_Bps = {_entry(list(link.beta_Bps), link.source)}")
         if any(link.call_s):  # absent = no fixed cost per call
             lines.append(f"call_s = {_entry(list(link.call_s), link.source)}")
+        if any(link.step_alpha_s):  # absent = every segment decided by the rows
+            reading = "the per-step reading's alpha, where one scale could not tell it from the per-call reading"
+            lines.append(f"step_alpha_s = {_entry(list(link.step_alpha_s), reading)}")
         for name in ("reduce_Bps", "cores"):
             value = getattr(link, name)
             if math.isfinite(value):  # absent = inf: free reduction, never stretched
@@ -640,18 +665,22 @@ def parse_profile(data: dict[str, Any], path: Path) -> Profile:
         for name, low, high in (("reduce_Bps", 1.0, 1e15), ("cores", 1.0, 1e6)):
             if name in table:
                 optional[name] = float(_number_entry(table, name, at, low, high)[0])
-        call: tuple[float, ...] = ()
-        if "call_s" in table:
-            call = tuple(float(c) for c in _number_entry(table, "call_s", at, 0.0, 1e3, array=True)[0])
-            if len(call) != len(alpha):
-                raise ProfileError(f"{at}: call_s needs one value per segment (breakpoints + 1), like alpha_s")
+        per_segment: dict[str, tuple[float, ...]] = {}
+        for name in ("call_s", "step_alpha_s"):
+            if name in table:
+                values = tuple(float(c) for c in _number_entry(table, name, at, 0.0, 1e3, array=True)[0])
+                if len(values) != len(alpha):
+                    raise ProfileError(f"{at}: {name} needs one value per segment (breakpoints + 1), like alpha_s")
+                per_segment[name] = values
         links[key] = LinkFit(
             tuple(float(b) for b in breakpoints),
             tuple(float(a) for a in alpha),
             tuple(float(b) for b in beta),
             source,
-            call_s=call,
-            **optional,
+            reduce_Bps=optional.get("reduce_Bps", math.inf),
+            cores=optional.get("cores", math.inf),
+            call_s=per_segment.get("call_s", ()),
+            step_alpha_s=per_segment.get("step_alpha_s", ()),
         )
     samples = data.get("bootstrap", [])
     if not isinstance(samples, list) or not all(isinstance(sample, dict) for sample in samples):

@@ -34,9 +34,11 @@ def test_two_scales_tell_a_per_call_cost_from_a_per_step_alpha():
 
 def test_a_per_step_alpha_gets_no_per_call_cost_from_noise():
     truth = Profile(links={KEY: LinkFit((), (40e-6,), (0.9e9,))})
-    fit = calibrate(rows_under(truth, (2, 4, 8), sigma=0.02), bootstrap=0).profile.links[KEY]
+    profile = calibrate(rows_under(truth, (2, 4, 8), sigma=0.02), bootstrap=0).profile
+    fit = profile.links[KEY]
     assert fit.alpha_s[fit.segment(1e3)] == pytest.approx(40e-6, rel=0.15)
     assert not fit.call_s or fit.call_s[fit.segment(1e3)] < 0.1 * 2 * 40e-6
+    assert profile.per_step_reading() is None  # three scales decided every segment
 
 
 def test_one_scale_keeps_the_datasheet_alpha_and_extrapolates_the_excess_flat():
@@ -58,6 +60,18 @@ def test_one_scale_keeps_the_datasheet_alpha_and_extrapolates_the_excess_flat():
 
     note = table_row(far, Estimator(profile, 0.9).estimate(far), "predicted")["note"]
     assert "fitted fixed cost per call 5" in note
+    # the per-step reading fitted as well: kept, and the interval at 16 nodes spans its prediction,
+    # 15 x 2 steps of the excess spread over 2 steps (about 5 ms x 15 more), not just the kept one's
+    assert fit.step_alpha_s and all(step > 1e-3 for step in fit.step_alpha_s)
+    per_step = profile.per_step_reading()
+    assert per_step is not None and not any(per_step.links[KEY].call_s)
+    step_value = predict(far, per_step).value
+    assert step_value > predict(far, profile).value + 50e-3
+    estimate = Estimator(profile, 0.9).estimate(far)
+    assert estimate.low <= predict(far, profile).value and estimate.high >= step_value
+    assert "spans the per-step reading" in estimate.note
+    at_two = Estimator(profile, 0.9).estimate(rows[0])  # at the scale measured, both readings agree
+    assert "per-step reading" not in at_two.note
     # --ideal switches it off with the other step-level terms; the link's alpha and beta stay fitted
     assert predict(far, profile.ideal()).value == pytest.approx(predict(far, profile).value - added)
     assert profile.ideal().links[KEY].beta_Bps == fit.beta_Bps
@@ -87,6 +101,13 @@ def test_the_cost_round_trips_through_the_profile_file_and_is_checked(tmp_path):
     assert loaded.with_flat({f"links.{KEY}.call_s.1": 0.02}).links[KEY].call_s == (0.0, 0.02)
     path.write_text(profile_to_toml(profile).replace("call_s = { value = [0.0, 0.018]", "call_s = { value = [0.018]"))
     with pytest.raises(ProfileError, match="call_s needs one value per segment"):
+        load_profile(path)
+    undecided = Profile(links={KEY: dataclasses.replace(profile.links[KEY], step_alpha_s=(0.0, 2e-3))})
+    path.write_text(profile_to_toml(undecided))
+    assert load_profile(path).links[KEY].step_alpha_s == (0.0, 2e-3)
+    text = profile_to_toml(undecided)
+    path.write_text(text.replace("step_alpha_s = { value = [0.0, 0.002]", "step_alpha_s = { value = [0.002]"))
+    with pytest.raises(ProfileError, match="step_alpha_s needs one value per segment"):
         load_profile(path)
 
 

@@ -19,7 +19,10 @@ The interval at level ``ci`` is p x exp(-/+ z sigma) with sigma^2 = sigma_kind^2
   and for a device or algorithm no calibration row has, it is 0 (the kind's sigma carries those).
 
 A field the source leaves open is filled with its default (``open_fields``); the interval then
-spans every alternative's interval too, and the note says what was assumed. Predictions are cached
+spans every alternative's interval too, and the note says what was assumed. Likewise a link fitted
+at one scale, where a fixed cost per call and a per-step alpha fit alike (``link_fit``: the per-call
+reading is kept): the interval spans the per-step reading's prediction too, which grows with the
+ranks where the kept one does not (``Profile.per_step_reading``). Predictions are cached
 per distinct configuration (repeated measurements of one setup are predicted once).
 """
 
@@ -38,6 +41,8 @@ from ddlsim.hardware_models.profile import ComputeFit, Profile
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.calibration.open_fields import open_choices, with_choice
 from ddlsim.simulator.calibration.predict import Prediction, is_transformer_row, needs_input_pipeline, predict
+
+PER_STEP_SPREAD = 0.005  # the per-step reading widens an interval where it moves the prediction more
 
 CONFIG_FIELDS = (
     "kind",
@@ -144,6 +149,11 @@ class Estimator:
     def __post_init__(self) -> None:
         self.z = statistics.NormalDist().inv_cdf(0.5 + self.ci / 2)
         self._samples = self.profile.samples() if self.intervals else []
+        # a link measured at one scale: per step or per call undecided, and the interval spans both;
+        # asked only of rows on a device such a link was fitted for (links are scoped token@device@...)
+        self._per_step = self.profile.per_step_reading() if self.intervals else None
+        undecided = [key.split("@") for key, fit in self.profile.links.items() if any(fit.step_alpha_s)]
+        self._undecided = {parts[1] if len(parts) > 1 else "" for parts in undecided}
 
     def predict(self, row: Measurement, sample: int = -1) -> Prediction:
         """``predict`` under the profile (``sample`` -1) or one bootstrap sample, cached."""
@@ -189,6 +199,14 @@ class Estimator:
                     other = self.predict(with_choice(row, choices, (choice.column, alternative))).value
                     if other is not None:
                         low, high = min(low, other / spread), max(high, other * spread)
+        if self._per_step is not None and ("" in self._undecided or resolved.device in self._undecided):
+            other = predict(resolved, self._per_step, self.executor).value
+            if other is not None and abs(other / value - 1) > PER_STEP_SPREAD:
+                low, high = min(low, other / spread), max(high, other * spread)
+                notes.append(
+                    "a link measured at one scale: per step or per call not told apart, the interval spans the "
+                    f"per-step reading (x{other / value:.2f} of this prediction)"
+                )
         if needs_input_pipeline(row):
             notes.append("real data: the input pipeline is not modeled (assumed to keep up)")
         if kind.endswith("compute fitted across devices") or kind.endswith("datasheet compute"):

@@ -137,6 +137,9 @@ class Segment:
     beta: float
     call: float
     rss: float
+    # the per-step reading's alpha where it fitted as well and the per-call reading was kept (one
+    # scale: the two cannot be told apart); 0 where the rows decided
+    step_alpha: float = 0.0
 
 
 def _model_time(row: Measurement, profile: Profile) -> float:
@@ -269,7 +272,9 @@ def _solve_segment(
         at = datasheet_alpha if datasheet_alpha is not None else alpha0
         x = bounded([1, 2], np.array([at, 1.0 / beta0, 0.0]))
         if x is not None and rss(x) <= rss(best) * (1 + 1e-9) + 1e-18:
-            best = x
+            tie = rss(x) >= rss(best) * (1 - 1e-6) - 1e-18 and best[0] > at * (1 + 1e-6) and x[2] > 0
+            step_alpha = float(best[0]) if tie else 0.0
+            return Segment(float(x[0]), float(1.0 / x[1]), float(x[2]), rss(x), step_alpha)
     return Segment(float(best[0]), float(1.0 / best[1]), float(best[2]), rss(best))
 
 
@@ -435,6 +440,7 @@ def fit_link_group(
     if shares_host_cpu(rows):
         source += "; reduce_Bps and cores by grid search (BIC), inf = not supported by the data"
     calls = tuple(fit.call for fit in fits)
+    steps = tuple(fit.step_alpha for fit in fits)
     fit = LinkFit(
         tuple(float(b) for b in breakpoints),
         tuple(fit.alpha for fit in fits),
@@ -443,6 +449,7 @@ def fit_link_group(
         reduce_Bps=host[0],
         cores=host[1],
         call_s=calls if any(calls) else (),
+        step_alpha_s=steps if any(steps) else (),
     )
     boot: list[dict[str, float]] = []
     segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
