@@ -651,7 +651,8 @@ class RoleExecutor:
         if member_ranks is None:
             member_ranks = self.placement[list(members)]
             self._member_ranks[members] = member_ranks
-        schedule = self._schedule(op, ranks, member_ranks)
+        per_node, nics = self._devices_per_node(member_ranks[:ranks])
+        schedule = self._schedule(op, ranks, per_node, nics)
         if schedule.ranks != len(members):
             raise ValueError(
                 f"{op.algorithm} {op.collective} over {ranks} ranks needs {schedule.ranks - ranks} "
@@ -659,7 +660,6 @@ class RoleExecutor:
             )
         count = len(members)
         env = self.env
-        per_node, _ = self._devices_per_node(member_ranks[:ranks])
         launch = launch_s(op.algorithm, ranks) + call_overhead_s(self.fabric.spec, ranks, per_node)
         if self.vectorised is not None:
             done = [env.event() for _ in range(count)]
@@ -670,8 +670,7 @@ class RoleExecutor:
         done = self._group_executor(members, member_ranks).process(schedule, float(op.payload.nbytes), ready, log)
         return _Instance(op, members, schedule, member_ranks, done, np.zeros(count), ready=ready, launch_s=launch)
 
-    def _schedule(self, op: Collective, ranks: int, member_ranks: np.ndarray) -> Schedule:
-        per_node, nics = self._devices_per_node(member_ranks[:ranks])
+    def _schedule(self, op: Collective, ranks: int, per_node: int, nics: int) -> Schedule:
         token, chosen = resolve(op.algorithm, op.collective, float(op.payload.nbytes), ranks, per_node, nics)
         options = {**chosen, **op.options}
         key = (token, op.collective, ranks, per_node, tuple(sorted(options.items())))
