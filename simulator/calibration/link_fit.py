@@ -5,8 +5,9 @@ fitted intra-node links). The model's time for a row is linear in the link's alp
 per-call cost while the bottleneck does not move: T = a + b alpha + c / beta + d call, with a, b,
 c, d read off the model itself by probing (four model runs per distinct configuration: repeated
 measurements of one setup are probed once). Every split of the sorted message sizes into at most
-three segments is fitted by bounded linear least squares on the relative error
-(``scipy.optimize.lsq_linear``, alpha and call >= 0, beta within the profile's range); the split is
+three segments is fitted by bounded linear least squares on the relative error (alpha and call >=
+0, beta within the profile's range; one or two free columns in closed form, ``_box_least_squares``,
+more with ``scipy.optimize.lsq_linear``); the split is
 chosen by extrapolation to the largest scale, or by BIC. The coefficients are re-read at the
 fitted point twice.
 
@@ -314,11 +315,17 @@ def _rss(fits: list[Segment]) -> float:
     return sum(fit.rss for fit in fits)
 
 
+def _per_row(fits: list[Segment], segment: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(alpha, beta, call) of each row, from the fit of its message-size segment."""
+    alpha, beta, call = (np.array([getattr(fit, name) for fit in fits]) for name in ("alpha", "beta", "call"))
+    return alpha[segment], beta[segment], call[segment]
+
+
 def _extrapolation_error(
     lin: LinearRows, breakpoints: tuple[float, ...], fits: list[Segment], test: np.ndarray
 ) -> float:
     segment = np.searchsorted(np.array(breakpoints), lin.sizes[test], side="right")
-    alpha, beta, call = (np.array([getattr(fit, name) for fit in fits])[segment] for name in ("alpha", "beta", "call"))
+    alpha, beta, call = _per_row(fits, segment)
     predicted = lin.a[test] + lin.b[test] * alpha + lin.c[test] / beta + lin.d[test] * call
     return float(np.sum(np.log(np.maximum(predicted, 1e-300) / lin.y[test]) ** 2))
 
@@ -379,10 +386,7 @@ def _fit_alpha_beta(
     assert fits is not None
     for _ in range(rereads):  # re-read the coefficients at the fitted point
         segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
-        alpha, beta, call = (
-            np.array([getattr(fit, name) for fit in fits])[segment] for name in ("alpha", "beta", "call")
-        )
-        lin = _probe(rows, profile, key, alpha, beta, call, host)
+        lin = _probe(rows, profile, key, *_per_row(fits, segment), host)
         refit = _fit_segments(lin, breakpoints, prior, everything, 1)
         if refit is not None:
             fits = refit
