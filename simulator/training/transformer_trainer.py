@@ -200,10 +200,7 @@ class TransformerCosts:
         b, tp, cp = layout.micro_batch, layout.tp, layout.cp
         split = part.tensor_parallel in TP_SPLIT or (layout.sequence_parallel and part.tensor_parallel == "replicated")
         divisor = cp * (tp if split else 1)
-        # frozen weights: a product's backward computes its input gradient only (half its usual backward)
-        frozen = backward and layout.frozen_weights and part.parameters > 0
-        pass_flops = part.backward_flops if backward else part.forward_flops
-        flops = pass_flops * (0.5 if frozen else 1.0) * part.executed_factor * b / divisor
+        flops = part.pass_flops(backward, layout.frozen_weights) * part.executed_factor * b / divisor
         # bytes through memory: what the part keeps (written forward, read back and its gradient written
         # backward), with the score matrices of an attention core without FlashAttention at what its
         # kernels move (``score_traffic_bytes``), kept or recomputed alike
@@ -220,7 +217,8 @@ class TransformerCosts:
         seconds = _roofline(flops, nbytes, self.device, self.part_precision(part))
         if not self.launch_s:
             return seconds
-        dispatch = (2.0 if backward and part.parameters and not frozen else 1.0) * self.launch_s  # dgrad and wgrad
+        wgrad = backward and part.parameters and not layout.frozen_weights  # a backward's dgrad and wgrad kernels
+        dispatch = (2.0 if wgrad else 1.0) * self.launch_s
         # a CPU dispatches and computes on the same core: the costs add; an accelerator runs its
         # kernels while the host issues the next, so the dispatch is a floor
         return seconds + dispatch if self.device.kind == "cpu" else max(seconds, dispatch)

@@ -152,6 +152,14 @@ class Part:
     all_to_all_elements: float = 0.0
     executed_factor: float = 1.0
 
+    def pass_flops(self, backward: bool, frozen_weights: bool = False) -> float:
+        """Matrix FLOPs of one pass per sample. With ``frozen_weights`` (LoRA-style fine-tuning) a
+        product with weights computes only its input gradient, half its backward; the attention core
+        keeps its whole backward."""
+        if not backward:
+            return self.forward_flops
+        return self.backward_flops * (0.5 if frozen_weights and self.parameters > 0 else 1.0)
+
 
 @dataclass(frozen=True)
 class Block:
@@ -449,7 +457,7 @@ def model_flops_per_sample(blocks: tuple[Block, ...], frozen_weights: bool = Fal
     gradient, half its backward; the attention core keeps its whole backward."""
     if not frozen_weights:
         return math.fsum(block.forward_flops + block.backward_flops for block in blocks)
-    return math.fsum(part.forward_flops + part.backward_flops * (0.5 if part.parameters > 0 else 1.0)
+    return math.fsum(part.pass_flops(False) + part.pass_flops(True, frozen_weights=True)
                      for block in blocks for part in block.parts)  # fmt: skip
 
 
