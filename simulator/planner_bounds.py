@@ -240,8 +240,9 @@ class LowerBounds:
             reductions = np.array([self.data_parallel_s(layout) for layout in members])
             together = np.array([self.ends_together(layout) for layout in members])
             busy = fill[None, :] + counts[:, None] * per_micro_batch[None, :]
-            update = adam_update_s(dense[None, :] / shards[:, None], self._costs.transformer.device)
-            ends = busy + (0.0 if members[0].frozen_weights else update)  # frozen: no optimizer step
+            ends = busy.copy()
+            if not members[0].frozen_weights:  # frozen weights take no optimizer step
+                ends += adam_update_s(dense[None, :] / shards[:, None], self._costs.transformer.device)
             ends[:, 0] += reductions
             after_drain = busy + drain[None, :] + (ends[:, 0] - busy[:, 0])[:, None]
             ends = np.where(together[:, None], np.maximum(ends, after_drain), ends)
