@@ -138,7 +138,7 @@ def planned(mapped: MappedRun) -> MappedRun | str:
     layouts = list(planner.candidate_layouts(mapped.model, cluster, run.global_batch, fixed))
     rounded = ""
     if not layouts:  # the batch divides into no layout's replicas: each layout runs its nearest multiple
-        layouts = _nearest_batch_layouts(planner, mapped.model, cluster, run.global_batch, fixed)
+        layouts = _nearest_batch_layouts(mapped.model, cluster, run.global_batch, fixed)
         rounded = f"; global batch {run.global_batch} rounded to the nearest multiple of micro-batch x dp"
     if not layouts:
         return f"{mapped.layout_missing}, and no layout of its model divides its {run.gpus} GPUs and global batch"
@@ -157,9 +157,10 @@ def planned(mapped: MappedRun) -> MappedRun | str:
                                options=options)  # fmt: skip
 
 
-def _nearest_batch_layouts(planner: Any, model: Any, cluster: Any, batch: int, fixed: dict[str, Any]) -> list[Any]:
+def _nearest_batch_layouts(model: Any, cluster: Any, batch: int, fixed: dict[str, Any]) -> list[Any]:
     """Every layout whose global batch is ``batch`` rounded to the nearest multiple of its own
     micro-batch x dp (the planner's candidates at each such batch, kept where the rounding is theirs)."""
+    from ddlsim.simulator import planner
 
     replicas = [dp for dp in range(1, cluster.gpus + 1) if cluster.gpus % dp == 0]
     steps = {dp * micro for dp in replicas for micro in planner.MICRO_BATCHES}
