@@ -393,6 +393,11 @@ class Profile:
             changed = True
         return dataclasses.replace(self, links=links, bootstrap=()) if changed else None
 
+    def undecided_devices(self) -> set[str]:
+        """The devices whose link fits hold a segment ``per_step_reading`` reads otherwise (keys are
+        ``token[@device[@software...]]``: "" for a fit scoped to no device, which applies to all)."""
+        return {key.split("@")[1] if "@" in key else "" for key, fit in self.links.items() if any(fit.step_alpha_s)}
+
     def ideal(self) -> Profile:
         """This profile with the fitted step-level cost terms switched off (``--ideal``): no rank
         jitter (the slowest of N ranks), no overlap interference and no fixed cost per collective

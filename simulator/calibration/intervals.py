@@ -152,8 +152,7 @@ class Estimator:
         # a link measured at one scale: per step or per call undecided, and the interval spans both;
         # asked only of rows on a device such a link was fitted for (links are scoped token@device@...)
         self._per_step = self.profile.per_step_reading() if self.intervals else None
-        undecided = [key.split("@") for key, fit in self.profile.links.items() if any(fit.step_alpha_s)]
-        self._undecided = {parts[1] if len(parts) > 1 else "" for parts in undecided}
+        self._undecided = self.profile.undecided_devices()
 
     def predict(self, row: Measurement, sample: int = -1) -> Prediction:
         """``predict`` under the profile (``sample`` -1) or one bootstrap sample, cached."""
