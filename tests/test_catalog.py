@@ -50,6 +50,9 @@ REQUIRED_INTRA_NODE = [
 REQUIRED_NETWORKS = [
     "opa_100", "ib_fdr", "ib_edr", "ib_hdr", "ib_ndr", "ib_xdr",
     "eth_1g", "eth_10g", "eth_25g", "eth_100g", "roce_25g", "roce_100g", "roce_200g", "roce_400g", "aries",
+    # the rates between (40 and 50 Gb/s Ethernet, RoCE on them) and QDR InfiniBand, so a cluster of that class
+    # is not refused for its network
+    "ib_qdr", "eth_40g", "eth_50g", "roce_40g", "roce_50g",
 ]  # fmt: skip
 
 DEVICE_QUANTITIES = {"memory_bandwidth", "memory_capacity", "on_chip_memory", "compute_efficiency",
@@ -171,9 +174,12 @@ def test_nvswitch_generations() -> None:
 
 
 def test_ethernet_is_quoted_in_bits() -> None:
-    """1, 10, 25 and 100 Gbit/s are 0.125, 1.25, 3.125 and 12.5 GB/s."""
-    rates = {token: load_link(token).bandwidth_Bps for token in ("eth_1g", "eth_10g", "eth_25g", "eth_100g")}
-    assert rates == {"eth_1g": 0.125e9, "eth_10g": 1.25e9, "eth_25g": 3.125e9, "eth_100g": 12.5e9}
+    """1, 10, 25, 40, 50 and 100 Gbit/s are 0.125, 1.25, 3.125, 5, 6.25 and 12.5 GB/s; QDR carries 32 Gb/s of
+    data on its 40 Gb/s signalling (8b/10b)."""
+    tokens = ("eth_1g", "eth_10g", "eth_25g", "eth_40g", "eth_50g", "eth_100g", "roce_40g", "roce_50g", "ib_qdr")
+    rates = {token: load_link(token).bandwidth_Bps for token in tokens}
+    assert rates == {"eth_1g": 0.125e9, "eth_10g": 1.25e9, "eth_25g": 3.125e9, "eth_40g": 5e9, "eth_50g": 6.25e9,
+                     "eth_100g": 12.5e9, "roce_40g": 5e9, "roce_50g": 6.25e9, "ib_qdr": 4e9}  # fmt: skip
 
 
 def test_device_figures() -> None:
