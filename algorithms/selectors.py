@@ -48,6 +48,12 @@ openmpi (Open MPI ``coll/tuned`` fixed decision rules, v1.x-4.x; approximate):
     reduce_scatter  halving_doubling if S < 64 KiB, ring above.
     broadcast       binomial_tree if S < 2048 B, else chain in 128 KiB pieces (segmented pipeline).
     reduce          binomial_tree if S < 2048 B, else chain in 128 KiB pieces.
+gloo (facebookincubator/gloo, the collectives under PyTorch's gloo backend):
+    allreduce       ring at every size (gloo/allreduce.cc: an unspecified algorithm runs ``ring``;
+                    ``bcube`` only when asked for).
+    allgather       ring (gloo/allgather.cc: each rank receives from rank - 1, sends to rank + 1).
+    broadcast       binomial_tree (gloo/broadcast.cc: log2 rounds from the root).
+    reduce_scatter, reduce: as mpich (not taken from gloo's source).
 """
 
 from __future__ import annotations
@@ -166,6 +172,15 @@ def _openmpi(collective: str, message_bytes: float, ranks: int, devices_per_node
     if message_bytes < 2048:  # broadcast, reduce
         return "binomial_tree", {}
     return "chain", {"chunks": _pieces(message_bytes, 128 * KiB)}
+
+
+@LIBRARIES.register("gloo")
+def _gloo(collective: str, message_bytes: float, ranks: int, devices_per_node: int, nics_per_node: int) -> Choice:
+    if collective in ("allreduce", "allgather"):
+        return "ring", {}
+    if collective == "broadcast":
+        return "binomial_tree", {}
+    return _mpich(collective, message_bytes, ranks, devices_per_node, nics_per_node)
 
 
 def launch_s(algorithm: str, ranks: int) -> float:

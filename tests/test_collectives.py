@@ -444,6 +444,12 @@ def test_bad_options_say_why(name, ranks, kwargs, message):
         ("mlsl", "allreduce", 1e8, 64, 1, "ring"),
         ("openmpi", "allreduce", 9999, 64, 1, "recursive_doubling"),
         ("openmpi", "allreduce", 10_000, 64, 1, "ring"),
+        # gloo: ring at every size (its allreduce.cc's unspecified algorithm), binomial broadcast
+        ("gloo", "allreduce", 8, 64, 1, "ring"),
+        ("gloo", "allreduce", 1e8, 64, 8, "ring"),
+        ("gloo", "allgather", 1e3, 16, 1, "ring"),
+        ("gloo", "broadcast", 1e8, 16, 1, "binomial_tree"),
+        ("gloo", "reduce", 1e6, 16, 1, "chain"),
     ],
 )
 def test_selector_rules(library, collective, message_bytes, ranks, devices_per_node, token):
@@ -494,8 +500,9 @@ def test_every_selection_builds_a_schedule():
 
 
 def test_selector_bad_input():
-    with pytest.raises(UnknownNameError, match="unknown collective library 'gloo'; valid: mlsl, mpich, nccl, openmpi"):
-        select("gloo", "allreduce", 1e6, 8, 1)
+    with pytest.raises(UnknownNameError,
+                       match="unknown collective library 'bcube'; valid: gloo, mlsl, mpich, nccl, openmpi"):  # fmt: skip
+        select("bcube", "allreduce", 1e6, 8, 1)
     with pytest.raises(ScheduleError, match="unknown collective 'alltoall'"):
         select("nccl", "alltoall", 1e6, 8, 1)
     with pytest.raises(ScheduleError, match="ranks must be a positive integer"):

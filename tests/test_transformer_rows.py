@@ -113,7 +113,7 @@ def test_horovod_is_read_as_the_library_it_reduces_with(tmp_path, device, librar
     ("algorithm", "device", "library", "verb"),
     [("ddp", "v100_sxm2", "nccl", "reduces with"), ("deepspeed", "a100_sxm4", "nccl", "reduces with"),
      ("rccl", "mi300x", "nccl", "modelled as"), ("intel_mpi", "xeon_8180", "mpich", "modelled as"),
-     ("mvapich2", "v100_sxm2", "mpich", "modelled as")],
+     ("mvapich2", "v100_sxm2", "mpich", "modelled as"), ("ddp", "xeon_8180", "gloo", "reduces with")],
 )  # fmt: skip
 def test_other_frameworks_and_library_builds_are_read_as_the_library_ddlsim_models(
     tmp_path, algorithm, device, library, verb

@@ -70,7 +70,7 @@ METRICS = {
     "training": ("time_s", "throughput_samples_per_s", "scaling_efficiency"),
 }
 QUOTES = ("direct", "derived", "secondary")
-LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi")
+LIBRARY_TOKENS = ("nccl", "mpich", "mlsl", "openmpi", "gloo")
 # Device tokens of the measurement schema that the catalog has no datasheet for: accepted in a
 # file, reported as cannot_model by validate (tpu_v3 was one until it got its datasheet).
 SCHEMA_ONLY_DEVICES: tuple[str, ...] = ()
@@ -81,14 +81,15 @@ POINT_TO_POINT_ALGORITHMS = ("send_recv",)
 # describe; its CPU builds with MPI). A row without a device keeps the library open (open_fields.py),
 # whose default is the same choice.
 # PyTorch DistributedDataParallel (``ddp``) and DeepSpeed reduce with NCCL on GPUs (their documented
-# GPU backend) and MPI or Gloo on CPUs. Library builds named for the library ddlsim models: RCCL is
-# ROCm's port of NCCL (the same ring and tree algorithms); Intel MPI and MVAPICH2 derive from MPICH.
+# GPU backend); DDP on CPUs with Gloo (PyTorch's distributed documentation: "use the Gloo backend for
+# distributed CPU training"). Library builds named for the library ddlsim models: RCCL is ROCm's port
+# of NCCL (the same ring and tree algorithms); Intel MPI and MVAPICH2 derive from MPICH.
 _NCCL_ON_GPUS = {"gpu": "nccl", "cpu": "mpich", "manycore": "mpich"}
 _MPI_EVERYWHERE = {"gpu": "mpich", "cpu": "mpich", "manycore": "mpich"}
 LIBRARY_BUILDS = ("rccl", "intel_mpi", "mvapich2")
 FRAMEWORK_LIBRARIES = {
     "horovod": _NCCL_ON_GPUS,
-    "ddp": _NCCL_ON_GPUS,
+    "ddp": {"gpu": "nccl", "cpu": "gloo", "manycore": "gloo"},
     "deepspeed": {"gpu": "nccl"},
     "rccl": {"gpu": "nccl"},
     "intel_mpi": _MPI_EVERYWHERE,
