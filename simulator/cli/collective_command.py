@@ -47,7 +47,8 @@ def register(subparsers) -> None:
         "collective",
         help="simulate one collective: time, algbw and busbw (nccl-tests definitions) per message size",
     )
-    p.add_argument("--algorithm", default="ring", help="algorithm token, or a library: nccl, mpich, mlsl, openmpi, gloo")
+    p.add_argument("--algorithm", default="ring",
+                   help="algorithm token, or a library: nccl, mpich, mlsl, openmpi, gloo")  # fmt: skip
     p.add_argument("--collective", default="allreduce", help="allreduce, reduce_scatter, allgather, broadcast, reduce")
     p.add_argument(
         "--message-bytes", default="100MB",

@@ -141,8 +141,8 @@ def _rate_of(network: str) -> float:
 
 
 def _adapter_count(lowered: str, rate: float, total: float | None) -> int | None:
-    match = re.search(r"(\d+)\s*x\s*(?:\w+\s*)?(?:ndr|hdr|edr|xdr|fdr|qdr|ib|infiniband|roce|cx|connectx|nic|hca|\d+\s*g)",
-                      lowered)  # fmt: skip
+    match = re.search(
+        r"(\d+)\s*x\s*(?:\w+\s*)?(?:ndr|hdr|edr|xdr|fdr|qdr|ib|infiniband|roce|cx|connectx|nic|hca|\d+\s*g)", lowered)
     if match:
         return int(match.group(1))
     match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered) or re.search(
