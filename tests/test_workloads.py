@@ -25,9 +25,13 @@ EXPECTED_NAMES = [
     "lenet",
     "resnet101",
     "resnet152",
+    "resnet18",
+    "resnet34",
     "resnet50",
     "transformer_base",
+    "transformer_big",
     "vgg16",
+    "vgg19",
 ]
 
 # Published trainable-parameter totals; the tables must be within 1%.
@@ -52,6 +56,12 @@ PUBLISHED_PARAMETERS = {
     # architecture gives with shared embeddings and output projection (the exact test below):
     # 37000*512 + 6*3,152,384 (encoder layers) + 6*4,204,032 (decoder layers) = 63,082,496
     "transformer_base": 63_082_496,
+    # torchvision.models.vgg19 and resnet18/34 (torchvision model cards)
+    "vgg19": 143_667_240,
+    "resnet18": 11_689_512,
+    "resnet34": 21_797_672,
+    # Vaswani et al. 2017, table 3: big model "213 M"
+    "transformer_big": 213_000_000,
 }
 PUBLISHED_TRANSFORMER_BASE = 65e6
 
@@ -100,6 +110,9 @@ def test_transformer_base_is_within_the_rounding_of_the_papers_65m() -> None:
         ("resnet101", 44_549_160),
         ("resnet152", 60_192_808),
         ("transformer_base", 63_082_496),
+        ("vgg19", 143_667_240),
+        ("resnet18", 11_689_512),
+        ("resnet34", 21_797_672),
     ],
 )
 def test_parameter_total_matches_the_reference_implementation_exactly(name: str, exact: int) -> None:
@@ -113,6 +126,9 @@ def test_parameter_total_matches_the_reference_implementation_exactly(name: str,
         ("vgg16", 31.0e9),  # 15.47 GMAC
         ("alexnet", 1.43e9),  # 0.71 GMAC
         ("inception_v3", 11.4e9),  # 5.71 GMAC
+        ("vgg19", 39.26e9),  # 19.63 GMAC (torchvision model card)
+        ("resnet18", 3.62e9),  # 1.81 GMAC
+        ("resnet34", 7.32e9),  # 3.66 GMAC
     ],
 )
 def test_forward_flops_match_published_within_three_percent(
@@ -250,7 +266,7 @@ def test_generation_script_reproduces_the_committed_tables(tmp_path: Path) -> No
     pytest.importorskip("torch")
     from ddlsim.simulator.workloads import generate
 
-    names = ["lenet", "resnet50", "transformer_base"]
+    names = ["lenet", "resnet50", "resnet18", "transformer_base"]  # a bottleneck and a basic-block ResNet
     assert generate.main([*names, "--out", str(tmp_path)]) == 0
     for name in names:
         generated = (tmp_path / f"{name}.csv").read_text(encoding="utf-8")

@@ -153,16 +153,22 @@ class AlexNet(nn.Module):
 VGG16_CONFIG: tuple[int | str, ...] = (
     64, 64, "pool", 128, 128, "pool", 256, 256, 256, "pool", 512, 512, 512, "pool", 512, 512, 512, "pool",
 )  # fmt: skip
+# configuration E (VGG-19): a fourth 3x3 convolution in each of the last three blocks
+VGG19_CONFIG: tuple[int | str, ...] = (
+    64, 64, "pool", 128, 128, "pool", 256, 256, 256, 256, "pool", 512, 512, 512, 512, "pool",
+    512, 512, 512, 512, "pool",
+)  # fmt: skip
 
 
 class VGG16(nn.Module):
-    """VGG-16, configuration D of Simonyan and Zisserman 2015, without batch normalisation."""
+    """VGG-16, configuration D of Simonyan and Zisserman 2015, without batch normalisation (``config``
+    VGG19_CONFIG gives configuration E, VGG-19)."""
 
-    def __init__(self, classes: int = 1000) -> None:
+    def __init__(self, classes: int = 1000, config: tuple[int | str, ...] = VGG16_CONFIG) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         channels = 3
-        for item in VGG16_CONFIG:
+        for item in config:
             if item == "pool":
                 layers.append(nn.MaxPool2d(2, stride=2))
             else:
@@ -465,11 +471,43 @@ class Bottleneck(nn.Module):
         return self.relu3(self.add(out, identity))
 
 
-class ResNet(nn.Module):
-    """Bottleneck ResNet (He et al. 2016) with ``blocks`` bottlenecks per stage."""
+class BasicBlock(nn.Module):
+    """Two 3x3 convolutions with batch norm (stride in the first), plus the shortcut: ResNet-18/34."""
 
-    def __init__(self, blocks: tuple[int, int, int, int], classes: int = 1000) -> None:
+    expansion = 1
+
+    def __init__(self, in_channels: int, width: int, stride: int) -> None:
         super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, width, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(width)
+        self.relu1 = nn.ReLU()
+        self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(width)
+        self.downsample: nn.Module | None = None
+        if stride != 1 or in_channels != width:
+            self.downsample = nn.Sequential(
+                nn.Conv2d(in_channels, width, 1, stride=stride, bias=False),
+                nn.BatchNorm2d(width),
+            )
+        self.add = Add()
+        self.relu2 = nn.ReLU()
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = self.relu1(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        identity = x if self.downsample is None else self.downsample(x)
+        return self.relu2(self.add(out, identity))
+
+
+class ResNet(nn.Module):
+    """ResNet (He et al. 2016) with ``blocks`` residual blocks per stage: bottlenecks (50 layers and
+    deeper), or ``block=BasicBlock`` (18 and 34)."""
+
+    def __init__(
+        self, blocks: tuple[int, int, int, int], classes: int = 1000, block: type[nn.Module] = Bottleneck
+    ) -> None:
+        super().__init__()
+        expansion = int(getattr(block, "expansion"))
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU()
@@ -481,13 +519,13 @@ class ResNet(nn.Module):
             stride = 1 if stage == 0 else 2
             stage_blocks = []
             for index in range(count):
-                stage_blocks.append(Bottleneck(in_channels, width, stride if index == 0 else 1))
-                in_channels = width * Bottleneck.expansion
+                stage_blocks.append(block(in_channels, width, stride if index == 0 else 1))
+                in_channels = width * expansion
             stages.append(nn.Sequential(*stage_blocks))
         self.layer1, self.layer2, self.layer3, self.layer4 = stages
         self.avgpool = nn.AdaptiveAvgPool2d((1, 1))
         self.flatten = nn.Flatten()
-        self.fc = nn.Linear(512 * Bottleneck.expansion, classes)
+        self.fc = nn.Linear(512 * expansion, classes)
 
     def forward(self, image: Tensor) -> Tensor:
         x = self.maxpool(self.relu(self.bn1(self.conv1(image))))
@@ -685,6 +723,13 @@ MODELS: dict[str, ModelSpec] = {
         "VGG-16 (Simonyan and Zisserman 2015, configuration D, no batch norm), one 3x224x224 image",
         "torchvision vgg16: 138,357,544 parameters, 15.47 GMAC",
     ),
+    "vgg19": ModelSpec(
+        lambda: VGG16(config=VGG19_CONFIG),
+        _images(3, 224),
+        (3, 224, 224),
+        "VGG-19 (Simonyan and Zisserman 2015, configuration E, no batch norm), one 3x224x224 image",
+        "torchvision vgg19: 143,667,240 parameters, 19.63 GMAC",
+    ),
     "googlenet": ModelSpec(
         GoogLeNet,
         _images(3, 224),
@@ -701,6 +746,20 @@ MODELS: dict[str, ModelSpec] = {
         "(torchvision's 27.2 M includes it), one 3x299x299 image",
         "Keras InceptionV3: 23,851,784 parameters (Szegedy et al. 2016: 23.8 M); "
         "torchvision inception_v3: 27,161,264 with the 3,326,696-parameter auxiliary head",
+    ),
+    "resnet18": ModelSpec(
+        lambda: ResNet((2, 2, 2, 2), block=BasicBlock),
+        _images(3, 224),
+        (3, 224, 224),
+        "ResNet-18 (He et al. 2016; torchvision, two 3x3 convolutions per block), one 3x224x224 image",
+        "torchvision resnet18: 11,689,512 parameters, 1.81 GMAC",
+    ),
+    "resnet34": ModelSpec(
+        lambda: ResNet((3, 4, 6, 3), block=BasicBlock),
+        _images(3, 224),
+        (3, 224, 224),
+        "ResNet-34 (He et al. 2016; torchvision, two 3x3 convolutions per block), one 3x224x224 image",
+        "torchvision resnet34: 21,797,672 parameters, 3.66 GMAC",
     ),
     "resnet50": ModelSpec(
         lambda: ResNet((3, 4, 6, 3)),
@@ -732,5 +791,15 @@ MODELS: dict[str, ModelSpec] = {
         f"one sample is {TRANSFORMER_TOKENS} source and {TRANSFORMER_TOKENS} target tokens; "
         f"output is the logits (loss not included)",
         "Vaswani et al. 2017, table 3: base model 65 M parameters",
+    ),
+    "transformer_big": ModelSpec(
+        lambda: Transformer(d_model=1024, heads=16, d_ff=4096, dropout=0.3),
+        _token_pairs,
+        (TRANSFORMER_TOKENS,),
+        f"Transformer big (Vaswani et al. 2017, table 3): d_model 1024, 6 encoder and 6 decoder layers, 16 "
+        f"heads, d_ff 4096, post-norm, shared 37000-token vocabulary with tied embeddings and output "
+        f"projection; one sample is {TRANSFORMER_TOKENS} source and {TRANSFORMER_TOKENS} target tokens; "
+        f"output is the logits (loss not included)",
+        "Vaswani et al. 2017, table 3: big model 213 M parameters",
     ),
 }
