@@ -504,10 +504,13 @@ class ResNet(nn.Module):
     deeper), or ``block=BasicBlock`` (18 and 34)."""
 
     def __init__(
-        self, blocks: tuple[int, int, int, int], classes: int = 1000, block: type[nn.Module] = Bottleneck
+        self,
+        blocks: tuple[int, int, int, int],
+        classes: int = 1000,
+        block: type[Bottleneck] | type[BasicBlock] = Bottleneck,
     ) -> None:
         super().__init__()
-        expansion = int(getattr(block, "expansion"))
+        expansion = block.expansion
         self.conv1 = nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False)
         self.bn1 = nn.BatchNorm2d(64)
         self.relu = nn.ReLU()
