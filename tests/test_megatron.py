@@ -391,6 +391,39 @@ def test_tensor_parallel_overlap_shows_only_what_exceeds_each_matrix_product():
         check_layout(single, load_transformer("gpt2"))
 
 
+def test_full_recomputation_repeats_the_forward_collectives_and_selective_does_not():
+    """Megatron's checkpointed layer runs its whole forward again before the backward, tensor-parallel
+    all-reduces included (2 a layer with TP 4, no SP): under ``full`` the backward's TP seconds are its own
+    plus the forward's; ``selective`` redoes only the attention core, which has no collective."""
+    def layer_cost(recompute: str):
+        point = scenario(nodes=1, per_node=4, tp=4, pp=1, global_batch=4, recompute=recompute)
+        costs = ClosedFormCosts(setup_of(point, 1)).transformer
+        return costs.block_cost(next(block for block in costs.blocks if block.kind == "layer"), 0)
+
+    none, selective, full = layer_cost("none"), layer_cost("selective"), layer_cost("full")
+    assert none.forward_tp > 0 and none.backward_tp > 0
+    assert full.backward_tp == pytest.approx(none.backward_tp + none.forward_tp, rel=1e-12)
+    assert selective.backward_tp == none.backward_tp
+    assert full.forward_tp == selective.forward_tp == none.forward_tp
+    assert full.backward_compute > selective.backward_compute > none.backward_compute
+
+
+def test_full_recomputation_repeats_an_expert_layer_s_all_to_alls():
+    """The dispatch and combine of a mixture-of-experts layer are part of its forward: recomputed under
+    ``full``, the backward pays them twice (its own gradients' and the recomputed forward's)."""
+    def expert_seconds(recompute: str) -> tuple[float, float]:
+        point = scenario(nodes=1, per_node=8, workload="mixtral_8x7b", tp=1, pp=1, ep=8, global_batch=8,
+                         recompute=recompute)  # fmt: skip
+        point = dataclasses.replace(point, enforce_memory=False)
+        chunk = ClosedFormCosts(setup_of(point, 1)).transformer._chunk_cost(0, 0)
+        return chunk.forward_parts["ep"], chunk.backward_parts["ep"]
+
+    (plain_forward, plain_backward), (full_forward, full_backward) = expert_seconds("none"), expert_seconds("full")
+    assert plain_forward > 0 and plain_backward == pytest.approx(plain_forward)
+    assert full_forward == plain_forward
+    assert full_backward == pytest.approx(2 * plain_backward, rel=1e-12)
+
+
 def test_a_fixed_cost_per_kernel_adds_on_a_cpu_and_floors_an_accelerator():
     """launch_s of the profile's compute model: on a CPU (dispatch and compute on one core) every
     part's pass pays it on top, forward once and backward twice for a part with weights; on a GPU

@@ -29,7 +29,8 @@ dispatch) adds to each part's pass on a CPU, once forward and twice backward for
 weights, and is a floor on an accelerator, whose kernels run while the host issues the next.
 
 The backward costs twice the forward's FLOPs plus the recomputed forward (``full``: every layer's;
-``selective``: the attention cores'). Each work item carries its ``parts`` (seconds by cause), which
+``selective``: the attention cores'), and the recomputed forward's tensor-parallel collectives and
+expert all-to-alls (``full`` only: the attention core has none). Each work item carries its ``parts`` (seconds by cause), which
 the event simulation sums into where the time goes. The gradient reductions, the optimizer step
 (Adam: 16 bytes of fp32 state and gradient read and 14 written per parameter of the rank's shard)
 and the weight gathers of the distributed optimizer are what ``megatron``'s program communicates.
@@ -292,7 +293,9 @@ class TransformerCosts:
                 part_forward_tp = max(0.0, part_forward_tp - part_forward)
                 part_backward_tp = max(0.0, part_backward_tp - part_backward)
             forward_tp += part_forward_tp
-            backward_tp += part_backward_tp
+            # a recomputed part runs its forward again, collectives included (Megatron's checkpointed
+            # layer calls the same forward); the attention core that selective recomputation redoes has none
+            backward_tp += part_backward_tp + (part_forward_tp if recomputed else 0.0)
             if part.expert:
                 expert += part.parameters / (layout.tp * layout.ep)
             else:
@@ -321,8 +324,10 @@ class TransformerCosts:
             backward["cp"] += cost.backward_cp
             dense += cost.dense_parameters
             expert += cost.expert_parameters
-            forward["ep"] += self._ep_s(block, rank)
-            backward["ep"] += self._ep_s(block, rank)
+            exchange = self._ep_s(block, rank)
+            forward["ep"] += exchange
+            # and under full recomputation the layer's forward dispatch and combine, a second time
+            backward["ep"] += exchange * (2.0 if layout.recompute == "full" and block.kind == "layer" else 1.0)
             if zero3_group is not None:  # gathers before the block's forward and backward, overlapped with it
                 forward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, forward_compute,
                                                          backward=False)  # fmt: skip
