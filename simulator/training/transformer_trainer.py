@@ -31,9 +31,10 @@ weights, and is a floor on an accelerator, whose kernels run while the host issu
 The backward costs twice the forward's FLOPs plus the recomputed forward (``full``: every layer's;
 ``selective``: the attention cores'), and the recomputed forward's tensor-parallel collectives and
 expert all-to-alls (``full`` only: the attention core has none). Each work item carries its
-``parts`` (seconds by cause), which the event simulation sums into where the time goes. The gradient reductions, the optimizer step
-(Adam: 16 bytes of fp32 state and gradient read and 14 written per parameter of the rank's shard)
-and the weight gathers of the distributed optimizer are what ``megatron``'s program communicates.
+``parts`` (seconds by cause), which the event simulation sums into where the time goes. The
+gradient reductions, the optimizer step (Adam: 16 bytes of fp32 state and gradient read and 14
+written per parameter of the rank's shard) and the weight gathers of the distributed optimizer are
+what ``megatron``'s program communicates.
 """
 
 from __future__ import annotations
