@@ -129,6 +129,27 @@ def test_an_open_batch_fills_the_memory_and_the_interval_spans_half_of_it():
     assert llm_validation.LlmFit.of(others, 0.9).rows == len(others) - 2  # LLM-041 and LLM-067 (layout chosen)
 
 
+def test_an_open_micro_batch_runs_at_one_and_the_interval_spans_two_while_the_row_stays_fitted():
+    """Narayanan et al.'s table gives the global batch, not the micro-batch: the row runs at micro-batch 1
+    (the default, as before) and its interval spans micro-batch 2, which on a pipeline (76B: PP 4, 1792
+    sequences over DP 32) halves the micro-batches and lengthens the bubble; a pipeline-less row's
+    spread is tiny; the row is still fitted (an open micro-batch is not a guessed layout); a row that
+    states its micro-batch gets no such reading."""
+    runs = {run.id: run for run in load_llm_runs()}
+    row = map_run(runs["LLM-006"])
+    assert isinstance(row, MappedRun) and row.layout is not None and row.layout.micro_batch == 1
+    assert [layout.micro_batch for layout in row.open_layouts] == [2]
+    assert "the interval spans micro-batch 2 (it fits and divides the batch)" in row.assumptions
+    (prediction,) = llm_validation.predict_runs([runs["LLM-006"]])
+    assert not prediction.guessed and prediction.spread[0] < 0.97 and prediction.spread[1] == 1.0
+    (flat,) = llm_validation.predict_runs([runs["LLM-001"]])  # 1.7B, PP 1
+    assert flat.spread[0] > 0.99
+    stated = map_run(runs["LLM-025"])  # Korthikanti et al.: micro-batch 1 stated
+    assert isinstance(stated, MappedRun) and stated.open_layouts == ()
+    odd = map_run(dataclasses.replace(runs["LLM-006"], global_batch=1760))  # 55 a replica: 2 does not divide
+    assert isinstance(odd, MappedRun) and odd.open_layouts == ()
+
+
 def test_a_row_without_a_layout_runs_the_planner_s_best_with_what_it_states_held():
     """The Megatron-LM README's GPT-3 175B on 96 H100 (LLM-067) names its overlap flags but shows TP/PP
     only in an image: the planner's best layout for its GPUs and global batch, with those flags, and

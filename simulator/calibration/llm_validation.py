@@ -198,7 +198,8 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
                 seconds = closed_form_result(scenario, scenario.nodes[0]).iteration_s
                 prediction = LlmPrediction(run, mapped, iteration_s=seconds)
                 readings = [dataclasses.replace(mapped, model=model) for model in mapped.alternatives]
-                readings += [dataclasses.replace(mapped, layout=layout) for layout in mapped.alternative_layouts]
+                readings += [dataclasses.replace(mapped, layout=layout)
+                             for layout in (*mapped.alternative_layouts, *mapped.open_layouts)]  # fmt: skip
                 if readings:
                     chosen = metric_of(prediction, seconds)
                     ratios = []

@@ -210,6 +210,9 @@ class MappedRun:
     # other readings of what the row leaves open (shapes of a model given by its size): the interval spans them
     alternatives: tuple[TransformerConfig, ...] = ()
     alternative_layouts: tuple[ParallelLayout, ...] = ()  # other readings of an open batch or layout
+    # other readings of a setting the row leaves open beside a stated layout (its micro-batch): they widen
+    # the interval, and the row is still fitted at the default reading (``layout``)
+    open_layouts: tuple[ParallelLayout, ...] = ()
 
     @property
     def precision(self) -> str:
@@ -362,9 +365,32 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
         options = NEMO_OVERLAPS
         assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
+    open_layouts: tuple[ParallelLayout, ...] = ()
+    if layout is not None and run.micro_batch is None and run.global_batch is not None:
+        open_layouts = _open_micro_batch(model, layout, settings, device, run.gpus)
+        if open_layouts:
+            assumptions.append(f"the interval spans micro-batch {open_layouts[0].micro_batch} (it fits and divides "
+                               "the batch)")  # fmt: skip
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
-                     alternatives, alternative_layouts)  # fmt: skip
+                     alternatives, alternative_layouts, open_layouts)  # fmt: skip
+
+
+def _open_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
+                      gpus: int | None) -> tuple[ParallelLayout, ...]:  # fmt: skip
+    """A row that gives its global batch but not its micro-batch runs at micro-batch 1; the other reading
+    its interval spans is twice that, where it divides the batch over the replicas, fits the device and
+    keeps the layout valid (a larger micro-batch: fewer, larger steps, a longer pipeline bubble)."""
+    other = dataclasses.replace(layout, micro_batch=2 * layout.micro_batch)
+    if layout.global_batch is None or layout.global_batch % (other.micro_batch * other.dp):
+        return ()
+    try:
+        check_layout(other, model, gpus)
+    except LayoutError:
+        return ()
+    if not peak_memory(model, other, settings).fits(load_device(device).memory_capacity_bytes):
+        return ()
+    return (other,)
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
