@@ -150,6 +150,26 @@ def test_an_open_micro_batch_runs_at_one_and_the_interval_spans_two_while_the_ro
     assert isinstance(odd, MappedRun) and odd.open_layouts == ()
 
 
+def test_an_interleaved_schedule_without_its_chunks_runs_at_two_and_the_interval_spans_the_most():
+    """A row whose notes name the interleaved schedule but not its chunk count: 2 chunks (the fewest, and
+    Megatron has no default), the interval reaching the most the stages' layers allow (39B: 48 layers on
+    2 stages, 24 chunks of one layer); where a stage's layers do not split in two (76B: 60 layers on 4
+    stages, 15 each) plain 1F1B, said."""
+    runs = {run.id: run for run in load_llm_runs()}
+    run = dataclasses.replace(runs["LLM-005"], notes="interleaved 1F1B")
+    row = map_run(run)
+    assert isinstance(row, MappedRun) and row.layout is not None and row.layout.virtual_stages == 2
+    assert [layout.virtual_stages for layout in row.open_layouts] == [2, 24]  # micro-batch 2, then the most chunks
+    (plain,) = llm_validation.predict_runs([runs["LLM-005"]])
+    (interleaved,) = llm_validation.predict_runs([run])
+    assert interleaved.iteration_s < plain.iteration_s  # a shorter bubble
+    assert interleaved.spread[1] > 1.0  # 24 chunks: shorter still
+    assert not interleaved.guessed
+    uneven = map_run(dataclasses.replace(runs["LLM-006"], notes="interleaved 1F1B"))
+    assert isinstance(uneven, MappedRun) and uneven.layout is not None and uneven.layout.virtual_stages == 1
+    assert any(text.startswith("plain 1F1B: the source names the interleaved schedule") for text in uneven.assumptions)
+
+
 def test_a_row_without_a_layout_runs_the_planner_s_best_with_what_it_states_held():
     """The Megatron-LM README's GPT-3 175B on 96 H100 (LLM-067) names its overlap flags but shows TP/PP
     only in an image: the planner's best layout for its GPUs and global batch, with those flags, and

@@ -371,6 +371,14 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
         if open_layouts:
             assumptions.append(f"the interval spans micro-batch {open_layouts[0].micro_batch} (it fits and divides "
                                "the batch)")  # fmt: skip
+    if layout is not None and layout.virtual_stages == 2 and INTERLEAVED_OPEN in assumptions:
+        most = dataclasses.replace(layout, virtual_stages=model.total_layers // layout.pp)
+        try:
+            check_layout(most, model, run.gpus)
+        except LayoutError:
+            pass
+        else:
+            open_layouts += (most,) if most.virtual_stages > 2 else ()
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
                      alternatives, alternative_layouts, open_layouts)  # fmt: skip
@@ -394,6 +402,8 @@ def _open_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
+INTERLEAVED_OPEN = ("2 interleaved chunks per stage: the source names the interleaved schedule, not its chunks "
+                    "(the fewest; the interval spans the most the stages' layers allow)")  # fmt: skip
 
 
 def _fullest_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
@@ -463,8 +473,15 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
         virtual = KORTHIKANTI_CHUNKS[model.name]
         if virtual > 1:
             assumptions.append(f"{virtual} interleaved chunks per stage (Calculon's configuration of this run)")
-    elif run.pp > 1 and "interleaved" in run.notes:
-        assumptions.append("plain 1F1B: the number of interleaved chunks is not in the source")
+    elif run.pp > 1 and "interleaved" in run.notes.lower():
+        # the source names the interleaved schedule but not its chunks (Megatron has no default count):
+        # the fewest, 2, where the stages' layers split in two; the interval spans the most (open_layouts)
+        if model.total_layers % (2 * run.pp) == 0:
+            virtual = 2
+            assumptions.append(INTERLEAVED_OPEN)
+        else:
+            assumptions.append("plain 1F1B: the source names the interleaved schedule, but the stages' layers do "
+                               "not split into chunks")  # fmt: skip
     # FlashAttention (May 2022) postdates the 2020-2022 papers' runs; NeMo and Megatron-LM's current runs use
     # it. A row from another source: on Hopper or later (after it), yes; on A100, whose flagship runs (Megatron,
     # MT-NLG, OPT, BLOOM) came before it, no; it never ran on Volta or older
