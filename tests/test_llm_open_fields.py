@@ -170,6 +170,30 @@ def test_an_interleaved_schedule_without_its_chunks_runs_at_two_and_the_interval
     assert any(text.startswith("plain 1F1B: the source names the interleaved schedule") for text in uneven.assumptions)
 
 
+def test_a_fully_sharded_row_without_a_micro_batch_takes_the_largest_that_divides_and_fits():
+    """ZeRO-3 and FSDP gather every weight again for each micro-batch, and DeepSpeed's and FSDP's default is
+    no gradient accumulation: Llama 2 7B under FSDP on 64 A100 with 512 sequences (8 a replica, full
+    recomputation) runs at micro-batch 8, the interval spanning 4, and beats micro-batch 1, which gathers
+    the model eight times; where only 1 fits (no recomputation), micro-batch 1 as for other stacks."""
+    run = next(run for run in load_llm_runs() if run.id == "LLM-057")
+    fsdp = dataclasses.replace(run, source="an FSDP run", tp=1, pp=1, dp=64, gpus=64, global_batch=512,
+                               micro_batch=None, gpu_type="A100-80GB", interconnect="NVLink; 8x HDR IB",
+                               zero_stage="FSDP FULL_SHARD", recompute="full", precision="bf16", notes="")  # fmt: skip
+    row = map_run(fsdp)
+    assert isinstance(row, MappedRun) and row.layout is not None
+    assert (row.layout.zero_stage, row.layout.micro_batch) == (3, 8)
+    assert [layout.micro_batch for layout in row.open_layouts] == [4]
+    assert any(text.startswith("micro-batch 8 of the replica's 8 sequences") for text in row.assumptions)
+    assert not any(text.startswith("micro-batch 1") for text in row.assumptions)
+    (chosen,) = llm_validation.predict_runs([fsdp])
+    (single,) = llm_validation.predict_runs([dataclasses.replace(fsdp, micro_batch=1)])
+    assert chosen.iteration_s < single.iteration_s
+    unrecomputed = map_run(dataclasses.replace(fsdp, recompute="none"))
+    assert isinstance(unrecomputed, MappedRun) and unrecomputed.layout is not None
+    assert unrecomputed.layout.micro_batch == 1
+    assert "micro-batch 1 (not in the source's table)" in unrecomputed.assumptions
+
+
 def test_a_row_without_a_layout_runs_the_planner_s_best_with_what_it_states_held():
     """The Megatron-LM README's GPT-3 175B on 96 H100 (LLM-067) names its overlap flags but shows TP/PP
     only in an image: the planner's best layout for its GPUs and global batch, with those flags, and

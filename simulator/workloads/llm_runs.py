@@ -355,6 +355,11 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions, device)
+    open_layouts: tuple[ParallelLayout, ...] = ()
+    if layout is not None and run.micro_batch is None and run.global_batch is not None and layout.zero_stage >= 3:
+        layout, open_layouts, note = _sharded_micro_batch(model, layout, settings, device, run.gpus)
+        if note:
+            assumptions = [text for text in assumptions if not text.startswith("micro-batch 1")] + [note]
     alternative_layouts: tuple[ParallelLayout, ...] = ()
     if layout is not None and run.micro_batch is None and run.global_batch is None:
         layout, alternative_layouts, note = _fullest_batch(model, layout, settings, device, bool(run.recompute))
@@ -365,8 +370,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
         options = NEMO_OVERLAPS
         assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
-    open_layouts: tuple[ParallelLayout, ...] = ()
-    if layout is not None and run.micro_batch is None and run.global_batch is not None:
+    if layout is not None and run.micro_batch is None and run.global_batch is not None and not open_layouts:
         open_layouts = _open_micro_batch(model, layout, settings, device, run.gpus)
         if open_layouts:
             assumptions.append(f"the interval spans micro-batch {open_layouts[0].micro_batch} (it fits and divides "
@@ -382,6 +386,36 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
                      alternatives, alternative_layouts, open_layouts)  # fmt: skip
+
+
+def _sharded_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
+                         gpus: int | None) -> tuple[ParallelLayout, tuple[ParallelLayout, ...], str]:  # fmt: skip
+    """A fully sharded row (ZeRO-3, FSDP) that gives its global batch but not its micro-batch: the largest
+    micro-batch that divides each replica's sequences and fits, for ZeRO-3 gathers every weight again for
+    each micro-batch, and DeepSpeed's and FSDP's default is no gradient accumulation; the next smaller
+    divisor that fits is the interval's other reading. Unchanged, with no note, where only 1 fits."""
+    assert layout.global_batch is not None
+    per_replica = layout.global_batch // layout.dp
+    capacity = load_device(device).memory_capacity_bytes
+    fitting = []
+    for micro in (size for size in range(per_replica, 0, -1) if per_replica % size == 0):
+        candidate = dataclasses.replace(layout, micro_batch=micro)
+        try:
+            check_layout(candidate, model, gpus)
+        except LayoutError:
+            continue
+        if peak_memory(model, candidate, settings).fits(capacity):
+            fitting.append(candidate)
+            if len(fitting) == 2:
+                break
+    if not fitting or fitting[0].micro_batch == 1:
+        return layout, (), ""
+    chosen = fitting[0]
+    note = (f"micro-batch {chosen.micro_batch} of the replica's {per_replica} sequences (the source gives none): "
+            "the largest that divides them and fits, as ZeRO-3 gathers the weights again for every micro-batch "
+            "and DeepSpeed's and FSDP's default is no gradient accumulation"
+            + (f"; the interval spans micro-batch {fitting[1].micro_batch}" if len(fitting) > 1 else ""))  # fmt: skip
+    return chosen, tuple(fitting[1:]), note
 
 
 def _open_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
