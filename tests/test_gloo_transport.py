@@ -9,61 +9,22 @@ Every rank's data is ``arange(n) * (rank + 1)``, so the sum over P ranks is
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
+
+from tests.mpi.gloo_ranks import free_port, run_gloo_ranks
 
 pytest.importorskip("torch")
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 120
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _run_ranks(ranks: int, scenario: str) -> list[str]:
-    port = _free_port()
-    processes = []
-    for rank in range(ranks):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(ranks),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "GLOO_SOCKET_IFNAME": "lo",
-            "PYTHONPATH": str(REPO),
-            "OMP_NUM_THREADS": "1",
-        }
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, __file__, scenario],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                text=True,
-            )
-        )
-    outputs = []
-    try:
-        for process in processes:
-            out, _ = process.communicate(timeout=TIMEOUT_S)
-            outputs.append(out)
-    finally:
-        for process in processes:
-            if process.poll() is None:
-                process.kill()
-                process.wait(timeout=10)
+    processes, outputs = run_gloo_ranks(ranks, [sys.executable, __file__, scenario], TIMEOUT_S)
     for rank, (process, out) in enumerate(zip(processes, outputs, strict=True)):
         assert process.returncode == 0, f"rank {rank} failed:\n{out}"
         assert "ok" in out.splitlines()[-1], out
@@ -208,7 +169,7 @@ def test_a_worker_leaves_the_process_group_however_it_ends(monkeypatch, tmp_path
 
     from ddlsim.real_runs import worker
 
-    environment = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())}
+    environment = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
     for key, value in environment.items():
         monkeypatch.setenv(key, value)
     if mode == "finishes":
