@@ -438,6 +438,15 @@ class InceptionV3(nn.Module):
 # --- ResNets (torchvision v1.5: stride in the 3x3 convolution) ------------------------------------
 
 
+def _shortcut(in_channels: int, out_channels: int, stride: int) -> nn.Module | None:
+    """A residual block's projection shortcut (1x1 convolution and batch norm) where its output's shape
+    differs from its input's; None (the identity) where it does not."""
+    if stride == 1 and in_channels == out_channels:
+        return None
+    return nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
+                         nn.BatchNorm2d(out_channels))  # fmt: skip
+
+
 class Bottleneck(nn.Module):
     """1x1, 3x3 (stride here, v1.5), 1x1 x4 convolutions with batch norm, plus the shortcut."""
 
@@ -454,12 +463,7 @@ class Bottleneck(nn.Module):
         self.relu2 = nn.ReLU()
         self.conv3 = nn.Conv2d(width, out_channels, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out_channels)
-        self.downsample: nn.Module | None = None
-        if stride != 1 or in_channels != out_channels:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, out_channels, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(out_channels),
-            )
+        self.downsample = _shortcut(in_channels, out_channels, stride)
         self.add = Add()
         self.relu3 = nn.ReLU()
 
@@ -483,12 +487,7 @@ class BasicBlock(nn.Module):
         self.relu1 = nn.ReLU()
         self.conv2 = nn.Conv2d(width, width, 3, padding=1, bias=False)
         self.bn2 = nn.BatchNorm2d(width)
-        self.downsample: nn.Module | None = None
-        if stride != 1 or in_channels != width:
-            self.downsample = nn.Sequential(
-                nn.Conv2d(in_channels, width, 1, stride=stride, bias=False),
-                nn.BatchNorm2d(width),
-            )
+        self.downsample = _shortcut(in_channels, width, stride)
         self.add = Add()
         self.relu2 = nn.ReLU()
 
