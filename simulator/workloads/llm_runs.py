@@ -210,8 +210,8 @@ class MappedRun:
     # other readings of what the row leaves open (shapes of a model given by its size): the interval spans them
     alternatives: tuple[TransformerConfig, ...] = ()
     alternative_layouts: tuple[ParallelLayout, ...] = ()  # other readings of an open batch or layout
-    # other readings of a setting the row leaves open beside a stated layout (its micro-batch): they widen
-    # the interval, and the row is still fitted at the default reading (``layout``)
+    # other readings of a setting the row leaves open beside a stated layout (its micro-batch, the chunk count
+    # of an interleaved schedule): they widen the interval, and the row is still fitted at ``layout``
     open_layouts: tuple[ParallelLayout, ...] = ()
 
     @property
