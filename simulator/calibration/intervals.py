@@ -40,7 +40,13 @@ from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.profile import ComputeFit, Profile
 from ddlsim.simulator.calibration.measurements import Measurement
 from ddlsim.simulator.calibration.open_fields import open_choices, with_choice
-from ddlsim.simulator.calibration.predict import Prediction, is_transformer_row, needs_input_pipeline, predict
+from ddlsim.simulator.calibration.predict import (
+    Prediction,
+    is_transformer_row,
+    needs_input_pipeline,
+    predict,
+    stack_reduction,
+)
 
 PER_STEP_SPREAD = 0.005  # the per-step reading widens an interval where it moves the prediction more
 
@@ -156,7 +162,7 @@ class Estimator:
 
     def predict(self, row: Measurement, sample: int = -1) -> Prediction:
         """``predict`` under the profile (``sample`` -1) or one bootstrap sample, cached."""
-        key = (config_key(row), sample)
+        key = (config_key(row), stack_reduction(row), sample)
         if key not in self._cache:
             profile = self.profile if sample < 0 else self._samples[sample]
             self._cache[key] = predict(row, profile, self.executor)
@@ -164,7 +170,7 @@ class Estimator:
 
     def estimate(self, row: Measurement) -> Estimate:
         """The prediction of ``row`` with its interval, kind and note (cached per configuration)."""
-        key = ("estimate", config_key(row), needs_input_pipeline(row))
+        key = ("estimate", config_key(row), needs_input_pipeline(row), stack_reduction(row))
         if key not in self._cache:
             self._cache[key] = self._estimate(row)
         return self._cache[key]
@@ -208,6 +214,9 @@ class Estimator:
                 )
         if needs_input_pipeline(row):
             notes.append("real data: the input pipeline is not modeled (assumed to keep up)")
+        reduction = stack_reduction(row)
+        if reduction:
+            notes.append(reduction.note)
         if kind.endswith("compute fitted across devices") or kind.endswith("datasheet compute"):
             pinned = self.profile.sigma(kind.rsplit(":", 1)[0] + ": pinned compute")
             notes.append(

@@ -14,7 +14,11 @@
   - ``parameter_server`` on several nodes (TensorFlow ``distributed_replicated``): reduce inside
     each node, then one colocated server per node (``hierarchical`` with an inner
     ``parameter_server``).
-  - a library token: the algorithm the library picks for a gradient bucket.
+  - a library token: the algorithm the library picks for a gradient bucket, given the row's adapters
+    per node (NCCL's ring takes one channel per NIC, as for collective rows).
+  - the gradient reduction: ``BUCKET_BYTES`` buckets overlapped with the backward, unless the row's
+    source configured its own (``STACK_REDUCTIONS``: NVIDIA's MLPerf v0.7 multi-node ResNet-50 runs
+    reduce one 64 MiB buffer after the backward); the row's note says so.
   - a catalog transformer (``bert_large``, ``gpt2``, ...; ``ddlsim list workloads``): the
     ``megatron`` training model with data parallelism only (tp = pp = 1, dp = every device, one
     micro-batch of the per-device batch), the gradients reduced by the row's library in
@@ -58,6 +62,39 @@ from ddlsim.simulator.workloads.transformer import TransformerConfigError, trans
 # (nccl-tests' plateau region on every fabric in the catalog starts well below it).
 PLATEAU_BYTES = 1e9
 BUCKET_BYTES = 25e6  # gradient fusion bucket (Horovod's and PyTorch DDP's default)
+
+
+@dataclass(frozen=True)
+class StackReduction:
+    """How a published stack's own configuration reduces gradients, where it is not the default
+    (``BUCKET_BYTES`` buckets overlapped with the backward): what the row's source must hold (words,
+    lowercased), from how many nodes, and the setting with its source."""
+
+    words: tuple[str, ...]
+    min_nodes: int
+    overlap: bool
+    bucket_bytes: float
+    note: str
+
+
+STACK_REDUCTIONS = (
+    # mlcommons/training_results_v0.7, NVIDIA/benchmarks/resnet/implementations/mxnet/config_DGXA100_multi_*.sh
+    # and config_DGX2_multi_*.sh (2 to 192 nodes): MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864
+    # and the backward in one bulk ("Default is no NCCL and BWD overlap"); the one-node configs reduce 20
+    # groups while the backward runs, as the default does. (v0.6's multi-node configs overlapped 16 groups.)
+    StackReduction(("training_results_v0.7", "nvidia/", "mxnet"), 2, False, 64 * 2**20,
+                   "gradients in one 64 MiB buffer after the backward, as NVIDIA's MLPerf v0.7 multi-node configs set "
+                   "Horovod (MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864)"),
+)  # fmt: skip
+
+
+def stack_reduction(row: Measurement) -> StackReduction | None:
+    """The gradient reduction ``row``'s source configured, where it is not the default (``STACK_REDUCTIONS``)."""
+    if row.kind != "training" or row.devices == 1:
+        return None
+    source = row.source.lower()
+    return next((rule for rule in STACK_REDUCTIONS
+                 if row.nodes >= rule.min_nodes and all(word in source for word in rule.words)), None)  # fmt: skip
 
 MODEL_ERRORS = (
     ScenarioError, UnknownNameError, ScheduleError, FabricError, CatalogError, UnitError, TransformerConfigError,
@@ -183,8 +220,9 @@ def predict_point_to_point(row: Measurement, profile: Profile | None, host_ranks
     return Prediction(nbytes / time_s, detail="alpha-beta hop")
 
 
-def training_algorithm(row: Measurement) -> tuple[str, dict[str, Any]]:
-    """(algorithm token, options) for a training row; see the module docstring."""
+def training_algorithm(row: Measurement, bucket_bytes: float = BUCKET_BYTES) -> tuple[str, dict[str, Any]]:
+    """(algorithm token, options) for a training row, a library's choice made for a gradient bucket of
+    ``bucket_bytes``; see the module docstring."""
     if row.devices == 1:
         return "ring", {}
     if row.algorithm == "parameter_server":
@@ -194,7 +232,8 @@ def training_algorithm(row: Measurement) -> tuple[str, dict[str, Any]]:
             "inner": "parameter_server",
             "inner_options": {"placement": "colocated", "servers": row.nodes},
         }
-    token, options = resolve_algorithm(row.algorithm, "allreduce", BUCKET_BYTES, row.devices, row.devices_per_node)
+    token, options = resolve_algorithm(row.algorithm, "allreduce", bucket_bytes, row.devices, row.devices_per_node,
+                                       row.nics_per_node or 1)  # fmt: skip
     return token, options
 
 
@@ -223,14 +262,21 @@ def _measured_run(row: Measurement, profile: Profile | None, executor: str, intr
 
 def training_scenario(row: Measurement, profile: Profile | None, executor: str = "analytic") -> Scenario:
     device = load_device(row.device)
-    algorithm, options = training_algorithm(row)
+    reduction = stack_reduction(row)
+    bucket_bytes = reduction.bucket_bytes if reduction else BUCKET_BYTES
+    algorithm, options = training_algorithm(row, bucket_bytes)
     intra = row.intra_node_link or None
     host = default_host_link(device)
     if row.algorithm == "parameter_server" and host and row.devices_per_node > 1:
         intra = host  # the PS traffic crosses each GPU's PCIe link to the host
     assert row.per_device_batch is not None
     return Scenario(
-        options=AlgorithmOptions(collective=algorithm, collective_options=options, bucket_bytes=BUCKET_BYTES),
+        options=AlgorithmOptions(
+            collective=algorithm,
+            collective_options=options,
+            bucket_bytes=bucket_bytes,
+            overlap=reduction.overlap if reduction else True,
+        ),
         per_device_batch=row.per_device_batch,
         **_measured_run(row, profile, executor, intra),
     )
