@@ -145,6 +145,24 @@ def test_a_multi_node_row_without_its_network_gets_the_eras_default():
     assert estimate.low <= ethernet <= estimate.high
 
 
+def test_a_multi_node_row_on_its_vendor_system_without_its_adapters_gets_the_system_s():
+    """8 P100 SXM2 on NVLink 1 a node is the DGX-1 of the device's datasheet: without adapters stated, a
+    4-node row takes its 4 EDR adapters (NCCL rings over each), the interval reaching one adapter a node;
+    a stated count, or another node shape, opens nothing."""
+    from ddlsim.hardware_models.profile import Profile
+
+    row = _measurement(nodes=4, network="ib_edr", workload="alexnet")
+    estimate = Estimator(Profile(noise_sigma=0.05)).estimate(row)
+    assert "network adapters per node not stated: 4 assumed" in estimate.note
+    four, one = (predict(dataclasses.replace(row, nics_per_node=n), Profile()).value for n in (4, 1))
+    assert estimate.value == pytest.approx(four) and one < four
+    assert estimate.low <= one <= estimate.high
+    stated = Estimator(Profile(noise_sigma=0.05)).estimate(dataclasses.replace(row, nics_per_node=1))
+    assert "adapters" not in stated.note and stated.value == pytest.approx(one)
+    other = Estimator(Profile(noise_sigma=0.05)).estimate(dataclasses.replace(row, devices_per_node=4))
+    assert "adapters" not in other.note
+
+
 def test_estimates_are_computed_once_per_configuration():
     from ddlsim.hardware_models.profile import Profile
 
@@ -202,7 +220,7 @@ def test_a_row_beyond_the_calibrated_scale_widens_by_the_modelled_change_from_it
     sigma = 0.05
     profile = Profile(noise_sigma=sigma, rank_jitter_sigma=0.065, calibrated_scale={"training/p100_sxm2/nccl": 16.0})
     estimator = Estimator(profile, ci=0.9)
-    far = _measurement(nodes=8, network="ib_edr")
+    far = _measurement(nodes=8, network="ib_edr", nics_per_node=4)  # stated: no open field to resolve
     estimate = estimator.estimate(far)
     # the change, worked out from two plain predictions: the per-device rate at 64 and at 16 devices
     at_64 = predict(far, profile).value

@@ -30,6 +30,10 @@ network                   per generation: ``ERA_NETWORKS`` (Kepler/Maxwell 10 Gb
 intra_node_link           GPUs: PCIe of their generation (``pcie3_x16``; ``pcie4_x16`` from
                           Ampere), NVLink of the generation as the alternative; CPUs: ``upi``;
                           TPUs: their ICI (the datasheet's system link)
+nics_per_node             on several nodes whose shape is the device's vendor system (its
+                          datasheet's ``[system]``: a DGX's GPUs per node, link and network, all
+                          stated), that system's adapters (DGX-1 4, DGX-2 and DGX A100/H100 8)
+                          (1); else 1, as before
 ========================  =====================================================================
 """
 
@@ -179,6 +183,20 @@ def open_choices(row: Measurement) -> list[Choice] | str:
                 f"interval spans {', '.join(networks[1:])}",
             )
         )
+    system = device.system
+    shape = (row.devices_per_node, row.intra_node_link, row.network)
+    if (row.modeled().nodes > 1 and not row.nics_per_node and system is not None and system.nics_per_node > 1
+            and shape == (system.devices_per_node, system.intra_node_link, system.network)):
+        choices.append(
+            Choice(
+                "nics_per_node",
+                system.nics_per_node,
+                (1,),
+                f"network adapters per node not stated: {system.nics_per_node} assumed, as the vendor's system "
+                f"of {system.devices_per_node} {device.token} on {system.intra_node_link} and {system.network} has "
+                f"({device.token}'s datasheet); interval spans 1",
+            )
+        )  # fmt: skip
     if row.devices_per_node > 1 and not row.intra_node_link and not (row.nodes == 1 and row.network):
         if device.kind == "gpu":
             pcie = "pcie4_x16" if generation in ("ampere", "hopper") else "pcie3_x16"
