@@ -49,7 +49,13 @@ from ddlsim.algorithms.megatron_training import coordinates, data_parallel_group
 from ddlsim.algorithms.parallel_layout import ParallelLayout
 from ddlsim.hardware_models.catalog import Device
 from ddlsim.simulator.workloads.transformer import TransformerConfig
-from ddlsim.simulator.workloads.transformer_costs import Block, Part, score_traffic_bytes, transformer_blocks
+from ddlsim.simulator.workloads.transformer_costs import (
+    Block,
+    Part,
+    recomputed,
+    score_traffic_bytes,
+    transformer_blocks,
+)
 from ddlsim.simulator.workloads.transformer_traffic import (
     context_parallel_kv_elements,
     expert_all_to_all_elements,
@@ -281,12 +287,10 @@ class TransformerCosts:
         forward = backward = core = forward_tp = backward_tp = dense = expert = 0.0
         for part in block.parts:
             part_forward = self._part_s(part, block, backward=False)
-            recomputed = block.kind == "layer" and (
-                layout.recompute == "full" or (layout.recompute == "selective" and part.name.endswith("_core"))
-            )
+            again = recomputed(block, part, layout.recompute)
             part_backward = self._part_s(part, block, backward=True)
             forward += part_forward
-            backward += part_backward + (part_forward if recomputed else 0.0)
+            backward += part_backward + (part_forward if again else 0.0)
             core += part_forward if part.name.endswith("_core") else 0.0
             part_forward_tp = self._tp_s(part, rank, backward=False)
             part_backward_tp = self._tp_s(part, rank, backward=True)
@@ -296,7 +300,7 @@ class TransformerCosts:
             forward_tp += part_forward_tp
             # a recomputed part runs its forward again, collectives included (Megatron's checkpointed
             # layer calls the same forward); the attention core that selective recomputation redoes has none
-            backward_tp += part_backward_tp + (part_forward_tp if recomputed else 0.0)
+            backward_tp += part_backward_tp + (part_forward_tp if again else 0.0)
             if part.expert:
                 expert += part.parameters / (layout.tp * layout.ep)
             else:
@@ -327,8 +331,9 @@ class TransformerCosts:
             expert += cost.expert_parameters
             exchange = self._ep_s(block, rank)
             forward["ep"] += exchange
-            # and under full recomputation the layer's forward dispatch and combine, a second time
-            backward["ep"] += exchange * (2.0 if layout.recompute == "full" and block.kind == "layer" else 1.0)
+            # and the dispatch and combine of the recomputed forward, where the part that carries them is
+            redone = any(recomputed(block, part, layout.recompute) for part in block.parts if part.all_to_all_elements)
+            backward["ep"] += exchange * (2.0 if redone else 1.0)
             if zero3_group is not None:  # gathers before the block's forward and backward, overlapped with it
                 forward["zero3"] += self.zero3_exposed_s(cost.dense_parameters, zero3_group, forward_compute,
                                                          backward=False)  # fmt: skip

@@ -436,6 +436,13 @@ def transformer_blocks(config: TransformerConfig) -> tuple[Block, ...]:
 RECOMPUTE = ("none", "selective", "full")
 
 
+def recomputed(block: Block, part: Part, recompute: str) -> bool:
+    """Whether ``part`` of ``block`` runs its forward again before its backward: every transformer
+    layer's part under ``full``, the attention cores under ``selective`` (Korthikanti et al. 2022,
+    section 5); never the embedding or the output head."""
+    return block.kind == "layer" and (recompute == "full" or (recompute == "selective" and part.name.endswith("_core")))
+
+
 def parameter_count(blocks: tuple[Block, ...]) -> int:
     """Trainable parameters, tied weights counted once."""
     return sum(block.parameters for block in blocks)
@@ -474,9 +481,7 @@ def hardware_flops_per_sample(blocks: tuple[Block, ...], recompute: str = "none"
         for part in block.parts:
             forward = part.forward_flops * part.executed_factor
             total += forward + part.backward_flops * part.executed_factor
-            if block.kind == "layer" and (
-                recompute == "full" or (recompute == "selective" and part.name.endswith("_core"))
-            ):
+            if recomputed(block, part, recompute):
                 total += forward
     return total
 
