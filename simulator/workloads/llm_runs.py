@@ -377,15 +377,26 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
                                "the batch)")  # fmt: skip
     if layout is not None and layout.virtual_stages == 2 and INTERLEAVED_OPEN in assumptions:
         most = dataclasses.replace(layout, virtual_stages=model.total_layers // layout.pp)
-        try:
-            check_layout(most, model, run.gpus)
-        except LayoutError:
-            pass
-        else:
-            open_layouts += (most,) if most.virtual_stages > 2 else ()
+        open_layouts += (most,) if most.virtual_stages > 2 and _valid(most, model, run.gpus) else ()
     alternatives = tuple(dataclasses.replace(alternative, **changes) for alternative in alternatives)
     return MappedRun(run, model, device, intra, network, nics, layout, settings, tuple(assumptions), missing, options,
                      alternatives, alternative_layouts, open_layouts)  # fmt: skip
+
+
+def _valid(layout: ParallelLayout, model: TransformerConfig, gpus: int | None) -> bool:
+    """Whether ``layout`` keeps every rule ``check_layout`` holds a layout of ``model`` to on ``gpus``."""
+    try:
+        check_layout(layout, model, gpus)
+    except LayoutError:
+        return False
+    return True
+
+
+def _runs(layout: ParallelLayout, model: TransformerConfig, settings: MemorySettings, device: str,
+          gpus: int | None) -> bool:  # fmt: skip
+    """A reading a row could have run: a valid layout whose fullest rank fits ``device``'s memory."""
+    return _valid(layout, model, gpus) and peak_memory(model, layout, settings).fits(
+        load_device(device).memory_capacity_bytes)  # fmt: skip
 
 
 def _sharded_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings: MemorySettings, device: str,
@@ -396,15 +407,10 @@ def _sharded_micro_batch(model: TransformerConfig, layout: ParallelLayout, setti
     divisor that fits is the interval's other reading. Unchanged, with no note, where only 1 fits."""
     assert layout.global_batch is not None
     per_replica = layout.global_batch // layout.dp
-    capacity = load_device(device).memory_capacity_bytes
     fitting = []
     for micro in (size for size in range(per_replica, 0, -1) if per_replica % size == 0):
         candidate = dataclasses.replace(layout, micro_batch=micro)
-        try:
-            check_layout(candidate, model, gpus)
-        except LayoutError:
-            continue
-        if peak_memory(model, candidate, settings).fits(capacity):
+        if _runs(candidate, model, settings, device, gpus):
             fitting.append(candidate)
             if len(fitting) == 2:
                 break
@@ -426,13 +432,7 @@ def _open_micro_batch(model: TransformerConfig, layout: ParallelLayout, settings
     other = dataclasses.replace(layout, micro_batch=2 * layout.micro_batch)
     if layout.global_batch is None or layout.global_batch % (other.micro_batch * other.dp):
         return ()
-    try:
-        check_layout(other, model, gpus)
-    except LayoutError:
-        return ()
-    if not peak_memory(model, other, settings).fits(load_device(device).memory_capacity_bytes):
-        return ()
-    return (other,)
+    return (other,) if _runs(other, model, settings, device, gpus) else ()
 
 
 BATCHES = (64, 32, 16, 8, 4, 2, 1)  # micro-batches tried when a row states no batch
