@@ -60,7 +60,8 @@ PCIE_SERVER = (8, "pcie3_x16", "ib_edr", 1)
 _IB = (("xdr", "ib_xdr", 800), ("ndr", "ib_ndr", 400), ("hdr", "ib_hdr", 200), ("edr", "ib_edr", 100),
        ("fdr", "ib_fdr", 56), ("qdr", "ib_qdr", 40))  # fmt: skip
 _ETHERNET_RATES = {"roce": (25, 40, 50, 100, 200, 400), "eth": (1, 10, 25, 40, 50, 100)}
-_IB_BY_RATE = {800: "ib_xdr", 400: "ib_ndr", 200: "ib_hdr", 100: "ib_edr", 56: "ib_fdr", 40: "ib_qdr"}
+_IB_BY_RATE = {rate: token for _, token, rate in _IB}
+_IB_WORDS = "|".join(word for word, _, _ in _IB)  # the generations' words, for the adapter-count patterns
 
 
 def device_from_text(text: str) -> tuple[str, str] | None:
@@ -142,11 +143,11 @@ def _rate_of(network: str) -> float:
 
 def _adapter_count(lowered: str, rate: float, total: float | None) -> int | None:
     match = re.search(
-        r"(\d+)\s*x\s*(?:\w+\s*)?(?:ndr|hdr|edr|xdr|fdr|qdr|ib|infiniband|roce|cx|connectx|nic|hca|\d+\s*g)", lowered)
+        rf"(\d+)\s*x\s*(?:\w+\s*)?(?:{_IB_WORDS}|ib|infiniband|roce|cx|connectx|nic|hca|\d+\s*g)", lowered)
     if match:
         return int(match.group(1))
     match = re.search(r"(\d+)\s*(?:nics|hcas|adapters|rails)", lowered) or re.search(
-        r"(?:omni-?path|\bopa|\befa|\bib|infiniband|roce|ethernet|[nhefxq]dr)\W*(\d+)\s*x\b", lowered)  # "OPA 4x"
+        rf"(?:omni-?path|\bopa|\befa|\bib|infiniband|roce|ethernet|{_IB_WORDS})\W*(\d+)\s*x\b", lowered)  # "OPA 4x"
     if match:
         return int(match.group(1))
     if total and rate and total > rate and total % rate == 0:
