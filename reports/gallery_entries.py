@@ -20,7 +20,6 @@ from ddlsim.reports.gallery import (
     relative_efficiency_pct,
     throughput,
 )
-from ddlsim.simulator.calibration.predict import MLPERF_V07_NVIDIA_MULTI_NODE as V07_MULTI_NODE
 
 PS_OPTIONS = "--collective-option placement=per_node"
 SIMULATE = "simulate --executor-pool serial"
@@ -355,11 +354,12 @@ def _knl_hybrid(results: Results) -> list[Comparison]:
 # the systems' JSON (DGX A100: 8 A100-SXM4-40GB on NVSwitch 2, 8 x HDR 200 Gb/s compute adapters; DGX-2H:
 # 16 V100-SXM3-32GB 450 W on NVSwitch 1, 8 x EDR 100 Gb/s). 5 runs each. The 192/230-node DGX A100 and
 # 96-node DGX-2H logs are not in the stored copy of the repository, so they are not here.
-# Gradient reduction as each submission's config sets Horovod: on one node 20 groups reduced while the backward
-# runs (ddlsim's default 25 MB overlapped buckets, within 0.3 % of 20 groups here); on several nodes the rule
-# validate applies to these runs' rows (predict.MLPERF_V07_NVIDIA_MULTI_NODE, with its source).
-MLPERF_MULTI_NODE_REDUCTION = ("--no-overlap " if not V07_MULTI_NODE.overlap else "") + (
-    f"--bucket-bytes {V07_MULTI_NODE.bucket_bytes / 2**20:g}MiB")  # fmt: skip
+# Gradient reduction as each submission's config sets Horovod (NVIDIA/benchmarks/resnet/implementations/mxnet/
+# config_<system>.sh): the one-node configs split the gradients into 20 groups reduced while the backward runs
+# (MXNET_HOROVOD_NUM_GROUPS=20; ddlsim's default 25 MB overlapped buckets, within 0.3 % of 20 groups here); the
+# multi-node configs reduce all of them in one 64 MiB fusion buffer after the backward
+# (MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864, "Default is no NCCL and BWD overlap").
+MLPERF_MULTI_NODE_REDUCTION = "--no-overlap --bucket-bytes 64MiB"
 MLPERF_V07 = {
     # run name: (device, devices per node, intra-node link, network, batch per GPU, nodes, published img/s)
     "dgxa100_n1": ("a100_sxm4", 8, "nvswitch2", "ib_hdr", 408, 1, 22501.4),

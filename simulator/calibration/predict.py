@@ -77,17 +77,15 @@ class StackReduction:
     note: str
 
 
-# mlcommons/training_results_v0.7, NVIDIA/benchmarks/resnet/implementations/mxnet/config_DGXA100_multi_*.sh and
-# config_DGX2_multi_*.sh (2 to 192 nodes): MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864 and the
-# backward in one bulk ("Default is no NCCL and BWD overlap"); the one-node configs reduce 20 groups while the
-# backward runs, as the default does. (v0.6's multi-node configs overlapped 16 groups.) The gallery's MLPerf
-# entry runs its multi-node points with these settings too.
-MLPERF_V07_NVIDIA_MULTI_NODE = StackReduction(
-    ("training_results_v0.7", "nvidia/", "mxnet"), 2, False, 64 * 2**20,
-    "gradients in one 64 MiB buffer after the backward, as NVIDIA's MLPerf v0.7 multi-node configs set Horovod "
-    "(MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864)",
+STACK_REDUCTIONS = (
+    # mlcommons/training_results_v0.7, NVIDIA/benchmarks/resnet/implementations/mxnet/config_DGXA100_multi_*.sh
+    # and config_DGX2_multi_*.sh (2 to 192 nodes): MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864
+    # and the backward in one bulk ("Default is no NCCL and BWD overlap"); the one-node configs reduce 20
+    # groups while the backward runs, as the default does. (v0.6's multi-node configs overlapped 16 groups.)
+    StackReduction(("training_results_v0.7", "nvidia/", "mxnet"), 2, False, 64 * 2**20,
+                   "gradients in one 64 MiB buffer after the backward, as NVIDIA's MLPerf v0.7 multi-node configs set "
+                   "Horovod (MXNET_HOROVOD_NUM_GROUPS=1, HOROVOD_FUSION_THRESHOLD=67108864)"),
 )  # fmt: skip
-STACK_REDUCTIONS = (MLPERF_V07_NVIDIA_MULTI_NODE,)
 
 
 def stack_reduction(row: Measurement) -> StackReduction | None:
