@@ -17,7 +17,7 @@ units) written by ``ddlsim calibrate``::
     [devices.k80.workload_scale]              # measured / modeled compute time, pinned per run shape
     "resnet50/fp32/64" = { value = 1.03, source = "pinned by TFBENCH-041, ..." }
 
-    [links."pcie3_x16@titanx_pascal@nccl"]     # link token [@device [@library or algorithm]]
+    [links."pcie3_x16@titanx_pascal@nccl"]     # link token [@device or kind [@library or algorithm]]
     breakpoints_bytes = { value = [1e6], source = "protocol switch between 0.4 and 12 MB" }
     alpha_s = { value = [2e-5, 5e-6], source = "fitted ..." }      # one per message-size segment
     beta_Bps = { value = [9e9, 1.2e10], source = "fitted ..." }
@@ -50,6 +50,10 @@ step, so growing with the ranks) by rows at two or more scales. Where one scale 
 them apart, ``step_alpha_s`` keeps the per-step reading's alpha (0 where the rows decided), and
 ``per_step_reading()`` gives the profile that reading makes: predictions span both.
 
+A fit scoped to a device kind (``ib_fdr@gpu@ring``) is pooled over that kind's devices: a device
+without a fit of its own for the link and software takes it (``link_fit_key``). Calibration pools
+only where the path does not depend on the device (``simulator.calibration.link_fit.link_group``).
+
 Nothing here is global: a profile is a frozen value passed to ``Scenario(profile=...)`` and
 ``CollectiveSetup(profile=...)``.
 """
@@ -64,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddlsim.hardware_models.catalog import CatalogError, Device, Link
+from ddlsim.hardware_models.catalog import DEVICE_KINDS, CatalogError, Device, Link, load_device
 from ddlsim.hardware_models.compute import LAYER_TYPES, ComputeModel, architecture, layer_kind, precision_class
 
 SCHEMA_VERSION = 1
@@ -286,13 +290,19 @@ class Profile:
         return self.links[key] if key else None
 
     def link_fit_key(self, token: str, device: str | None = None) -> str | None:
-        """The key of the fit ``link_fit`` uses, or None."""
-        scope = device
-        while scope:
-            if f"{token}@{scope}" in self.links:
-                return f"{token}@{scope}"
-            scope = scope.rpartition("@")[0]
+        """The key of the fit ``link_fit`` uses, or None: the device's own scopes first, then a fit
+        pooled over the devices of its kind for the same software (``token@gpu@software...``)."""
+        for scope in (device, _kind_scope(device) if device and self._pools(token) else None):
+            while scope:
+                if f"{token}@{scope}" in self.links:
+                    return f"{token}@{scope}"
+                scope = scope.rpartition("@")[0]
+                if scope in DEVICE_KINDS:  # a kind alone scopes nothing: its fits name their software
+                    break
         return token if token in self.links else None
+
+    def _pools(self, token: str) -> bool:
+        return any(key.startswith(f"{token}@{kind}@") for key in self.links for kind in DEVICE_KINDS)
 
     def link(
         self, link: Link, device: str | None = None, message_bytes: float | None = None, host_ranks: int = 1
@@ -395,7 +405,8 @@ class Profile:
 
     def undecided_devices(self) -> set[str]:
         """The devices whose link fits hold a segment ``per_step_reading`` reads otherwise (keys are
-        ``token[@device[@software...]]``: "" for a fit scoped to no device, which applies to all)."""
+        ``token[@device[@software...]]``: "" for a fit scoped to no device, which applies to all; a
+        device kind for a fit pooled over that kind)."""
         return {key.split("@")[1] if "@" in key else "" for key, fit in self.links.items() if any(fit.step_alpha_s)}
 
     def ideal(self) -> Profile:
@@ -431,6 +442,16 @@ class Profile:
 
 
 # --- TOML ---------------------------------------------------------------------------------------
+
+
+def _kind_scope(device: str) -> str | None:
+    """``gpu@ring@allreduce`` for ``titanx_pascal@ring@allreduce``: the scope of fits pooled over a kind."""
+    name, _, software = device.partition("@")
+    try:
+        kind = load_device(name).kind
+    except (CatalogError, KeyError):  # not a catalog device (a test's own): no pooled scope
+        return None
+    return f"{kind}@{software}" if software else None
 
 
 def _toml_string(text: str) -> str:

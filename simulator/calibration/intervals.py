@@ -119,6 +119,8 @@ def prediction_kind(row: Measurement, profile: Profile | None) -> str:
         return f"collective, {scale}: datasheet link"
     if key.startswith(f"{token}@{row.device}"):
         return f"collective, {scale}: fitted link"
+    if key.split("@")[1:2] == [load_device(row.device).kind]:
+        return f"collective, {scale}: link pooled over its kind"
     return f"collective, {scale}: link fitted for any device"
 
 
@@ -204,7 +206,8 @@ class Estimator:
                     other = self.predict(with_choice(row, choices, (choice.column, alternative))).value
                     if other is not None:
                         low, high = min(low, other / spread), max(high, other * spread)
-        if self._per_step is not None and ("" in self._undecided or resolved.device in self._undecided):
+        undecided = {"", resolved.device, load_device(resolved.device).kind} & self._undecided
+        if self._per_step is not None and undecided:
             other = predict(resolved, self._per_step, self.executor).value
             if other is not None and abs(other / value - 1) > PER_STEP_SPREAD:
                 low, high = min(low, other / spread), max(high, other * spread)

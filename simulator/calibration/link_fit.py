@@ -25,7 +25,8 @@ buy a per-call cost in the harness's 8-row groups: their held-out median went fr
 A device without rows of its own gets the datasheets, not another device's fit: in the published
 data one box's PCIe (8 TitanX behind PLX switches, 8.8 GB/s bus bandwidth) says little about another's
 (8 P100 on a workstation board, 5.9 GB/s); leaving each DeepBench spreadsheet out, a fit pooled over
-the others predicted it worse than the datasheet did (median |error| 58 % against 9 % for TitanX).
+the others predicted it worse than the datasheet did (median |error| 58 % against 9 % for TitanX). The
+exception is a GPU's network under software that stages through host memory (``link_group``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.optimize import lsq_linear
 
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.selectors import LIBRARIES
 from ddlsim.hardware_models.catalog import load_device, load_link
 from ddlsim.hardware_models.profile import LinkFit, Profile
 from ddlsim.simulator.calibration.intervals import config_key
@@ -98,10 +101,30 @@ def _run_key(row: Measurement) -> tuple:
     )
 
 
+def stages_through_host(software: str) -> bool:
+    """Whether ``software`` moves a GPU's buffers between nodes through host memory whatever the GPU:
+    Open MPI (its openib BTL leaves GPUDirect RDMA off by default, ``btl_openib_want_cuda_gdr``
+    false in opal/mca/btl/openib/btl_openib_mca.c, and even with it on sends a GPU buffer above
+    ``btl_openib_cuda_rdma_limit``, 30,000 B, through a host copy pipeline) and an algorithm token
+    (in the published rows a hand-written schedule of MPI point-to-point calls on CUDA-aware Open
+    MPI: DeepBench's baidu-allreduce). NCCL reads a GPU's memory from the NIC where the GPU and the
+    board allow (GPUDirect RDMA), so its network rate is the box's; so may MPICH's CUDA path."""
+    return software == "openmpi" or (software not in LIBRARIES and software in COLLECTIVE_ALGORITHMS)
+
+
 def link_group(row: Measurement) -> str:
-    """The (link, device, software) key a collective row calibrates: its network if multi-node, else intra-node."""
+    """The (link, device, software) key a collective row calibrates: its network if multi-node, else intra-node.
+
+    A GPU's network fit is pooled over GPUs (``network@gpu@software``) where the software stages
+    through host memory (``stages_through_host``): the path is then the software's and the host's,
+    not the GPU box's. In the published rows DeepBench's ring all-reduce over Open MPI takes 56 ms
+    for 64 MB on 2 nodes of 8 TitanX and 62 ms on 2 nodes of 8 P100, where NCCL 2 on the same
+    boxes and network reaches 5.5 and 2.1 GB/s of bus bandwidth (the TitanX, a GeForce part, has
+    no GPUDirect RDMA)."""
     modeled = row.modeled()
     token = modeled.network if modeled.nodes > 1 else modeled.intra_node_link
+    if modeled.nodes > 1 and load_device(row.device).kind == "gpu" and stages_through_host(row.algorithm):
+        return f"{token}@gpu@{row.algorithm}"
     if shares_host_cpu([row]):
         # ranks sharing a CPU run software whose per-byte costs differ per collective (a library's
         # code paths, our executor's receive-then-reduce or copy): one fit per collective
