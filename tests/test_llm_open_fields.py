@@ -56,6 +56,9 @@ def test_words_that_name_no_device_are_none():
         ("4x 100 Gbps EFA", "a100_sxm4", ("nvswitch2", "roce_100g", 4)),
         ("4x NVLink per GPU; NDR", "h100_sxm5", ("nvswitch3", "ib_ndr", 8)),  # NVLinks are not adapters
         ("NVSwitch 900GB/s; InfiniBand 200Gb/s", "h100_sxm5", ("nvswitch3", "ib_hdr", 8)),  # GB/s is NVLink's
+        ("NVLink; 2x 40GbE", "v100_sxm2", ("nvlink2", "eth_40g", 2)),  # Ethernet by its rate's suffix
+        ("25GbE TCP", "v100_sxm2", ("nvlink2", "eth_25g", 4)),
+        ("10GE", "p100_sxm2", ("nvlink1", "eth_10g", 4)),
     ],
 )
 def test_an_interconnect_is_read_by_generation_and_adapter_count(text, device, expected):

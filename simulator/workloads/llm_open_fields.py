@@ -112,7 +112,7 @@ def _network_words(lowered: str, stated: float | None) -> tuple[str | None, floa
         if re.search(rf"\b{word}", lowered):
             return token, rate
     for kind, rates in _ETHERNET_RATES.items():
-        if kind in lowered or (kind == "eth" and "ethernet" in lowered):
+        if kind in lowered or (kind == "eth" and re.search(r"ethernet|\dg(?:b|bit)?e\b|\bgbe\b", lowered)):
             speed = stated or rates[-1]
             best = min(rates, key=lambda r: abs(math.log(r / speed)))
             return f"{kind}_{best}g", best
@@ -129,8 +129,9 @@ def _network_words(lowered: str, stated: float | None) -> tuple[str | None, floa
 
 
 def _rate_in_text(text: str) -> float | None:
-    """A link rate in Gb/s ('400G', '200 Gb/s', '100Gbps'), not a rate in bytes ('600GB/s' of NVLink)."""
-    match = re.search(r"(\d+)\s*(?:[Gg]b(?:it)?(?:/s|ps|s)?|[Gg](?![Bb]))\b", text)
+    """A link rate in Gb/s ('400G', '200 Gb/s', '100Gbps', '40GbE', '10GE'), not a rate in bytes
+    ('600GB/s' of NVLink)."""
+    match = re.search(r"(\d+)\s*(?:[Gg]b(?:it)?(?:/s|ps|s|[Ee])?|[Gg][Ee]?(?![Bb]))\b", text)
     return float(match.group(1)) if match else None
 
 
