@@ -18,8 +18,9 @@ layer's logits in bf16, as Megatron-Core runs them by default: its ``fp8_dot_pro
 off and its output layer is a plain ``ColumnParallelLinear``, not a Transformer Engine module;
 ``fp8_attention_and_logits`` runs those in fp8 too).
 ``grad_reduce_in_fp32`` (Megatron's name): the data-parallel gradient reductions carry fp32 main
-gradients (Megatron-LM's default); off, they carry the weights' 16-bit type (NeMo's performance
-recipes and the NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``). ``tp_comm_overlap``
+gradients (Megatron-LM's default in bf16 and fp8, ``default_grad_reduce_in_fp32``); off, they carry
+the weights' 16-bit type (fp16 runs by default; NeMo's performance recipes and the
+NeMo-Framework-Launcher's ``grad_sync_dtype: bf16``). ``tp_comm_overlap``
 (Megatron's ``--tp-comm-overlap``, Transformer Engine's userbuffers): each tensor-parallel
 collective runs in chunks under the matrix product it feeds or follows, so only what exceeds that
 product's compute shows. ``zero3_prefetch`` (ZeRO-3): each block's weights are gathered while the
@@ -66,6 +67,15 @@ BOOLEAN_FIELDS = ("sequence_parallel", "flash_attention", "grad_reduce_in_fp32",
 
 class LayoutError(ValueError):
     """A layout that cannot run this model; the message names the rule in one line."""
+
+
+def default_grad_reduce_in_fp32(precision: str) -> bool:
+    """Whether the stacks reduce gradients in fp32 by default at ``precision``: Megatron-LM does in
+    bf16 (forced: "bfloat16 requires gradient accumulation and all-reduce to be done in fp32",
+    megatron/arguments.py) and so with fp8 on bf16 weights; in fp16 its
+    ``--accumulate-allreduce-grads-in-fp32`` is off by default and the gradients go in fp16, as
+    DeepSpeed's do (``fp32_allreduce`` false, deepspeed/runtime/constants.py)."""
+    return precision != "fp16"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout, default_grad_reduce_in_fp32
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.parsing import InputError
 from ddlsim.simulator.scenario import Scenario
@@ -156,11 +156,12 @@ def candidate_layouts(
             continue  # nothing to shard over one replica: ZeRO 0 is the same layout
         if frozen and chosen["zero_stage"] in (1, 2) and "zero_stage" not in fixed:
             continue  # frozen weights have no gradients or optimizer states to shard: ZeRO 0 again
+        precision = cluster.precision
         layout = ParallelLayout(
             tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, micro_batch=micro, global_batch=global_batch,
             virtual_stages=virtual, sequence_parallel=tp > 1, zero_stage=chosen["zero_stage"],
-            recompute=chosen["recompute"], precision=cluster.precision,
-            grad_reduce_in_fp32=cluster.stack_value("grad_reduce_in_fp32", True),
+            recompute=chosen["recompute"], precision=precision,
+            grad_reduce_in_fp32=cluster.stack_value("grad_reduce_in_fp32", default_grad_reduce_in_fp32(precision)),
             tp_comm_overlap=tp > 1 and cluster.stack_value("tp_comm_overlap", False),
             fp8_attention_and_logits=cluster.stack_value("fp8_attention_and_logits", False),
             frozen_weights=frozen,

@@ -74,12 +74,18 @@ def test_mapping_of_nemo_rows_reads_the_notes() -> None:
 
 def test_nemo_rows_run_as_nemo_performance_configurations_do() -> None:
     """bf16 gradient reduction, overlapped reductions and gathers, TP communication under the GEMMs
-    where tp > 1; the Megatron-LM rows of 2021-22 keep fp32 reductions and no overlap."""
+    where tp > 1; the Megatron-LM rows of 2021-22 no overlap, and their gradients reduced in the
+    weights' fp16 (the SC21 scripts pass --fp16 without --accumulate-allreduce-grads-in-fp32), as
+    DeepSpeed's ZeRO rows (fp32_allreduce off); a bf16 Megatron-LM row reduces in fp32 (forced)."""
     nemo, single, narayanan = by_id("LLM-064"), by_id("LLM-057"), by_id("LLM-006")
     assert nemo.layout is not None and single.layout is not None and narayanan.layout is not None
     assert not nemo.layout.grad_reduce_in_fp32 and nemo.layout.tp_comm_overlap and not single.layout.tp_comm_overlap
     assert dict(nemo.options) == {"overlap_grad_reduce": True, "overlap_param_gather": True, "bucket_bytes": 125e6}
-    assert narayanan.layout.grad_reduce_in_fp32 and not narayanan.layout.tp_comm_overlap and narayanan.options == ()
+    assert not narayanan.layout.tp_comm_overlap and narayanan.options == ()
+    assert narayanan.layout.gradient_bytes == 2.0 and narayanan.layout.precision == "fp16"
+    zero, readme = by_id("LLM-041"), by_id("LLM-067")
+    assert zero.layout is not None and zero.layout.gradient_bytes == 2.0
+    assert readme.layout is None or readme.layout.gradient_bytes == 4.0  # bf16: its layout is planned
 
 
 def test_both_recomputation_runs_of_one_korthikanti_model_share_its_pipeline_schedule() -> None:

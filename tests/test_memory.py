@@ -188,3 +188,17 @@ def test_bad_layout_is_one_line_naming_the_rule(model: str, layout: ParallelLayo
 def test_published_megatron_layout_is_valid() -> None:
     """Narayanan et al. SC21 table 1, 76.1B: TP 8, PP 4, DP 32 on 1024 GPUs."""
     check_layout(ParallelLayout(tp=8, pp=4, dp=32, global_batch=1792), load_transformer("megatron_76b"), 1024)
+
+
+def test_fp16_keeps_its_gradients_in_fp16_and_reduces_them_so_bf16_in_fp32():
+    """Megatron-LM accumulates and reduces in fp32 only with --accumulate-allreduce-grads-in-fp32,
+    which it forces for bf16 alone; DeepSpeed's fp32_allreduce is off: 16 bytes a parameter in fp16."""
+    from ddlsim.algorithms.parallel_layout import default_grad_reduce_in_fp32
+
+    fp16, bf16 = settings_for("fp16"), settings_for("bf16")
+    assert fp16.gradient_bytes == 2.0 and bf16.gradient_bytes == 4.0
+    assert fp16.weight_bytes + fp16.gradient_bytes + fp16.master_weight_bytes + fp16.optimizer_state_bytes == 16.0
+    assert not default_grad_reduce_in_fp32("fp16")
+    assert default_grad_reduce_in_fp32("bf16") and default_grad_reduce_in_fp32("fp8")
+    layout = ParallelLayout(tp=1, pp=1, dp=8, precision="fp16", grad_reduce_in_fp32=False)
+    assert layout.gradient_bytes == 2.0

@@ -210,6 +210,11 @@ def test_the_software_stack_flags_reach_every_layout(tmp_path, capsys):
     assert main([*fp8, "--fp8-attention-and-logits", "--out", str(tmp_path / "fp8_all")]) == 0
     bf16_core, fp8_core = (read_csv(tmp_path / name / "layouts.csv") for name in ("fp8", "fp8_all"))
     assert float(fp8_core[0]["tokens_per_s"]) > float(bf16_core[0]["tokens_per_s"])
+    assert main([*base, "--precision", "fp16", "--out", str(tmp_path / "fp16")]) == 0
+    # fp16 reduces its gradients in fp16 by default (Megatron-LM's default outside bf16): no flag needed
+    fp16 = read_csv(tmp_path / "fp16" / "layouts.csv")
+    assert main([*base, "--precision", "fp16", "--no-grad-reduce-in-fp32", "--out", str(tmp_path / "fp16_flag")]) == 0
+    assert read_csv(tmp_path / "fp16_flag" / "layouts.csv") == fp16
     capsys.readouterr()
     assert main([*base, "--overlap-grad-reduce", "--bucket-bytes", "0"]) == 2
     assert "--bucket-bytes must be a size > 0" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout
+from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout, default_grad_reduce_in_fp32
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.workloads.flops_formulas import narayanan_flops_per_iteration
 from ddlsim.simulator.workloads.llm_open_fields import (
@@ -530,11 +530,12 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
     frozen = is_lora(run.model)
     if frozen:
         assumptions.append(LORA_NOTE)
+    reduce_in_fp32 = family != "nemo" and default_grad_reduce_in_fp32(precision)  # NeMo's recipes: bf16
     layout = ParallelLayout(
         frozen_weights=frozen,
         tp=run.tp, pp=run.pp, dp=run.dp, cp=cp, ep=run.ep or 1, micro_batch=micro, global_batch=run.global_batch,
         virtual_stages=virtual, sequence_parallel=sequence_parallel, zero_stage=zero, recompute=recompute,
-        flash_attention=flash, precision=precision, grad_reduce_in_fp32=family != "nemo", tp_comm_overlap=tp_overlap,
+        flash_attention=flash, precision=precision, grad_reduce_in_fp32=reduce_in_fp32, tp_comm_overlap=tp_overlap,
     )  # fmt: skip
     layout = _uneven_ends(layout, model, assumptions)
     per_step = layout.micro_batch * layout.dp

@@ -69,9 +69,15 @@ class MemorySettings:
 
 
 def settings_for(precision: str, **changes: float | bool) -> MemorySettings:
-    """Defaults for ``precision``: fp32 keeps 4-byte weights and activations and no separate master copy."""
+    """Defaults for ``precision``: fp32 keeps 4-byte weights and activations and no separate master copy;
+    fp16 keeps its gradients in fp16 (Megatron-LM accumulates in fp32 only with
+    ``--accumulate-allreduce-grads-in-fp32``, which it forces for bf16 alone, megatron/arguments.py;
+    its DDP buffer is otherwise the weights' type; DeepSpeed's fp16 gradients are 2 bytes too: the
+    ZeRO paper's 16 bytes per parameter)."""
     if precision == "fp32":
         base = MemorySettings(weight_bytes=4.0, master_weight_bytes=0.0, activation_bytes=4.0)
+    elif precision == "fp16":
+        base = MemorySettings(gradient_bytes=2.0)
     else:
         base = MemorySettings()
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
