@@ -84,9 +84,15 @@ def test_a_size_gives_a_megatron_family_shape_and_its_neighbours():
     assert "100B" in note
 
 
+def unscripted(run):
+    """``run`` from a source with no script of its settings (Narayanan et al.'s rows take their Table 1
+    script's micro-batch and chunks): what a source that leaves them open gets."""
+    return dataclasses.replace(run, source="A lab's report (no run script)")
+
+
 def other_stack_row(**changes):
     base = next(run for run in load_llm_runs() if run.id == "LLM-006")  # 76.1B on 1024 A100, TP 8 PP 4 DP 32
-    return dataclasses.replace(base, **changes)
+    return dataclasses.replace(unscripted(base), **changes)
 
 
 def test_a_row_worded_another_way_maps_as_the_file_s_own_wording_does():
@@ -133,12 +139,16 @@ def test_an_open_batch_fills_the_memory_and_the_interval_spans_half_of_it():
 
 
 def test_an_open_micro_batch_runs_at_one_and_the_interval_spans_two_while_the_row_stays_fitted():
-    """Narayanan et al.'s table gives the global batch, not the micro-batch: the row runs at micro-batch 1
-    (the default, as before) and its interval spans micro-batch 2, which on a pipeline (76B: PP 4, 1792
-    sequences over DP 32) halves the micro-batches and lengthens the bubble; a pipeline-less row's
-    spread is tiny; the row is still fitted (an open micro-batch is not a guessed layout); a row that
-    states its micro-batch gets no such reading."""
-    runs = {run.id: run for run in load_llm_runs()}
+    """A source that gives the global batch, not the micro-batch (Narayanan et al.'s table, read without
+    its script): the row runs at micro-batch 1 (the default) and its interval spans micro-batch 2,
+    which on a pipeline (76B: PP 4, 1792 sequences over DP 32) halves the micro-batches and lengthens
+    the bubble; a pipeline-less row's spread is tiny; the row is still fitted (an open micro-batch is
+    not a guessed layout); a row that states its micro-batch gets no such reading, nor one whose
+    script gives it (Narayanan et al.'s own rows)."""
+    runs = {run.id: unscripted(run) for run in load_llm_runs()}
+    scripted = map_run(next(run for run in load_llm_runs() if run.id == "LLM-006"))
+    assert isinstance(scripted, MappedRun) and scripted.layout is not None and scripted.open_layouts == ()
+    assert (scripted.layout.micro_batch, scripted.layout.virtual_stages) == (2, 3)  # run_table_1.sh's
     row = map_run(runs["LLM-006"])
     assert isinstance(row, MappedRun) and row.layout is not None and row.layout.micro_batch == 1
     assert [layout.micro_batch for layout in row.open_layouts] == [2]
@@ -147,7 +157,7 @@ def test_an_open_micro_batch_runs_at_one_and_the_interval_spans_two_while_the_ro
     assert not prediction.guessed and prediction.spread[0] < 0.97 and prediction.spread[1] == 1.0
     (flat,) = llm_validation.predict_runs([runs["LLM-001"]])  # 1.7B, PP 1
     assert flat.spread[0] > 0.99
-    stated = map_run(runs["LLM-025"])  # Korthikanti et al.: micro-batch 1 stated
+    stated = map_run(next(run for run in load_llm_runs() if run.id == "LLM-025"))  # micro-batch 1 stated
     assert isinstance(stated, MappedRun) and stated.open_layouts == ()
     odd = map_run(dataclasses.replace(runs["LLM-006"], global_batch=1760))  # 55 a replica: 2 does not divide
     assert isinstance(odd, MappedRun) and odd.open_layouts == ()
@@ -158,7 +168,7 @@ def test_an_interleaved_schedule_without_its_chunks_runs_at_two_and_the_interval
     Megatron has no default), the interval reaching the most the stages' layers allow (39B: 48 layers on
     2 stages, 24 chunks of one layer); where a stage's layers do not split in two (76B: 60 layers on 4
     stages, 15 each) plain 1F1B, said."""
-    runs = {run.id: run for run in load_llm_runs()}
+    runs = {run.id: unscripted(run) for run in load_llm_runs()}
     run = dataclasses.replace(runs["LLM-005"], notes="interleaved 1F1B")
     row = map_run(run)
     assert isinstance(row, MappedRun) and row.layout is not None and row.layout.virtual_stages == 2

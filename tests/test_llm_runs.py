@@ -52,14 +52,20 @@ def by_id(run_id: str) -> MappedRun:
 
 
 def test_mapping_of_a_narayanan_row() -> None:
-    """LLM-006: Megatron 76.1B on 1024 A100-80GB of Selene, TP 8, PP 4, DP 32; micro-batch not in table 1."""
+    """LLM-006: Megatron 76.1B on 1024 A100-80GB of Selene, TP 8, PP 4, DP 32; micro-batch not in table 1,
+    but in the authors' script for it (Megatron-LM examples/sc21/run_table_1.sh): 2, and 3 chunks of 5
+    layers; the smaller models' runs all-reduce in PyTorch DDP's overlapped 25 MB buckets."""
     row = by_id("LLM-006")
     assert (row.model.name, row.device, row.intra_node_link, row.network, row.nics_per_node) == (
         "megatron_76b", "a100_sxm4_80gb", "nvswitch2", "ib_hdr", 8)
     assert row.layout is not None
     assert (row.layout.tp, row.layout.pp, row.layout.dp, row.layout.gpus) == (8, 4, 32, 1024)
     assert (row.layout.recompute, row.layout.precision, row.layout.flash_attention) == ("full", "fp16", False)
-    assert "micro-batch 1 (not in the source's table)" in row.assumptions
+    assert (row.layout.micro_batch, row.layout.virtual_stages, row.options) == (2, 3, ())  # Megatron's local DDP
+    assert any(note.startswith("micro-batch 2 (Narayanan et al.'s script") for note in row.assumptions)
+    small = by_id("LLM-001")  # 1.7B: TP 1, PP 1, DP 32, micro-batch 16, --DDP-impl torch
+    assert small.layout is not None and small.layout.micro_batch == 16
+    assert dict(small.options) == {"overlap_grad_reduce": True, "bucket_bytes": 25 * 2**20}
 
 
 def test_mapping_of_nemo_rows_reads_the_notes() -> None:

@@ -283,6 +283,7 @@ def _megatron_by_dimensions(run: LlmRun) -> str | None:
 # training configs set ``overlap_grad_sync: true``, ``overlap_param_sync: true`` and ``bucket_cap_mb``
 # 125-400 for distributed_fused_adam, and NeMo 2.0's performance recipes set Megatron-Core's
 # ``overlap_grad_reduce`` and ``overlap_param_gather`` (NVIDIA/NeMo, nemo/collections/llm/recipes).
+TORCH_DDP_OVERLAP: tuple[tuple[str, Any], ...] = (("overlap_grad_reduce", True), ("bucket_bytes", 25 * 2**20))
 NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
     ("overlap_grad_reduce", True), ("overlap_param_gather", True), ("bucket_bytes", 125e6),
 )  # fmt: skip
@@ -293,6 +294,24 @@ NEMO_OVERLAPS: tuple[tuple[str, Any], ...] = (
 # validation/seqsel/tab5/*.json and fig7/*.json: pipeline_interleaving 3 for GPT-3 175B and
 # MT-NLG 530B, both recomputation settings; 1 for the 1T model).
 KORTHIKANTI_CHUNKS = {"gpt3_175b": 3, "megatron_530b": 3, "megatron_1t": 1}
+
+# Narayanan et al. SC21's Table 1 runs as the authors' script for that table sets them (NVIDIA/Megatron-LM,
+# examples/sc21/run_table_1.sh, 10 Aug 2021: --micro-batch-size and --num-layers-per-virtual-pipeline-stage;
+# the paper's table gives TP, PP, DP and the batch only): model -> (tp, pp, micro-batch, layers per chunk,
+# 0 for plain 1F1B). The script's other settings are the rows' own: its batches, --fp16, full recomputation.
+NARAYANAN_TABLE_1 = {
+    "megatron_1_7b": (1, 1, 16, 0), "megatron_3_6b": (2, 1, 16, 0), "megatron_7_5b": (4, 1, 16, 0),
+    "megatron_18b": (8, 1, 8, 0), "megatron_39b": (8, 2, 4, 0), "megatron_76b": (8, 4, 2, 5),
+    "megatron_146b": (8, 8, 2, 5), "megatron_310b": (8, 16, 1, 3), "megatron_530b": (8, 35, 1, 1),
+    "megatron_1t": (8, 64, 1, 0),
+}  # fmt: skip
+NARAYANAN_SCRIPT = "Narayanan et al.'s script for their Table 1 (Megatron-LM examples/sc21/run_table_1.sh)"
+
+
+def _narayanan_script(run: LlmRun, model: TransformerConfig) -> tuple[int, int, int, int] | None:
+    """The Table 1 script's settings of a Narayanan et al. row in the script's layout, else None."""
+    script = NARAYANAN_TABLE_1.get(model.name) if run.source_family == "narayanan" else None
+    return script if script is not None and script[:2] == (run.tp, run.pp) else None
 
 
 def _model_of(run: LlmRun) -> tuple[TransformerConfig, tuple[TransformerConfig, ...], str] | str:
@@ -370,7 +389,15 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
         options = NEMO_OVERLAPS
         assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
-    if layout is not None and run.micro_batch is None and run.global_batch is not None and not open_layouts:
+    elif layout is not None and layout.dp > 1 and layout.pp == 1 and _narayanan_script(run, model) is not None:
+        # the script runs these with --DDP-impl torch: PyTorch's DistributedDataParallel, which all-reduces
+        # 25 MB buckets as the backward fills them (bucket_cap_mb 25); the larger ones with Megatron's
+        # local DDP, which reduces after the backward
+        options = TORCH_DDP_OVERLAP
+        assumptions.append(f"gradient all-reduce overlapped with the backward in 25 MB buckets (PyTorch DDP, "
+                           f"--DDP-impl torch in {NARAYANAN_SCRIPT})")  # fmt: skip
+    micro_open = run.micro_batch is None and _narayanan_script(run, model) is None
+    if layout is not None and micro_open and run.global_batch is not None and not open_layouts:
         open_layouts = _open_micro_batch(model, layout, settings, device, run.gpus)
         if open_layouts:
             assumptions.append(f"the interval spans micro-batch {open_layouts[0].micro_batch} (it fits and divides "
@@ -496,13 +523,21 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
         assumptions.append("distributed optimizer (ZeRO-1), NeMo's default (the fine-tuning table leaves it open)")
     recompute = recompute_of(run.recompute, assumptions)
     micro = run.micro_batch
-    if micro is None:
+    script = _narayanan_script(run, model)
+    if micro is None and script is not None:
+        micro = script[2]
+        assumptions.append(f"micro-batch {micro} ({NARAYANAN_SCRIPT})")
+    elif micro is None:
         micro = 1
         assumptions.append("micro-batch 1 (not in the source's table)")
     virtual = 1
     match = re.search(r"VP=(\d+)", run.notes)
     if match:
         virtual = int(match.group(1))
+    elif script is not None and run.pp > 1:
+        virtual = model.total_layers // (run.pp * script[3]) if script[3] else 1
+        assumptions.append(f"{virtual} interleaved chunks per stage ({NARAYANAN_SCRIPT})" if virtual > 1
+                           else f"plain 1F1B ({NARAYANAN_SCRIPT})")  # fmt: skip
     elif family == "korthikanti" and run.pp > 1 and model.name in KORTHIKANTI_CHUNKS:
         virtual = KORTHIKANTI_CHUNKS[model.name]
         if virtual > 1:
