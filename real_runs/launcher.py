@@ -44,6 +44,7 @@ INSTALL_HINT = "pip install 'ddlsim[real]'"
 STDERR_TAIL_LINES = 12
 STATUS_GLOB = "status.rank*.json"
 # what a run or a bench writes into its directory (and a rerun there removes first)
+GLOO_PORT_ATTEMPTS = 3  # runs started on a fresh port when the probed one was taken before rank 0 bound it
 RUN_FILES = (STATUS_GLOB, "trace.rank*.jsonl", "metadata.json", "results.csv", "measurements.csv", "layers.csv")
 
 
@@ -225,13 +226,37 @@ def launch(
             argv += ["-hostfile", hostfile]
         processes = [subprocess.Popen(argv + command, env=env, start_new_session=True)]
     else:
+        return _launch_gloo(command, env, out, ranks, timeout_s)
+    return _finish(processes, out, ranks, timeout_s)
+
+
+def _launch_gloo(command: list[str], env: dict[str, str], out: Path, ranks: int, timeout_s: float | None) -> int:
+    """The ranks on this machine over gloo, rank 0's store on a free port. The port is probed free and
+    then bound by rank 0, so another program can take it in between: a run whose ranks failed because
+    of that (``EADDRINUSE``) is started again on a new port, up to ``GLOO_PORT_ATTEMPTS`` times."""
+    for attempt in range(1, GLOO_PORT_ATTEMPTS + 1):
         port = str(_free_port())
         processes = []
         for rank in range(ranks):
             gloo = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                     "GLOO_SOCKET_IFNAME": env.get("GLOO_SOCKET_IFNAME", "lo")}  # fmt: skip
             processes.append(subprocess.Popen(command, env={**env, **gloo}, start_new_session=True))
-    return _finish(processes, out, ranks, timeout_s)
+        finished = _wait(processes, timeout_s)
+        if attempt == GLOO_PORT_ATTEMPTS or not (finished and _port_was_taken(processes, out)):
+            return _report(processes, finished, out, ranks, timeout_s)
+        for path in [path for pattern in RUN_FILES for path in out.glob(pattern)]:
+            path.unlink()
+        print(f"# port {port} was taken before rank 0 could listen on it; starting the ranks again on another "
+              f"(attempt {attempt + 1} of {GLOO_PORT_ATTEMPTS})", file=sys.stderr)  # fmt: skip
+    raise AssertionError("unreachable")
+
+
+def _port_was_taken(processes: Sequence[subprocess.Popen], out: Path) -> bool:
+    """Whether the finished ranks failed because the store's port was in use."""
+    if not any(process.returncode for process in processes):
+        return False
+    lines = [line.lower() for status in read_statuses(out).values() for line in status["stderr_tail"]]
+    return any("eaddrinuse" in line or "address already in use" in line for line in lines)
 
 
 def _launch_emulated(command: list[str], out: Path, ranks: int, backend: str, mpiexec: str | None,
@@ -253,12 +278,23 @@ def _launch_emulated(command: list[str], out: Path, ranks: int, backend: str, mp
         return _finish(processes, out, ranks, timeout_s)
 
 
-def _finish(processes: Sequence[subprocess.Popen], out: Path, ranks: int, timeout_s: float | None) -> int:
+def _wait(processes: Sequence[subprocess.Popen], timeout_s: float | None) -> bool:
+    """``_wait_all``, stopping the processes on Ctrl-C."""
     try:
-        finished = _wait_all(processes, timeout_s)
+        return _wait_all(processes, timeout_s)
     except KeyboardInterrupt:
         _stop(processes)
         raise
+
+
+def _finish(processes: Sequence[subprocess.Popen], out: Path, ranks: int, timeout_s: float | None) -> int:
+    return _report(processes, _wait(processes, timeout_s), out, ranks, timeout_s)
+
+
+def _report(
+    processes: Sequence[subprocess.Popen], finished: bool, out: Path, ranks: int, timeout_s: float | None
+) -> int:
+    """Print what went wrong (a timeout, failed ranks) and return the run's exit status."""
     if not finished:
         _stop(processes)
         print(f"ddlsim: error: {timeout_report(out, ranks, timeout_s)}", file=sys.stderr)

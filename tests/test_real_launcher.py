@@ -143,3 +143,29 @@ def test_training_runs_on_the_gloo_backend_too(tmp_path):
         "trace.rank0.jsonl",
         "trace.rank1.jsonl",
     ]
+
+
+@pytest.mark.slow
+def test_a_gloo_run_whose_port_was_taken_starts_again_on_another(tmp_path, monkeypatch, capsys):
+    """The launcher probes a free port and rank 0's store binds it later; here another socket holds
+    the first port handed out (as another program may, in between), so rank 0 cannot listen: the
+    run starts again on a fresh port and trains."""
+    import socket
+
+    from ddlsim.simulator.cli.main import main
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        ports = iter([taken])
+        probe = launcher._free_port
+        monkeypatch.setattr(launcher, "_free_port", lambda: next(ports, None) or probe())
+        code = main(["run", "-n", "2", "--backend", "gloo", "--model", "resnet_small", "--iterations", "2",
+                     "--timeout", "150", "--out", str(tmp_path)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert f"# port {taken} was taken before rank 0 could listen on it" in err
+    statuses = sorted(tmp_path.glob("status.rank*.json"))  # the second start's only: the first's were cleared
+    assert [path.name for path in statuses] == ["status.rank0.json", "status.rank1.json"]
+    assert all(json.loads(path.read_text())["exit_status"] == 0 for path in statuses)
