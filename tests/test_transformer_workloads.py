@@ -99,6 +99,18 @@ def test_parameters_match_the_published_checkpoints_exactly(name: str, published
     assert parameters(name) == published
 
 
+# Nemotron-4 15B (arXiv 2402.16819) and 340B (arXiv 2406.11704): non-embedding parameters in
+# billions, one decimal (the embeddings are the untied input and output tables of 256,000 tokens).
+NEMOTRON_4 = {"nemotron4_15b": 12.5, "nemotron4_340b": 331.6}
+
+
+@pytest.mark.parametrize(("name", "billions"), NEMOTRON_4.items())
+def test_nemotron_4_has_its_reports_non_embedding_parameters(name: str, billions: float) -> None:
+    config = load_transformer(name)
+    embedding = 2 * config.vocabulary * config.hidden
+    assert round((parameters(name) - embedding) / 1e9, 1) == billions
+
+
 @pytest.mark.parametrize(("name", "billions"), NARAYANAN_TABLE_1.items())
 def test_megatron_parameters_round_to_narayanan_table_1(name: str, billions: float) -> None:
     assert round(parameters(name) / 1e9, 1) == billions
