@@ -302,11 +302,12 @@ def test_a_planned_layout_rounds_a_batch_no_layout_divides_to_each_layout_s_near
     assert prediction.mapped.assumptions[-1].endswith("rounded to the nearest multiple of micro-batch x dp")
 
 
-def test_nemotron_4_is_read_by_its_name():
-    """NeMo's Nemotron-4 rows name the model only: 'Nemotron-4 340B' is the launcher's 340B config
-    (96 layers of 18432, 8 query groups), not a Megatron GPT reshaped to 340B."""
+def test_nemotron_4_and_mixtral_8x22b_are_read_by_their_names():
+    """NeMo's Nemotron-4 and Mixtral rows name the model only: 'Nemotron-4 340B' is the launcher's 340B
+    config (96 layers of 18432, 8 query groups), not a Megatron GPT reshaped to 340B."""
     nemo = next(run for run in load_llm_runs() if run.id == "LLM-064")
-    for name, token in (("Nemotron-4 340B", "nemotron4_340b"), ("Nemotron4 15B", "nemotron4_15b")):
+    for name, token in (("Nemotron-4 340B", "nemotron4_340b"), ("Nemotron4 15B", "nemotron4_15b"),
+                        ("Mixtral 8x22B", "mixtral_8x22b")):
         row = map_run(dataclasses.replace(nemo, model=name, params_b=None, layers=None, hidden=None, heads=None))
         assert isinstance(row, MappedRun) and row.model.name == token, name
         assert row.model.kv_heads == 8

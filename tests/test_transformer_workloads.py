@@ -104,6 +104,12 @@ def test_parameters_match_the_published_checkpoints_exactly(name: str, published
 NEMOTRON_4 = {"nemotron4_15b": 12.5, "nemotron4_340b": 331.6}
 
 
+def test_mixtral_8x22b_has_its_model_cards_141b_with_39b_active() -> None:
+    config = load_transformer("mixtral_8x22b")
+    blocks = transformer_blocks(config)
+    assert round(parameter_count(blocks) / 1e9) == 141 and round(active_parameter_count(config, blocks) / 1e9) == 39
+
+
 @pytest.mark.parametrize(("name", "billions"), NEMOTRON_4.items())
 def test_nemotron_4_has_its_reports_non_embedding_parameters(name: str, billions: float) -> None:
     config = load_transformer(name)
