@@ -307,7 +307,7 @@ def test_nemotron_4_and_mixtral_8x22b_are_read_by_their_names():
     config (96 layers of 18432, 8 query groups), not a Megatron GPT reshaped to 340B."""
     nemo = next(run for run in load_llm_runs() if run.id == "LLM-064")
     for name, token in (("Nemotron-4 340B", "nemotron4_340b"), ("Nemotron4 15B", "nemotron4_15b"),
-                        ("Mixtral 8x22B", "mixtral_8x22b")):
+                        ("Mixtral 8x22B", "mixtral_8x22b"), ("BLOOM 176B", "bloom_176b")):
         row = map_run(dataclasses.replace(nemo, model=name, params_b=None, layers=None, hidden=None, heads=None))
         assert isinstance(row, MappedRun) and row.model.name == token, name
-        assert row.model.kv_heads == 8
+        assert row.model.kv_heads == (112 if token == "bloom_176b" else 8)

@@ -48,6 +48,7 @@ PUBLISHED_EXACT = {
     "llama3_405b": 405_853_388_800,
     "mixtral_8x7b": 46_702_792_704,
     "deepseek_v2_lite": 15_706_484_224,
+    "bloom_176b": 176_247_271_424,  # BloomForCausalLM (tied), the bigscience/bloom model card's count
 }
 
 # Narayanan et al. SC21 table 1, "number of parameters (billion)", one decimal.

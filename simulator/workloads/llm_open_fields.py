@@ -164,7 +164,7 @@ def catalog_model_by_name(name: str) -> str | None:
     lowered = name.lower()
     patterns = ((r"llama\s*-?\s*(\d)(?:\.\d)?\D*?(\d+)\s*b\b", "llama{0}_{1}b"), (r"gpt-?3\D*?(175)\s*b", "gpt3_{0}b"),
                 (r"mixtral\D*?8\s*x\s*(7|22)\s*b", "mixtral_8x{0}b"), (r"deepseek-?v3", "deepseek_v3"),
-                (r"nemotron[\s_-]*4\D*?(\d+)\s*b\b", "nemotron4_{0}b"),
+                (r"nemotron[\s_-]*4\D*?(\d+)\s*b\b", "nemotron4_{0}b"), (r"bloom\D*?(176)\s*b", "bloom_{0}b"),
                 (r"t5\D*?(\d+)\s*b\b", "t5_{0}b"))  # fmt: skip
     names = set(transformer_names())
     for pattern, template in patterns:

@@ -37,7 +37,8 @@ ACTIVATIONS = ("gelu", "relu", "squared_relu", "swiglu", "geglu")
 GATED_ACTIVATIONS = ("swiglu", "geglu")  # three matrices: gate, up, down
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
-POSITION_EMBEDDINGS = ("learned", "rotary", "relative_bias", "sinusoidal")
+# rotary, sinusoidal and alibi (a fixed per-head bias added to the attention scores, BLOOM) hold no parameters
+POSITION_EMBEDDINGS = ("learned", "rotary", "relative_bias", "sinusoidal", "alibi")
 
 
 class TransformerConfigError(ValueError):
