@@ -311,3 +311,19 @@ def test_nemotron_4_and_mixtral_8x22b_are_read_by_their_names():
         row = map_run(dataclasses.replace(nemo, model=name, params_b=None, layers=None, hidden=None, heads=None))
         assert isinstance(row, MappedRun) and row.model.name == token, name
         assert row.model.kv_heads == (112 if token == "bloom_176b" else 8)
+
+
+@pytest.mark.parametrize(
+    ("source", "notes", "gpu", "flash"),
+    [
+        ("Touvron et al. 2023 (LLaMA)", "", "A100-80GB", True),  # after FlashAttention and PyTorch 2.0
+        ("Zhang et al. 2022 (OPT)", "", "A100-80GB", False),  # A100's flagship runs before it
+        ("A lab's 2022 report", "trained with FlashAttention-2", "A100-80GB", True),  # as the row says
+        ("A lab's 2024 report", "no flash attention (debug run)", "H100-80GB", False),
+        ("A lab's 2024 report", "", "H100-80GB", True),
+    ],
+)
+def test_another_stack_s_attention_is_fused_by_its_words_its_device_and_its_date(source, notes, gpu, flash):
+    row = map_run(other_stack_row(source=source, notes=notes, gpu_type=gpu))
+    assert isinstance(row, MappedRun) and row.layout is not None and row.layout.flash_attention is flash
+    assert any("FlashAttention" in note for note in row.assumptions)

@@ -308,6 +308,42 @@ NARAYANAN_TABLE_1 = {
 NARAYANAN_SCRIPT = "Narayanan et al.'s script for their Table 1 (Megatron-LM examples/sc21/run_table_1.sh)"
 
 
+FLASH_WORDS = re.compile(r"flash[\s_-]*attn|flash[\s_-]*attention|xformers|memory[\s_-]*efficient attention|\bsdpa\b")
+NO_FLASH_WORDS = re.compile(r"(?:no|without)\s+flash")
+
+
+def _flash_attention(run: LlmRun, family: str, device: str, assumptions: list[str]) -> bool:
+    """Whether the row's attention core is fused (FlashAttention or the like), and the assumption said.
+
+    FlashAttention (May 2022) postdates the 2020-2022 papers' runs; NeMo and Megatron-LM's current runs
+    use it. A row of another source: as its words say (FlashAttention, flash-attn, xFormers' or
+    PyTorch's memory-efficient attention, SDPA; or "no flash"); else on Hopper or later (after it), yes;
+    on A100 yes where the source is dated 2023 or later (PyTorch 2.0's SDPA, March 2023, and the stacks'
+    adoption) and no before, whose flagship runs (Megatron, MT-NLG, OPT, BLOOM) predate it; never on
+    Volta or older."""
+    words = f"{run.source} {run.notes}".lower()
+    if family in ("nemo", "megatron_readme"):
+        assumptions.append("FlashAttention")
+        return True
+    if family != "other":
+        assumptions.append("no FlashAttention (it postdates the source)")
+        return False
+    if NO_FLASH_WORDS.search(words) or FLASH_WORDS.search(words):
+        stated = not NO_FLASH_WORDS.search(words)
+        assumptions.append(("FlashAttention" if stated else "no FlashAttention") + " (as the row says)")
+        return stated
+    if device.startswith(("h100", "h200", "b200", "gb200", "gb300", "mi300x", "gaudi2")):
+        assumptions.append("FlashAttention")
+        return True
+    years = [int(year) for year in re.findall(r"\b(20[0-9]{2})\b", run.source)]
+    if device.startswith("a100") and years and max(years) >= 2023:
+        assumptions.append(f"FlashAttention (on {device}, a source of {max(years)}: after FlashAttention and "
+                           "PyTorch 2.0's fused attention)")  # fmt: skip
+        return True
+    assumptions.append(f"no FlashAttention (on {device} a run of another source is taken to predate it)")
+    return False
+
+
 def _narayanan_script(run: LlmRun, model: TransformerConfig) -> tuple[int, int, int, int] | None:
     """The Table 1 script's settings of a Narayanan et al. row in the script's layout, else None."""
     script = NARAYANAN_TABLE_1.get(model.name) if run.source_family == "narayanan" else None
@@ -551,17 +587,7 @@ def _layout(run: LlmRun, model: TransformerConfig, assumptions: list[str], devic
         else:
             assumptions.append("plain 1F1B: the source names the interleaved schedule, but the stages' layers do "
                                "not split into chunks")  # fmt: skip
-    # FlashAttention (May 2022) postdates the 2020-2022 papers' runs; NeMo and Megatron-LM's current runs use
-    # it. A row from another source: on Hopper or later (after it), yes; on A100, whose flagship runs (Megatron,
-    # MT-NLG, OPT, BLOOM) came before it, no; it never ran on Volta or older
-    hopper_or_later = device.startswith(("h100", "h200", "b200", "gb200", "gb300", "mi300x", "gaudi2"))
-    flash = family in ("nemo", "megatron_readme") or (family == "other" and hopper_or_later)
-    if flash:
-        assumptions.append("FlashAttention")
-    elif family == "other":
-        assumptions.append(f"no FlashAttention (on {device} a run of another source is taken to predate it)")
-    else:
-        assumptions.append("no FlashAttention (it postdates the source)")
+    flash = _flash_attention(run, family, device, assumptions)
     frozen = is_lora(run.model)
     if frozen:
         assumptions.append(LORA_NOTE)
