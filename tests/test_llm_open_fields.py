@@ -59,6 +59,8 @@ def test_words_that_name_no_device_are_none():
         ("NVLink; 2x 40GbE", "v100_sxm2", ("nvlink2", "eth_40g", 2)),  # Ethernet by its rate's suffix
         ("25GbE TCP", "v100_sxm2", ("nvlink2", "eth_25g", 4)),
         ("10GE", "p100_sxm2", ("nvlink1", "eth_10g", 4)),
+        ("1600 Gb/s InfiniBand", "a100_sxm4", ("nvswitch2", "ib_hdr", 8)),  # a node total of the usual HDR
+        ("800 Gbps IB", "h100_sxm5", ("nvswitch3", "ib_ndr", 2)),  # 2 NDR, not XDR on an H100 node
     ],
 )
 def test_an_interconnect_is_read_by_generation_and_adapter_count(text, device, expected):

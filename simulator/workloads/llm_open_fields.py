@@ -96,7 +96,7 @@ def links_from_text(text: str, device: str) -> tuple[str, str, int, list[str]]:
     _, intra, default_network, default_nics = node_of(device)
     assumptions: list[str] = []
     stated = _rate_in_text(text)
-    network, rate = _network_words(lowered, stated)
+    network, rate = _network_words(lowered, stated, default_network)
     if network is None:
         network, rate = default_network, _rate_of(default_network)
         assumptions.append(f"network {default_network} (the usual one of a {device} node; the row names none)")
@@ -107,7 +107,10 @@ def links_from_text(text: str, device: str) -> tuple[str, str, int, list[str]]:
     return intra, network, nics, assumptions
 
 
-def _network_words(lowered: str, stated: float | None) -> tuple[str | None, float]:
+def _network_words(lowered: str, stated: float | None, usual: str = "") -> tuple[str | None, float]:
+    """(network token, per-adapter Gb/s) the words name. InfiniBand named by a rate alone is the
+    generation of that rate, except a whole multiple of the node's usual generation's rate, which is
+    that generation's node total ('1600 Gb/s InfiniBand' on a DGX A100: 8 HDR adapters)."""
     for word, token, rate in _IB:
         if re.search(rf"\b{word}", lowered):
             return token, rate
@@ -117,6 +120,9 @@ def _network_words(lowered: str, stated: float | None) -> tuple[str | None, floa
             best = min(rates, key=lambda r: abs(math.log(r / speed)))
             return f"{kind}_{best}g", best
     if stated and re.search(r"\bib\b|infiniband", lowered):
+        per_adapter = _rate_of(usual) if usual.startswith("ib_") else 0.0
+        if per_adapter and stated > per_adapter and stated % per_adapter == 0:
+            return usual, per_adapter
         nearest = min(_IB_BY_RATE, key=lambda r: abs(math.log(r / stated)))
         return _IB_BY_RATE[nearest], nearest
     if "aries" in lowered:
