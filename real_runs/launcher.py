@@ -151,7 +151,8 @@ def wrapped(command: Sequence[str], out: Path) -> list[str]:
     return [sys.executable, "-m", "ddlsim.real_runs.launcher", "wrap", "--status-dir", str(out), "--", *command]
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port free now (another program may take it before it is bound: ``port_taken``)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
@@ -211,11 +212,9 @@ def launch(
         return run(mode, dict(scenario), out)
     check_requirements(backend)
     out.mkdir(parents=True, exist_ok=True)
-    stale = [path for pattern in RUN_FILES for path in sorted(out.glob(pattern))]
-    for old in stale:  # an earlier run's files would mix with this run's (more ranks then, say)
-        old.unlink()
+    stale = _clear_run_files(out)  # an earlier run's files would mix with this run's (more ranks then, say)
     if stale:
-        print(f"# removed {len(stale)} file(s) of an earlier run in {out}", file=sys.stderr)
+        print(f"# removed {stale} file(s) of an earlier run in {out}", file=sys.stderr)
     command = wrapped(worker_command(mode, scenario, out), out)
     env = rank_env(ranks)
     if emulate_network:
@@ -235,7 +234,7 @@ def _launch_gloo(command: list[str], env: dict[str, str], out: Path, ranks: int,
     then bound by rank 0, so another program can take it in between: a run whose ranks failed because
     of that (``EADDRINUSE``) is started again on a new port, up to ``GLOO_PORT_ATTEMPTS`` times."""
     for attempt in range(1, GLOO_PORT_ATTEMPTS + 1):
-        port = str(_free_port())
+        port = str(free_port())
         processes = []
         for rank in range(ranks):
             gloo = {"RANK": str(rank), "WORLD_SIZE": str(ranks), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
@@ -244,19 +243,31 @@ def _launch_gloo(command: list[str], env: dict[str, str], out: Path, ranks: int,
         finished = _wait(processes, timeout_s)
         if attempt == GLOO_PORT_ATTEMPTS or not (finished and _port_was_taken(processes, out)):
             return _report(processes, finished, out, ranks, timeout_s)
-        for path in [path for pattern in RUN_FILES for path in out.glob(pattern)]:
-            path.unlink()
+        _clear_run_files(out)
         print(f"# port {port} was taken before rank 0 could listen on it; starting the ranks again on another "
               f"(attempt {attempt + 1} of {GLOO_PORT_ATTEMPTS})", file=sys.stderr)  # fmt: skip
     raise AssertionError("unreachable")
+
+
+def _clear_run_files(out: Path) -> int:
+    """Remove what a run or bench writes into ``out`` (``RUN_FILES``); how many files went."""
+    files = [path for pattern in RUN_FILES for path in sorted(out.glob(pattern))]
+    for path in files:
+        path.unlink()
+    return len(files)
+
+
+def port_taken(output: str) -> bool:
+    """Whether a rank's output says its store could not listen because the port was in use."""
+    lowered = output.lower()
+    return "eaddrinuse" in lowered or "address already in use" in lowered
 
 
 def _port_was_taken(processes: Sequence[subprocess.Popen], out: Path) -> bool:
     """Whether the finished ranks failed because the store's port was in use."""
     if not any(process.returncode for process in processes):
         return False
-    lines = [line.lower() for status in read_statuses(out).values() for line in status["stderr_tail"]]
-    return any("eaddrinuse" in line or "address already in use" in line for line in lines)
+    return any(port_taken(line) for status in read_statuses(out).values() for line in status["stderr_tail"])
 
 
 def _launch_emulated(command: list[str], out: Path, ranks: int, backend: str, mpiexec: str | None,

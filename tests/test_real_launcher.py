@@ -159,8 +159,8 @@ def test_a_gloo_run_whose_port_was_taken_starts_again_on_another(tmp_path, monke
         holder.listen()
         taken = holder.getsockname()[1]
         ports = iter([taken])
-        probe = launcher._free_port
-        monkeypatch.setattr(launcher, "_free_port", lambda: next(ports, None) or probe())
+        probe = launcher.free_port
+        monkeypatch.setattr(launcher, "free_port", lambda: next(ports, None) or probe())
         code = main(["run", "-n", "2", "--backend", "gloo", "--model", "resnet_small", "--iterations", "2",
                      "--timeout", "150", "--out", str(tmp_path)])  # fmt: skip
     err = capsys.readouterr().err

@@ -8,18 +8,13 @@ rank reports EADDRINUSE is started again on a new port, up to ``attempts`` times
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+from ddlsim.real_runs.launcher import free_port, port_taken
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def run_gloo_ranks(ranks: int, command: Sequence[str], timeout_s: float, attempts: int = 3,
@@ -27,7 +22,7 @@ def run_gloo_ranks(ranks: int, command: Sequence[str], timeout_s: float, attempt
     """(processes, outputs) of ``command`` run as ``ranks`` gloo ranks on loopback."""
     for attempt in range(attempts):
         processes, outputs = _launch(ranks, command, timeout_s, free_port(), cwd)
-        if attempt + 1 == attempts or not any("EADDRINUSE" in out for out in outputs):
+        if attempt + 1 == attempts or not any(port_taken(out) for out in outputs):
             break
     return processes, outputs
 
