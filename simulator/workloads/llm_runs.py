@@ -328,10 +328,10 @@ def _flash_attention(run: LlmRun, family: str, device: str, assumptions: list[st
     if family != "other":
         assumptions.append("no FlashAttention (it postdates the source)")
         return False
-    if NO_FLASH_WORDS.search(words) or FLASH_WORDS.search(words):
-        stated = not NO_FLASH_WORDS.search(words)
-        assumptions.append(("FlashAttention" if stated else "no FlashAttention") + " (as the row says)")
-        return stated
+    denied = NO_FLASH_WORDS.search(words) is not None
+    if denied or FLASH_WORDS.search(words):
+        assumptions.append(("no FlashAttention" if denied else "FlashAttention") + " (as the row says)")
+        return not denied
     if device.startswith(("h100", "h200", "b200", "gb200", "gb300", "mi300x", "gaudi2")):
         assumptions.append("FlashAttention")
         return True
@@ -410,6 +410,7 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
     if run.layers is None and not shape_note:
         assumptions.append(f"architecture from the catalog entry {model.name} (the row leaves it open)")
     layout, missing, settings = _layout(run, model, assumptions, device)
+    script = _narayanan_script(run, model)  # the run script's settings, which _layout took
     open_layouts: tuple[ParallelLayout, ...] = ()
     if layout is not None and run.micro_batch is None and run.global_batch is not None and layout.zero_stage >= 3:
         layout, open_layouts, note = _sharded_micro_batch(model, layout, settings, device, run.gpus)
@@ -425,14 +426,14 @@ def map_run(run: LlmRun) -> MappedRun | Unmapped:
         options = NEMO_OVERLAPS
         assumptions.append("gradient reduce-scatter and weight all-gather overlapped with backward and forward in "
                            "125 MB buckets (NeMo: overlap_grad_sync, overlap_param_sync, bucket_cap_mb)")
-    elif layout is not None and layout.dp > 1 and layout.pp == 1 and _narayanan_script(run, model) is not None:
+    elif layout is not None and layout.dp > 1 and layout.pp == 1 and script is not None:
         # the script runs these with --DDP-impl torch: PyTorch's DistributedDataParallel, which all-reduces
         # 25 MB buckets as the backward fills them (bucket_cap_mb 25); the larger ones with Megatron's
         # local DDP, which reduces after the backward
         options = TORCH_DDP_OVERLAP
         assumptions.append(f"gradient all-reduce overlapped with the backward in 25 MB buckets (PyTorch DDP, "
                            f"--DDP-impl torch in {NARAYANAN_SCRIPT})")  # fmt: skip
-    micro_open = run.micro_batch is None and _narayanan_script(run, model) is None
+    micro_open = run.micro_batch is None and script is None
     if layout is not None and micro_open and run.global_batch is not None and not open_layouts:
         open_layouts = _open_micro_batch(model, layout, settings, device, run.gpus)
         if open_layouts:
