@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ddlsim.algorithms.parallel_layout import ParallelLayout, check_layout
+from ddlsim.algorithms.parallel_layout import ParallelLayout, check_layout, default_grad_reduce_in_fp32
 from ddlsim.simulator.workloads.transformer import TransformerConfig
 from ddlsim.simulator.workloads.transformer_costs import Block, Part, transformer_blocks
 from ddlsim.simulator.workloads.transformer_traffic import expert_all_to_all_elements, padded_vocabulary
@@ -70,16 +70,13 @@ class MemorySettings:
 
 def settings_for(precision: str, **changes: float | bool) -> MemorySettings:
     """Defaults for ``precision``: fp32 keeps 4-byte weights and activations and no separate master copy;
-    fp16 keeps its gradients in fp16 (Megatron-LM accumulates in fp32 only with
-    ``--accumulate-allreduce-grads-in-fp32``, which it forces for bf16 alone, megatron/arguments.py;
-    its DDP buffer is otherwise the weights' type; DeepSpeed's fp16 gradients are 2 bytes too: the
-    ZeRO paper's 16 bytes per parameter)."""
+    the gradient buffer is fp32 where the stacks accumulate and reduce in fp32, else the weights' 16
+    bits (``default_grad_reduce_in_fp32``: fp16 keeps 2-byte gradients, the ZeRO paper's 16 bytes per
+    parameter)."""
     if precision == "fp32":
         base = MemorySettings(weight_bytes=4.0, master_weight_bytes=0.0, activation_bytes=4.0)
-    elif precision == "fp16":
-        base = MemorySettings(gradient_bytes=2.0)
     else:
-        base = MemorySettings()
+        base = MemorySettings(gradient_bytes=4.0 if default_grad_reduce_in_fp32(precision) else 2.0)
     return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
 
 
