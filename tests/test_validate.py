@@ -125,6 +125,26 @@ def test_leave_one_source_out_predicts_each_mlperf_system_from_the_others(tmp_pa
     assert "signed median error" in captured.out and "wide (high / low)" in captured.out
 
 
+def test_leave_one_source_out_folds_in_parallel_processes_give_the_serial_table(tmp_path, capsys):
+    """--workers 2 runs the folds in a real process pool; each fold is a pure function of the rows, so
+    the table is byte for byte the serial one. A worker count below one is one line and exit 2."""
+    rows = [row for row in load_measurements([packaged_published_dev()]) if row.id.startswith(("MLPERF", "DELL"))]
+    path = write_measurements(tmp_path / "rows.csv", rows)
+    tables = {}
+    for workers in ("1", "2"):
+        out = tmp_path / f"loso{workers}"
+        code, captured = run(capsys, "validate", "--measurements", path, "--leave-one-source-out", "--bootstrap", "0",
+                             "--workers", workers, "--out", out)  # fmt: skip
+        assert code == 0, captured.err[-2000:]
+        tables[workers] = (out / "validation.csv").read_bytes()
+    assert len(read_csv(tmp_path / "loso1" / "validation.csv")) == len(rows)
+    assert tables["1"] == tables["2"]
+    code, captured = run(capsys, "validate", "--measurements", path, "--leave-one-source-out", "--workers", "0",
+                         "--out", tmp_path / "refused")  # fmt: skip
+    assert code == 2 and captured.err.strip().count("\n") == 0 and "--workers" in captured.err
+    assert not (tmp_path / "refused").exists()
+
+
 def test_a_multi_node_nccl_training_row_rings_over_every_nic_its_nodes_have():
     """NCCL runs one ring channel per NIC (the selector's rule, as for collective rows): a training row's
     library is resolved with the row's adapters per node, so 2 DGX A100 with 8 HDR NICs each reduce over

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -148,27 +149,52 @@ def leave_one_source_out(
     executor: str = "analytic",
     progress: Progress | None = None,
     ideal: bool = False,
+    workers: int | None = 1,
+    pool: str = "auto",
 ) -> list[dict[str, Any]]:
     """Each source's rows predicted by a profile calibrated on every other source's rows (``ideal``:
-    with the fitted step-level cost terms switched off, ``Profile.ideal``)."""
-    from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
+    with the fitted step-level cost terms switched off, ``Profile.ideal``).
+
+    The folds are independent, so ``workers`` processes run them at once (``pool`` as
+    ``simulator.sweep.run_tasks``: ``auto`` is a local process pool for two or more; None: one per fold
+    up to the cores); each fold is the same pure function of the rows, so the table is the same
+    whichever pool ran it."""
+    from ddlsim.simulator.sweep import run_tasks
 
     groups: dict[str, list[Measurement]] = {}
     for row in rows:
         groups.setdefault(group_key(row, by), []).append(row)
-    out: dict[str, dict[str, Any]] = {}
-    for done, (key, members) in enumerate(groups.items(), start=1):
-        others = [row for row in rows if group_key(row, by) != key]
-        try:
-            profile = calibrate(others, bootstrap=bootstrap, seed=seed).profile
-        except CalibrationError:
-            profile = Profile()  # nothing else to fit to: the datasheets alone
-        estimator = Estimator(profile.ideal() if ideal else profile, ci, executor)
-        for row in members:
-            out[row.id] = table_row(row, estimator.estimate(row), "predicted")
-        if progress:
-            progress(done, len(groups))
+    tasks = [
+        Fold([row for row in rows if group_key(row, by) != key], members, ci, bootstrap, seed, executor, ideal)
+        for key, members in groups.items()
+    ]
+    out = {entry["id"]: entry for fold in run_tasks(_run_fold, tasks, workers, pool, progress) for entry in fold}
     return [out[row.id] for row in rows]
+
+
+@dataclass(frozen=True)
+class Fold:
+    """One fold of ``leave_one_source_out``: calibrate on ``others``, predict ``members``."""
+
+    others: list[Measurement]
+    members: list[Measurement]
+    ci: float
+    bootstrap: int
+    seed: int
+    executor: str
+    ideal: bool
+
+
+def _run_fold(fold: Fold) -> list[dict[str, Any]]:
+    """The validation rows of one fold (a top-level function: process pools pickle it)."""
+    from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
+
+    try:
+        profile = calibrate(fold.others, bootstrap=fold.bootstrap, seed=fold.seed).profile
+    except CalibrationError:
+        profile = Profile()  # nothing else to fit to: the datasheets alone
+    estimator = Estimator(profile.ideal() if fold.ideal else profile, fold.ci, fold.executor)
+    return [table_row(row, estimator.estimate(row), "predicted") for row in fold.members]
 
 
 def optimism(row: dict[str, Any]) -> float:

@@ -36,6 +36,7 @@ from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, read_measurements
 from ddlsim.simulator.cli.common import Progress, print_table
 from ddlsim.simulator.records import write_csv, write_json
+from ddlsim.simulator.sweep import POOLS
 
 __all__ = ["PRINTED", "SUMMARY_KEYS", "VALIDATION_COLUMNS", "register", "validate_rows"]
 
@@ -80,6 +81,13 @@ def register(subparsers) -> None:
         "interference; a link's fixed cost per collective call)",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--workers", type=int, default=None,
+        help="processes running --leave-one-source-out's folds at once (default: one per fold, up to the cores)",
+    )  # fmt: skip
+    parser.add_argument("--executor-pool", choices=POOLS, default="auto",
+                        help="who runs --workers: process (local), mpi (mpi4py.futures), serial; auto: process "
+                        "for 2+")  # fmt: skip
     parser.add_argument("--out", type=Path, required=True, help="directory for validation.csv, summary.json")
     parser.set_defaults(func=run)
 
@@ -135,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--tolerance must be > 0 (a fraction: 0.10 = 10 %), got {args.tolerance}")
     if args.bootstrap < 0:
         raise InputError(f"--bootstrap must be >= 0, got {args.bootstrap}")
+    if args.workers is not None and args.workers < 1:
+        raise InputError(f"--workers must be a positive integer, got {args.workers}")
     if args.leave_one_source_out and (args.profile or args.calibration):
         raise InputError("--leave-one-source-out fits its own profiles: drop --profile and --calibration")
     _check_destination(args.out)
@@ -152,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
         if args.leave_one_source_out:
             table = leave_one_source_out(
                 rows, args.ci, args.by, args.bootstrap, args.seed, args.executor, Progress("validate: sources"),
-                ideal=args.ideal,
+                ideal=args.ideal, workers=args.workers, pool=args.executor_pool,
             )  # fmt: skip
             split = f"leave one {args.by} out"
         else:
