@@ -222,6 +222,7 @@ class ComputeModelFit:
         self.measured = np.array([iteration_s(row, row.value) for row in self.rows])
         self.exposed = np.zeros(len(self.rows))
         self.theta = np.zeros(len(self.names))  # the fitted transformed parameters
+        self._last: tuple[bytes, tuple[np.ndarray, np.ndarray]] | None = None
 
     def update_times(self, theta: np.ndarray) -> np.ndarray:
         """The optimizer update's seconds per row (a pin scales the layers, not the update)."""
@@ -229,7 +230,17 @@ class ComputeModelFit:
         return total
 
     def times(self, theta: np.ndarray, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(compute seconds per row, d compute / d theta per row and parameter)."""
+        """(compute seconds per row, d compute / d theta per row and parameter). The answer for the
+        last theta is kept: the optimizer asks for the residuals and then the Jacobian at one point."""
+        if only is not None:
+            return self._times(theta, only)
+        key = np.asarray(theta, dtype=float).tobytes()
+        if self._last is None or self._last[0] != key:
+            self._last = (key, self._times(theta, None))
+        total, jacobian = self._last[1]
+        return total.copy(), jacobian.copy()
+
+    def _times(self, theta: np.ndarray, only: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
         p = self.passes
         g = p.groups
         log_efficiency = p.base_log.copy()
