@@ -16,7 +16,7 @@ from ddlsim.simulator.closed_form.costs import ClosedFormCosts
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import setup_of
-from ddlsim.simulator.training.trainers import layout_figures, single_device_step_s
+from ddlsim.simulator.training.trainers import layout_figures
 
 # closed forms whose step waits for every worker's compute: stragglers cost the expected slowest
 STRAGGLER_CLOSED_FORMS = ("sync_sgd", "megatron")
@@ -49,7 +49,8 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
         steps=plan.steps,
         samples_per_step=algorithm.samples_per_step(plan, scenario.per_device_batch),
         time_s=time_s,
-        compute_s=single_device_step_s(scenario, algorithm) if not scenario.is_transformer else math.nan,
+        # one device's step with no communication: the worker the costs already built (single_device_step_s)
+        compute_s=costs.worker.profile.compute_s if not scenario.is_transformer else math.nan,
         comm_s=comm_s / plan.steps,
         comm_share=0.0 if scenario.is_transformer else max(time_s - plan.steps * costs.step.compute_s, 0.0) / time_s,
         buckets=0 if not bucketed else len(costs.step.bucket_bytes),
