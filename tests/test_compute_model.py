@@ -93,6 +93,21 @@ def test_analytic_jacobian_matches_finite_differences():
         np.testing.assert_allclose(jacobian[:, column], numeric, rtol=1e-4, atol=1e-12)
 
 
+def test_the_kept_times_of_the_last_point_are_the_times_at_that_point():
+    """times() keeps its last answer for the optimizer's Jacobian call: asking again at that point, after
+    the caller changed the arrays it got, and after another point, gives the times a fresh model gives."""
+    rows = [_row("p100_sxm2", "alexnet", 256), _row("v100_sxm2", "resnet50", 2, "fp16")]
+    model, fresh = ComputeModelFit(rows, Profile()), ComputeModelFit(rows, Profile())
+    theta = np.full(len(model.names), 0.1)
+    total, jacobian = model.times(theta)
+    total *= 2.0
+    jacobian[:] = 0.0
+    for point in (theta, theta + 0.05, theta):
+        kept, fresh_answer = model.times(point), fresh._times(point, None)
+        np.testing.assert_array_equal(kept[0], fresh_answer[0])
+        np.testing.assert_array_equal(kept[1], fresh_answer[1])
+
+
 def test_a_device_without_rows_is_predicted_from_its_generation():
     """Truth: Pascal runs at 0.7 of its datasheet efficiency, small batches pay a 50 us launch floor.
     Rows of the P100 SXM2 and the K80 calibrate; the P100 PCIe, never measured, is predicted within
