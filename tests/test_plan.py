@@ -314,7 +314,7 @@ def test_an_exhaustive_search_and_its_recheck_run_on_mpi4py_futures_under_mpiexe
     argv = [*SMALL[1:], "--top", "3", "--recheck", "2", "--exhaustive"]
     env = dict(os.environ, MPIR_CVAR_POLLS_BEFORE_YIELD="1")
     mpi = subprocess.run(
-        [mpiexec, "-n", "3", sys.executable, "-m", "mpi4py.futures", "-m", "ddlsim.simulator.cli.main", "plan",
+        [mpiexec, "-n", "3", sys.executable, "-m", "mpi4py.futures", "-m", "ddlsim", "plan",  # as docs/planner.md
          *argv, "--executor-pool", "mpi", "--workers", "2", "--out", str(tmp_path / "mpi")],
         capture_output=True, text=True, timeout=300, env=env, check=False,
     )  # fmt: skip
