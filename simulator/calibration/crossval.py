@@ -140,6 +140,31 @@ def validate_table(
     return table
 
 
+@dataclass(frozen=True)
+class Fold:
+    """One fold of ``leave_one_source_out``: calibrate on ``others``, predict ``members``."""
+
+    others: list[Measurement]
+    members: list[Measurement]
+    ci: float
+    bootstrap: int
+    seed: int
+    executor: str
+    ideal: bool
+
+
+def _run_fold(fold: Fold) -> list[dict[str, Any]]:
+    """The validation rows of one fold (a top-level function: process pools pickle it)."""
+    from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
+
+    try:
+        profile = calibrate(fold.others, bootstrap=fold.bootstrap, seed=fold.seed).profile
+    except CalibrationError:
+        profile = Profile()  # nothing else to fit to: the datasheets alone
+    estimator = Estimator(profile.ideal() if fold.ideal else profile, fold.ci, fold.executor)
+    return [table_row(row, estimator.estimate(row), "predicted") for row in fold.members]
+
+
 def leave_one_source_out(
     rows: Sequence[Measurement],
     ci: float,
@@ -170,31 +195,6 @@ def leave_one_source_out(
     ]
     out = {entry["id"]: entry for fold in run_tasks(_run_fold, tasks, workers, pool, progress) for entry in fold}
     return [out[row.id] for row in rows]
-
-
-@dataclass(frozen=True)
-class Fold:
-    """One fold of ``leave_one_source_out``: calibrate on ``others``, predict ``members``."""
-
-    others: list[Measurement]
-    members: list[Measurement]
-    ci: float
-    bootstrap: int
-    seed: int
-    executor: str
-    ideal: bool
-
-
-def _run_fold(fold: Fold) -> list[dict[str, Any]]:
-    """The validation rows of one fold (a top-level function: process pools pickle it)."""
-    from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
-
-    try:
-        profile = calibrate(fold.others, bootstrap=fold.bootstrap, seed=fold.seed).profile
-    except CalibrationError:
-        profile = Profile()  # nothing else to fit to: the datasheets alone
-    estimator = Estimator(profile.ideal() if fold.ideal else profile, fold.ci, fold.executor)
-    return [table_row(row, estimator.estimate(row), "predicted") for row in fold.members]
 
 
 def optimism(row: dict[str, Any]) -> float:
