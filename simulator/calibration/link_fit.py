@@ -432,10 +432,14 @@ def fit_host(profile: Profile, key: str, rows: list[Measurement], prior: tuple[f
     host_ranks = max(row.devices_per_node for row in rows)
     cores_grid = [math.inf] + [c for c in CORES_GRID if c < host_ranks]
 
+    scores: dict[tuple[float, float], float] = {}  # the second pass meets candidates of the first again
+
     def score(host: tuple[float, float]) -> float:
-        _, fits, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
-        extra = sum(math.isfinite(value) for value in host)
-        return n * math.log(_rss(fits) / n + 1e-12) + (2 * len(fits) + extra) * math.log(n)
+        if host not in scores:
+            _, fits, _ = _fit_alpha_beta(profile, key, rows, prior, host, 1)
+            extra = sum(math.isfinite(value) for value in host)
+            scores[host] = n * math.log(_rss(fits) / n + 1e-12) + (2 * len(fits) + extra) * math.log(n)
+        return scores[host]
 
     best = (math.inf, math.inf)
     for _ in range(2):
