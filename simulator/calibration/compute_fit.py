@@ -226,14 +226,12 @@ class ComputeModelFit:
 
     def update_times(self, theta: np.ndarray) -> np.ndarray:
         """The optimizer update's seconds per row (a pin scales the layers, not the update)."""
-        total, _ = self.times(theta, self.passes.update > 0)
+        total, _ = self._times(theta, self.passes.update > 0)
         return total
 
-    def times(self, theta: np.ndarray, only: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def times(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(compute seconds per row, d compute / d theta per row and parameter). The answer for the
         last theta is kept: the optimizer asks for the residuals and then the Jacobian at one point."""
-        if only is not None:
-            return self._times(theta, only)
         key = np.asarray(theta, dtype=float).tobytes()
         if self._last is None or self._last[0] != key:
             self._last = (key, self._times(theta, None))
@@ -241,6 +239,7 @@ class ComputeModelFit:
         return total.copy(), jacobian.copy()
 
     def _times(self, theta: np.ndarray, only: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+        """``times`` computed afresh, counting only the passes in ``only`` where given."""
         p = self.passes
         g = p.groups
         log_efficiency = p.base_log.copy()
