@@ -99,6 +99,8 @@ def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
         (["--algorithm", "ring"], "'ring' is a collective algorithm, not a training algorithm: use --collective ring"),
         (["--tau", "4"], "--tau do(es) not apply to --algorithm sync_sgd; its options: --collective,"),
         (["--algorithm", "async_sgd", "--no-overlap"], "--no-overlap do(es) not apply to --algorithm async_sgd"),
+        (["--tp", "2"], "(--tp is read by --algorithm megatron)"),
+        (["--servers", "2"], "(--servers is read by --algorithm async_msgd, async_sgd, hogwild_sgd, sync_sgd_ps)"),
         (["--algorithm", "easgd", "--executor", "analytic"], "algorithm 'easgd' has no closed form"),
         (["--algorithm", "async_sgd", "--servers", "3"], "3 servers but only 1 node(s)"),
         (["--updates", "0"], "updates must be a positive integer"),

@@ -118,6 +118,16 @@ def options_from_args(args: argparse.Namespace, extra_flags: dict[str, set[str]]
     return make_options(args.algorithm, values)
 
 
+def _readers(dest: str, extra: dict[str, set[str]]) -> set[str]:
+    """The training algorithms that read the flag ``dest``."""
+    if dest in extra:
+        return set(extra[dest])
+    if dest in LAYOUT_FLAGS:
+        return {name for name in TRAINING_ALGORITHMS.names() if "layout" in TRAINING_ALGORITHMS.get(name).options}
+    option = OPTION_FLAGS.get(dest)
+    return {name for name in TRAINING_ALGORITHMS.names() if option in TRAINING_ALGORITHMS.get(name).options}
+
+
 def options_values(
     args: argparse.Namespace, name: str, extra_flags: dict[str, set[str]] | None = None
 ) -> dict[str, Any]:
@@ -143,9 +153,11 @@ def options_values(
         valid = [flag(dest) for dest, name in OPTION_FLAGS.items() if name in algorithm.options]
         valid += [flag(dest) for dest in LAYOUT_FLAGS] if "layout" in algorithm.options else []
         valid += [flag(dest) for dest, readers in extra.items() if algorithm.name in readers]
+        readers = sorted(_readers(unused[0], extra))
+        hint = f" ({flag(unused[0])} is read by --algorithm {', '.join(readers)})" if readers else ""
         raise InputError(
             f"{', '.join(flag(dest) for dest in unused)} do(es) not apply to --algorithm {algorithm.name}; "
-            f"its options: {', '.join(valid) or 'none'}"
+            f"its options: {', '.join(valid) or 'none'}{hint}"
         )
     values: dict[str, Any] = {}
     for dest in given:
