@@ -198,3 +198,5 @@ def test_the_collective_command_runs_on_a_profile_and_shows_its_per_call_cost(tm
     assert "fixed cost per call, 3 ms" in capsys.readouterr().out
     assert main(["collective", "--profile", str(paths[1])]) == 2
     assert "--profile and --device go together" in capsys.readouterr().err
+    assert main(["collective", "--device", "v100_sxm2"]) == 2
+    assert "without --profile the collective runs on the datasheet links" in capsys.readouterr().err

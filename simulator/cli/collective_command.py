@@ -94,8 +94,15 @@ def reach_note(ranks: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     check_output(args.out, "directory", files=("results.csv", "setup.json"))
-    if (args.profile is None) != (args.device is None):
-        raise InputError("--profile and --device go together: the profile's links are fitted per device")
+    if args.profile is not None and args.device is None:
+        raise InputError(
+            "--profile and --device go together: the profile's links are fitted per device (add e.g. --device knl_7250)"
+        )
+    if args.device is not None and args.profile is None:
+        raise InputError(
+            "--profile and --device go together: --device picks which of a profile's fitted links to use; "
+            "without --profile the collective runs on the datasheet links (drop --device, or add --profile TOML)"
+        )
     profile, scope = None, None
     if args.profile is not None:
         from ddlsim.hardware_models.catalog import load_device
