@@ -15,6 +15,8 @@ import argparse
 import statistics
 import sys
 
+from ddlsim.simulator.calibration.crossval import has_interval
+
 
 def table(rows: list[dict], title: str) -> None:
     print(f"\n## {title}")
@@ -32,10 +34,13 @@ def table(rows: list[dict], title: str) -> None:
             continue
         p90 = apes[min(len(apes) - 1, round(0.9 * (len(apes) - 1)))]
         signed = statistics.median(row["optimism"] for row in done)
-        width = statistics.median(row["ci_width"] for row in done)
-        cover = sum(bool(row["in_ci"]) for row in done) / len(done)
+        sized = [row for row in done if has_interval(row)]
+        band = "     -      -"  # no intervals: nothing calibrated to size them
+        if sized:
+            width = statistics.median(row["ci_width"] for row in sized)
+            band = f"{width:6.2f} {100 * sum(bool(row['in_ci']) for row in sized) / len(sized):5.0f}%"
         print(f"{family:16s} {len(members):4d} {len(done):4d} {statistics.median(apes):6.1f}% {p90:5.1f}% "
-              f"{100 * signed:+6.1f}% {width:6.2f} {100 * cover:5.0f}%")  # fmt: skip
+              f"{100 * signed:+6.1f}% {band}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-from ddlsim.simulator.calibration.crossval import VALIDATION_COLUMNS, group_key, leave_one_source_out, optimism
+from ddlsim.simulator.calibration.crossval import (
+    VALIDATION_COLUMNS,
+    group_key,
+    has_interval,
+    leave_one_source_out,
+    optimism,
+)
 from ddlsim.simulator.calibration.measurements import Measurement, packaged_published_dev, read_measurements
 from ddlsim.simulator.records import write_csv
 
@@ -68,7 +74,8 @@ def leave_one_out(
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     predicted = [row for row in rows if row["status"] != "cannot_model"]
     errors = [(row["predicted"] - row["measured"]) / row["measured"] for row in predicted]
-    widths = [row["ci_high"] / row["ci_low"] for row in predicted]
+    sized = [row for row in predicted if has_interval(row)]
+    widths = [row["ci_high"] / row["ci_low"] for row in sized]
     nan = math.nan
     return {
         "rows": len(rows),
@@ -77,7 +84,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
         "p90_ape": float(np.percentile(np.abs(errors), 90)) if errors else nan,
         "signed_median": statistics.median(optimism(row) for row in predicted) if predicted else nan,
         "width": statistics.median(widths) if widths else nan,
-        "coverage": sum(bool(row["in_ci"]) for row in predicted) / len(predicted) if predicted else nan,
+        "coverage": sum(bool(row["in_ci"]) for row in sized) / len(sized) if sized else nan,
     }
 
 

@@ -31,6 +31,18 @@ def test_validate_reads_the_llm_file_as_it_is_and_lists_what_it_cannot_model(tmp
     assert summary["n_predicted"] == 27 and summary["split"] == "leave one source out"
 
 
+def test_the_datasheets_alone_give_large_model_rows_no_interval(tmp_path, capsys):
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    out = tmp_path / "d"
+    assert main(["validate", "--measurements", str(DATA_FILE), "--out", str(out)]) in (0, 1)
+    assert "no intervals (nothing calibrated to size them)" in capsys.readouterr().out
+    rows = read_csv(out / "validation.csv")
+    assert {row["status"] for row in rows} == {"predicted"} and all(row["in_ci"] == "" for row in rows)
+    assert json.loads((out / "summary.json").read_text())["ci_coverage"] is None
+
+
 def test_a_narayanan_row_is_their_flop_count_over_the_closed_form_iteration():
     """Narayanan et al. count hardware FLOPs with full recomputation (their eq. 3):
     96 B s l h^2 (1 + s/6h + V/16lh) per iteration, over the predicted iteration and the GPUs."""

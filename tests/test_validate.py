@@ -75,6 +75,24 @@ def test_miscalibrated_profile_fails_with_exit_1(synthetic, tmp_path, capsys):
     assert code == 0
 
 
+def test_the_datasheets_alone_give_no_interval_rather_than_a_zero_width_one(synthetic, tmp_path, capsys):
+    """Nothing calibrated, nothing to size an interval with: the table leaves the interval columns empty
+    and the summary has no width or coverage (it printed a x1.00 interval covering 0 % of the rows)."""
+    everything, small = synthetic
+    code, captured = run(capsys, "validate", "--measurements", everything, "--out", tmp_path / "d")
+    assert code in (0, 1)
+    assert "no intervals (nothing calibrated to size them)" in captured.out and "x1.00" not in captured.out
+    table = read_csv(tmp_path / "d" / "validation.csv")
+    assert {row["status"] for row in table} == {"predicted"}
+    assert all(row["ci_low"] == row["ci_width"] == row["in_ci"] == "" for row in table)
+    assert all("no interval: nothing was calibrated" in row["note"] for row in table)
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["median_ci_width"] is None and summary["ci_coverage"] is None
+    run(capsys, "validate", "--measurements", everything, "--calibration", small, "--out", tmp_path / "c")
+    calibrated = read_csv(tmp_path / "c" / "validation.csv")
+    assert all(float(row["ci_width"]) > 1.0 for row in calibrated if row["status"] == "predicted")
+
+
 def test_interval_coverage_is_near_its_level(tmp_path, capsys):
     """90 % intervals on rows with known lognormal noise cover between 70 % and 100 % of them."""
     rows = synthetic_collectives(TRUTH, sigma=0.05, seed=11, ranks=(2, 3, 4, 5, 6, 7, 8))

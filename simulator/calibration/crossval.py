@@ -90,16 +90,11 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
     if estimate is None or estimate.value is None:
         out.update(status="cannot_model", reason=estimate.reason if estimate else "")
         return out
-    assert estimate.low is not None and estimate.high is not None
     jitter = estimate.detail.partition(", rank jitter ")[2]  # the named cost terms, where they applied
     per_call = estimate.detail.partition(", fixed cost per call ")[2]
     out.update(
         predicted=estimate.value,
         error_pct=100.0 * (estimate.value - row.value) / row.value,
-        ci_low=estimate.low,
-        ci_high=estimate.high,
-        ci_width=estimate.high / estimate.low,
-        in_ci=estimate.low <= row.value <= estimate.high,
         basis=estimate.kind,
         note="; ".join(
             part
@@ -111,6 +106,13 @@ def table_row(row: Measurement, estimate: Estimate | None, status: str) -> dict[
             if part
         ),
     )
+    if estimate.low is not None and estimate.high is not None:
+        out.update(
+            ci_low=estimate.low,
+            ci_high=estimate.high,
+            ci_width=estimate.high / estimate.low,
+            in_ci=estimate.low <= row.value <= estimate.high,
+        )
     return out
 
 
@@ -204,6 +206,12 @@ def optimism(row: dict[str, Any]) -> float:
     return row["predicted"] / row["measured"] - 1.0
 
 
+def has_interval(row: dict[str, Any]) -> bool:
+    """Whether a predicted validation row has an interval (a profile that calibrated nothing gives none)."""
+    width = row.get("ci_width", "")
+    return width != "" and not (isinstance(width, float) and math.isnan(width))
+
+
 def _nan_to_none(value: Any) -> Any:
     return None if isinstance(value, float) and math.isnan(value) else value
 
@@ -214,7 +222,8 @@ def summarise(table: Sequence[dict[str, Any]], ci: float, tolerance: float, spli
     predicted = [row for row in held_out if row["status"] == "predicted"]
     errors = [(row["predicted"] - row["measured"]) / row["measured"] for row in predicted]
     apes = [abs(error) for error in errors]
-    widths = [row["ci_width"] for row in predicted]
+    sized = [row for row in predicted if has_interval(row)]
+    widths = [row["ci_width"] for row in sized]
     median = statistics.median(apes) if apes else math.nan
     summary = {
         "split": split,
@@ -229,7 +238,7 @@ def summarise(table: Sequence[dict[str, Any]], ci: float, tolerance: float, spli
         "signed_median_error": statistics.median(optimism(row) for row in predicted) if predicted else math.nan,
         "median_ci_width": statistics.median(widths) if widths else math.nan,
         "ci_level": ci,
-        "ci_coverage": sum(bool(row["in_ci"]) for row in predicted) / len(predicted) if predicted else math.nan,
+        "ci_coverage": sum(bool(row["in_ci"]) for row in sized) / len(sized) if sized else math.nan,
         "tolerance": tolerance,
         "passed": bool(apes) and median <= tolerance,
     }
@@ -248,8 +257,13 @@ def summary_line(summary: dict[str, Any]) -> str:
         f"# {summary['n_predicted']} of {summary['n_predicted'] + summary['n_cannot_model']} held-out rows predicted "
         f"({pct('predicted_fraction')}), {summary['n_cannot_model']} cannot be modeled; median |error| "
         f"{pct('median_ape')}, p90 {pct('p90_ape')}, max {pct('max_ape')}; signed median error "
-        f"{pct('signed_median_error')} (+ = model faster); median {100 * summary['ci_level']:.0f} % interval "
-        + ("-" if width is None else f"x{width:.2f}")
-        + f" wide (high / low), {pct('ci_coverage', 0)} of measurements inside; tolerance "
+        f"{pct('signed_median_error')} (+ = model faster); "
+        + (
+            "no intervals (nothing calibrated to size them)"
+            if width is None
+            else f"median {100 * summary['ci_level']:.0f} % interval x{width:.2f} wide (high / low), "
+            f"{pct('ci_coverage', 0)} of measurements inside"
+        )
+        + "; tolerance "
         f"{100 * summary['tolerance']:.1f} %: " + ("PASSED" if summary["passed"] else "FAILED")
     )

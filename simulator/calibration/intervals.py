@@ -124,9 +124,13 @@ def prediction_kind(row: Measurement, profile: Profile | None) -> str:
     return f"collective, {scale}: link fitted for any device"
 
 
+UNSIZED_NOTE = "no interval: nothing was calibrated to size one (the datasheets alone)"
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A row's prediction in its metric's unit with its interval, or None and the reason."""
+    """A row's prediction in its metric's unit with its interval (None without residuals to size
+    one), or None and the reason."""
 
     value: float | None
     low: float | None = None
@@ -161,6 +165,9 @@ class Estimator:
         # asked only of rows on a device such a link was fitted for (links are scoped token@device@...)
         self._per_step = self.profile.per_step_reading() if self.intervals else None
         self._undecided = self.profile.undecided_devices()
+        # residuals to size an interval with: none in a profile that calibrated nothing (the datasheets
+        # alone), whose "interval" would be the prediction itself, x1.00 wide and never covering
+        self.sized = bool(self.profile.noise) or self.profile.noise_sigma > 0 or bool(self._samples)
 
     def predict(self, row: Measurement, sample: int = -1) -> Prediction:
         """``predict`` under the profile (``sample`` -1) or one bootstrap sample, cached."""
@@ -228,6 +235,9 @@ class Estimator:
                 + f" (interval x{spread**2:.2f} wide, x{math.exp(2 * self.z * math.hypot(pinned, sigma_param)):.2f} "
                 "for a pinned shape)"
             )
+        if not self.sized:
+            notes.append(UNSIZED_NOTE)
+            return Estimate(value, None, None, kind, 0.0, "; ".join(notes), detail=prediction.detail)
         return Estimate(value, low, high, kind, sigma, "; ".join(notes), detail=prediction.detail)
 
     def _beyond_scale(self, row: Measurement, value: float) -> tuple[float, str]:

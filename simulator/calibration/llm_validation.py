@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ddlsim.simulator.calibration.intervals import UNSIZED_NOTE
 from ddlsim.simulator.workloads.llm_open_fields import recompute_of, zero_stage_of
 from ddlsim.simulator.workloads.llm_runs import (
     COLUMNS,
@@ -254,6 +255,11 @@ class LlmFit:
     high: float = 1.0
     rows: int = 0
 
+    @property
+    def sized(self) -> bool:
+        """Whether residuals sized the band (the datasheets alone have none: no interval)."""
+        return self.rows > 0 or (self.low, self.high) != (1.0, 1.0)
+
     @classmethod
     def of(cls, predictions: Sequence[LlmPrediction], ci: float) -> LlmFit:
         """The factor is the median over all rows; the band, the residuals of each source family
@@ -298,6 +304,9 @@ def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted",
     values = [values[0] * prediction.spread[0], values[1] * prediction.spread[1]]  # the open fields' readings
     predicted = metric_of(prediction, iteration)
     row.update(predicted=predicted, error_pct=100 * (predicted - run.value) / run.value)
+    if not fit.sized:
+        row["note"] = "; ".join(part for part in (row["note"], UNSIZED_NOTE) if part)
+        return row
     row.update(ci_low=values[0], ci_high=values[1], ci_width=values[1] / values[0],
                in_ci=values[0] <= run.value <= values[1])  # fmt: skip
     return row
