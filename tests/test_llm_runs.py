@@ -165,6 +165,46 @@ def test_malformed_rows_name_file_row_and_column(tmp_path: Path, edit, message: 
     assert str(path) in str(caught.value)
 
 
+def test_a_bad_row_is_listed_and_the_rest_are_read_by_validate_calibrate_and_check(tmp_path: Path, capsys) -> None:
+    """Every row gets an answer (issue 13): a truncated row, a bad number and a repeated id are each
+    that row's reason (a truncated row used to end the command in a traceback), the other rows are read."""
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    lines = DATA_FILE.read_text(encoding="utf-8").splitlines(keepends=True)
+    bad = [
+        "LLM-901,Somebody,GPT-3,175,96\n",  # 5 of 24 fields
+        next(line for line in lines if line.startswith("LLM-006,"))
+        .replace("LLM-006,", "LLM-902,", 1)
+        .replace(",76.1,60,", ",76.1,sixty,", 1),
+        next(line for line in lines if line.startswith("LLM-002,")),  # again
+    ]
+    path = tmp_path / "llm.csv"
+    path.write_text("".join(lines) + "".join(bad), encoding="utf-8")
+    rejected: list = []
+    assert len(load_llm_runs(path, rejected)) == 27
+    reasons = {row.id: row.reason for row in rejected}
+    assert "5 fields, the header has 24" in reasons["LLM-901"]
+    assert "column 'layers': must be a whole number >= 1 or empty, got 'sixty'" in reasons["LLM-902"]
+    assert "repeated id 'LLM-002'" in reasons["LLM-002"]
+
+    assert main(["measurements", "check", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert "27 valid large-model rows" in captured.out and "3 bad rows" in captured.out
+    assert captured.err.count("ddlsim: error: ") == 3
+    out = tmp_path / "v"
+    assert main(["validate", "--measurements", str(path), "--leave-one-source-out", "--out", str(out)]) in (0, 1)
+    assert "27 of 30 held-out rows predicted" in capsys.readouterr().out
+    table = {row["id"]: row for row in read_csv(out / "validation.csv")}
+    assert table["LLM-901"]["status"] == "cannot_model" and "5 fields" in table["LLM-901"]["reason"]
+    assert main(["calibrate", "--measurements", str(path), "--out", str(tmp_path / "p.toml")]) == 0
+    assert "# not used: LLM-902:" in capsys.readouterr().out
+    split = ["measurements", "split", str(path), "--calibration-out", str(tmp_path / "a.csv"),
+             "--heldout-out", str(tmp_path / "b.csv")]  # fmt: skip
+    assert main(split) == 2 and not (tmp_path / "a.csv").exists()
+    assert "a large-model file (llm_dev.csv's columns)" in capsys.readouterr().err
+
+
 def test_a_lora_row_runs_its_base_model_with_the_weights_frozen() -> None:
     """LLM-065 (NeMo, Llama 2 70B LoRA): the base model with ``frozen_weights``, said in the note."""
     row = by_id("LLM-065")

@@ -128,15 +128,18 @@ def _calibrate_llm(args: argparse.Namespace) -> int:
     from ddlsim.hardware_models.profile import Profile
     from ddlsim.simulator.calibration import llm_validation
     from ddlsim.simulator.cli.common import InputError
-    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
+    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
 
     mixed = [path for path in args.measurements if not llm_validation.is_llm_file(path)]
     if mixed:
         raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; calibrate large-model and data-parallel files apart")
     try:
-        runs = llm_validation.read_llm_runs(args.measurements)
+        unread: list[BadRow] = []
+        runs = llm_validation.read_llm_runs(args.measurements, unread)
     except (LlmRunsError, OSError) as error:
         raise InputError(str(error)) from None
+    for bad in unread:
+        print(f"# not used: {bad.id or f'line {bad.line}'}: {bad.reason}")
     predictions = llm_validation.predict_runs(runs, Progress("calibrate: large-model rows"))
     fit = llm_validation.LlmFit.of(predictions, 0.9)
     if not fit.rows:

@@ -51,14 +51,52 @@ def register(subparsers) -> None:
     trace.set_defaults(func=run_from_trace)
 
 
-def _input_error(error: Exception):
+def _input_error(error: Exception | str):
     from ddlsim.simulator.cli.common import InputError
 
     return InputError(str(error))
 
 
+def _llm_files(files: list[Path]) -> list[Path]:
+    from ddlsim.simulator.calibration.llm_validation import is_llm_file
+
+    return [path for path in files if is_llm_file(path)]
+
+
+def _check_llm(files: list[Path]) -> int:
+    """Large-model files (``llm_dev.csv``'s columns): read as ``validate`` and ``calibrate`` read them."""
+    from ddlsim.simulator.calibration.llm_validation import read_llm_runs
+    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
+
+    unread: list[BadRow] = []
+    try:
+        runs = read_llm_runs(files, unread)
+    except (LlmRunsError, OSError) as error:
+        raise _input_error(error) from None
+    for bad in unread:
+        print(f"ddlsim: error: {bad.reason}", file=sys.stderr)
+    metrics: dict[str, int] = {}
+    for run in runs:
+        metrics[run.metric] = metrics.get(run.metric, 0) + 1
+    print(
+        f"# {len(runs)} valid large-model rows (llm_dev.csv's columns): "
+        + ", ".join(f"{count} {metric}" for metric, count in sorted(metrics.items()))
+        + (f"; {len(unread)} bad rows" if unread else "")
+    )
+    return 2 if unread else 0
+
+
 def run_check(args: argparse.Namespace) -> int:
     """Every problem of every file, one line each; exit 2 if any row is bad."""
+    llm = _llm_files(args.files)
+    if llm and len(llm) < len(args.files):
+        other = next(path for path in args.files if path not in llm)
+        raise _input_error(
+            f"{other}: not llm_dev.csv's columns while {llm[0]} has them; check large-model and "
+            "data-parallel files in separate runs"
+        )
+    if llm:
+        return _check_llm(llm)
     try:
         measured = read_measurements(args.files)
     except MeasurementError as error:
@@ -79,6 +117,12 @@ def run_check(args: argparse.Namespace) -> int:
 
 
 def run_split(args: argparse.Namespace) -> int:
+    llm = _llm_files(args.files)
+    if llm:
+        raise _input_error(
+            f"{llm[0]}: a large-model file (llm_dev.csv's columns); split by scale reads data-parallel files "
+            "only: give it to 'ddlsim validate --leave-one-source-out' or as --calibration/--measurements"
+        )
     try:
         rows = load_measurements(args.files)
     except MeasurementError as error:

@@ -33,7 +33,7 @@ from ddlsim.simulator.calibration.crossval import (
     validate_table,
 )
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
-from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, read_measurements
+from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, Rejected, read_measurements
 from ddlsim.simulator.cli.common import Progress, print_table
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import POOLS
@@ -200,7 +200,7 @@ def _run_llm(args: argparse.Namespace) -> int:
     (``simulator.calibration.llm_validation``); the same table, summary and files."""
     from ddlsim.simulator.calibration import llm_validation
     from ddlsim.simulator.cli.common import InputError
-    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
+    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
 
     every = [*args.measurements, *args.calibration]
     mixed = [path for path in every if not llm_validation.is_llm_file(path)]
@@ -208,10 +208,14 @@ def _run_llm(args: argparse.Namespace) -> int:
         raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; give large-model and data-parallel files "
                          "to separate validate runs")  # fmt: skip
     try:
-        measured = llm_validation.read_llm_runs(args.measurements)
-        calibration = llm_validation.read_llm_runs(args.calibration) if args.calibration else None
+        unread: list[BadRow] = []  # rows of --measurements that cannot be read: listed, not fatal
+        measured = llm_validation.read_llm_runs(args.measurements, unread)
+        unused: list[BadRow] = []
+        calibration = llm_validation.read_llm_runs(args.calibration, unused) if args.calibration else None
     except (LlmRunsError, OSError) as error:
         raise InputError(str(error)) from None
+    for bad in unused:
+        print(f"ddlsim: warning: not calibrated on: {bad.reason}", file=sys.stderr)
     progress = Progress("validate: large-model rows")
     if args.leave_one_source_out:
         table, _ = llm_validation.leave_one_source_out(measured, args.ci, progress)
@@ -225,6 +229,7 @@ def _run_llm(args: argparse.Namespace) -> int:
     else:
         table, _ = llm_validation.validate_llm(measured, calibration, args.ci, progress)
         split = "calibration rows" if calibration else "datasheets"
+    table += [rejected_row(Rejected(bad.id, bad.file, bad.line, bad.reason)) for bad in unread]
     summary = summarise(table, args.ci, args.tolerance, split)
     _print(table)
     print(summary_line(summary))

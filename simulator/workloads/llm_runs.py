@@ -91,8 +91,11 @@ class LlmRun:
         return "other"
 
 
-def load_llm_runs(path: Path | str = DATA_FILE) -> list[LlmRun]:
-    """Read ``path`` (the llm_dev.csv columns exactly) into records, in file order."""
+def load_llm_runs(path: Path | str = DATA_FILE, rejected: list[BadRow] | None = None) -> list[LlmRun]:
+    """Read ``path`` (the llm_dev.csv columns exactly) into records, in file order.
+
+    A row that cannot be read raises ``LlmRunsError``, or, with a ``rejected`` list, is added to it
+    and left out (a wrong header always raises: that is not a file of these rows)."""
     path = Path(path)
     with path.open(newline="", encoding="utf-8") as handle:
         reader = csv.DictReader(handle)
@@ -101,37 +104,63 @@ def load_llm_runs(path: Path | str = DATA_FILE) -> list[LlmRun]:
         runs: list[LlmRun] = []
         seen: set[str] = set()
         for row in reader:
-            line = reader.line_num
-            row_id = row["id"].strip()
-            if not row_id or row_id in seen:
-                raise LlmRunsError(f"{path}: line {line}, column 'id': empty or repeated id {row_id!r}")
-            seen.add(row_id)
-
-            def fail(column: str, message: str, row_id: str = row_id, line: int = line) -> LlmRunsError:
-                return LlmRunsError(f"{path}: row {row_id!r} (line {line}), column {column!r}: {message}")
-
-            values: dict[str, object] = {}
-            for column in _INTEGERS:
-                text = re.sub(r"(?<=\d)[,_ ](?=\d{3}\b)", "", row[column].strip())  # "1,024" is 1024
-                if text and not re.fullmatch(r"[1-9][0-9]*", text):
-                    raise fail(column, f"must be a whole number >= 1 or empty, got {text!r}")
-                values[column] = int(text) if text else None
-            for column in ("params_b", "value"):
-                text = row[column].strip()
-                try:
-                    number = float(text) if text else None
-                except ValueError:
-                    raise fail(column, f"must be a number, got {text!r}") from None
-                if number is not None and not number > 0:
-                    raise fail(column, f"must be > 0, got {text!r}")
-                values[column] = number
-            if values["value"] is None:
-                raise fail("value", "must not be empty")
-            text_columns = ("id", "source", "model", "gpu_type", "interconnect", "cp_or_sp", "zero_stage",
-                            "recompute", "precision", "metric", "notes")  # fmt: skip
-            values.update({column: row[column].strip() for column in text_columns})
-            runs.append(LlmRun(line=line, **values))  # type: ignore[arg-type]
+            try:
+                runs.append(_parse_row(path, row, reader.line_num, seen))
+            except LlmRunsError as error:
+                if rejected is None:
+                    raise
+                rejected.append(BadRow((row.get("id") or "").strip(), str(path), reader.line_num, str(error)))
     return runs
+
+
+@dataclass(frozen=True)
+class BadRow:
+    """A row of a large-model file that could not be read, and why (file, row, line and column)."""
+
+    id: str
+    file: str
+    line: int
+    reason: str
+
+
+def _parse_row(path: Path, row: dict[Any, Any], line: int, seen: set[str]) -> LlmRun:
+    """One row of the file as an ``LlmRun`` (``LlmRunsError`` naming file, row, line and column).
+    ``csv.DictReader`` puts a row's fields beyond the header under the key None and gives the
+    columns it lacks the value None."""
+    row_id = (row.get("id") or "").strip()
+    extra = len(row.get(None) or ())
+    missing = sum(1 for column in COLUMNS if row.get(column) is None)
+    if extra or missing:
+        got = len(COLUMNS) - missing + extra
+        raise LlmRunsError(f"{path}: row {row_id!r} (line {line}): {got} fields, the header has {len(COLUMNS)}")
+    if not row_id or row_id in seen:
+        raise LlmRunsError(f"{path}: line {line}, column 'id': empty or repeated id {row_id!r}")
+    seen.add(row_id)
+
+    def fail(column: str, message: str) -> LlmRunsError:
+        return LlmRunsError(f"{path}: row {row_id!r} (line {line}), column {column!r}: {message}")
+
+    values: dict[str, object] = {}
+    for column in _INTEGERS:
+        text = re.sub(r"(?<=\d)[,_ ](?=\d{3}\b)", "", row[column].strip())  # "1,024" is 1024
+        if text and not re.fullmatch(r"[1-9][0-9]*", text):
+            raise fail(column, f"must be a whole number >= 1 or empty, got {text!r}")
+        values[column] = int(text) if text else None
+    for column in ("params_b", "value"):
+        text = row[column].strip()
+        try:
+            number = float(text) if text else None
+        except ValueError:
+            raise fail(column, f"must be a number, got {text!r}") from None
+        if number is not None and not number > 0:
+            raise fail(column, f"must be > 0, got {text!r}")
+        values[column] = number
+    if values["value"] is None:
+        raise fail("value", "must not be empty")
+    text_columns = ("id", "source", "model", "gpu_type", "interconnect", "cp_or_sp", "zero_stage",
+                    "recompute", "precision", "metric", "notes")  # fmt: skip
+    values.update({column: row[column].strip() for column in text_columns})
+    return LlmRun(line=line, **values)  # type: ignore[arg-type]
 
 
 # --- mapping onto the catalog ---------------------------------------------------------------------
