@@ -551,3 +551,12 @@ def test_a_bad_catalog_flag_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.startswith("ddlsim: error: --catalog: catalog directory") and done.stderr.count("\n") == 1
     missing = _ddlsim("list", "devices", "--catalog")
     assert missing.returncode == 2 and "--catalog needs a directory" in missing.stderr
+
+
+def test_a_broken_datasheet_in_a_user_catalog_stops_list_before_it_prints(tmp_path: Path) -> None:
+    """One error line and exit 2, not the devices sorted before the broken one and then the error."""
+    (tmp_path / "mine" / "devices").mkdir(parents=True)
+    (tmp_path / "mine" / "devices" / "zz_gpu.toml").write_text('name = "x"\n')
+    done = _ddlsim("--catalog", str(tmp_path / "mine"), "list", "devices")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("ddlsim: error: ") and "zz_gpu.toml: unknown key 'name'" in done.stderr

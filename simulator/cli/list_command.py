@@ -8,6 +8,7 @@ user catalog directories' entries (``DDLSIM_CATALOG``).
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import sys
 
@@ -40,27 +41,37 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.kind == "devices":
+    # every entry is loaded before anything is printed: a broken datasheet in a user catalog is one
+    # error line (exit 2), not a list cut off where it was met
+    lines = _lines(args.kind)
+    print("\n".join(lines))
+    return 0
+
+
+def _lines(kind_asked: str) -> list[str]:
+    """The lines ``ddlsim list KIND`` prints."""
+    out: list[str] = []
+    if kind_asked == "devices":
         for name in device_names():
             device = load_device(name)
             peaks = "  ".join(
                 f"{device.peak_flops[p] / 1e12:7.1f}" if p in device.peak_flops else f"{'-':>7s}"
                 for p in ("fp32", "bf16", "fp8")
             )
-            print(
+            out.append(
                 f"{name:16s} {peaks} TFLOP/s fp32/bf16/fp8  "
                 f"{device.memory_capacity_bytes / 1e9:6.1f} GB  {device.description}"
             )
-    elif args.kind in ("networks", "links"):
-        kind = "network" if args.kind == "networks" else None
+    elif kind_asked in ("networks", "links"):
+        kind = "network" if kind_asked == "networks" else None
         for name in link_names(kind):
             link = load_link(name)
             domain = f"domain {link.domain_size:5d}" if link.domain_size else " " * 12
-            print(
+            out.append(
                 f"{name:22s} {link.kind:10s} {link.port_bandwidth_Bps / 1e9:7.2f} GB/s per port  "
                 f"{link.latency_s * 1e6:6.2f} us  {domain}  {link.description}"
             )
-    elif args.kind == "workloads":
+    elif kind_asked == "workloads":
         rows = []
         for name in workload_names():
             workload = load_workload(name)
@@ -72,8 +83,8 @@ def run(args: argparse.Namespace) -> int:
             detail = f"seq {config.seq_len}, {model_flops_per_token(blocks) / 1e9:.1f} GFLOP/token (model, fwd+bwd)"
             rows.append((name, config.kind, parameter_count(blocks), detail))
         for name, kind, parameters, detail in sorted(rows):
-            print(f"{name:18s} {kind:16s} {_count(parameters):>9s} params  {detail}")
-    elif args.kind == "training-algorithms":
+            out.append(f"{name:18s} {kind:16s} {_count(parameters):>9s} params  {detail}")
+    elif kind_asked == "training-algorithms":
         from ddlsim.algorithms.training_algorithm import TRAINING_ALGORITHMS
 
         algorithms = []
@@ -82,12 +93,14 @@ def run(args: argparse.Namespace) -> int:
             module = sys.modules[type(trainer).__module__]
             description = summary(type(trainer).__doc__ or module.__doc__)
             algorithms.append({"name": name, "family": trainer.family, "description": description})
-        print_table(algorithms, ("name", "family", "description"))
+        table = io.StringIO()
+        print_table(algorithms, ("name", "family", "description"), out=table)
+        out.append(table.getvalue().rstrip("\n"))
     else:
         for name in COLLECTIVE_ALGORITHMS.names():
             algorithm = COLLECTIVE_ALGORITHMS.get(name)
-            print(f"{name:20s} {', '.join(algorithm.collectives)}")
-    return 0
+            out.append(f"{name:20s} {', '.join(algorithm.collectives)}")
+    return out
 
 
 def _count(parameters: int) -> str:
