@@ -82,6 +82,20 @@ def resolve(
     return algorithm, {}
 
 
+def options_key(options: dict[str, Any]) -> tuple:
+    """``options`` as a hashable, order-free key for the caches of schedules and times: nested
+    option dicts (``hierarchical``'s ``inner_options``) and lists become sorted tuples."""
+
+    def frozen(value: Any) -> Any:
+        if isinstance(value, dict):
+            return tuple(sorted((key, frozen(item)) for key, item in value.items()))
+        if isinstance(value, (list, tuple)):
+            return tuple(frozen(item) for item in value)
+        return value
+
+    return frozen(options)
+
+
 def check_collective(algorithm: CollectiveAlgorithm, collective: str) -> None:
     if collective not in COLLECTIVES:
         raise ScheduleError(f"unknown collective {collective!r}; valid: {', '.join(COLLECTIVES)}")

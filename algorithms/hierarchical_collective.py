@@ -27,7 +27,13 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.binomial_tree_collective import broadcast_pairs, reduce_pairs
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, CollectiveAlgorithm, check_collective, reject_options
+from ddlsim.algorithms.collective import (
+    COLLECTIVE_ALGORITHMS,
+    CollectiveAlgorithm,
+    check_collective,
+    options_key,
+    reject_options,
+)
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 from ddlsim.registry import UnknownNameError
 
@@ -80,15 +86,11 @@ _CHECKED_INNER: set[tuple] = set()  # (inner, nodes, options) whose schedule _in
 def _check_inner(inner_name: str, inner: CollectiveAlgorithm, nodes: int, options: dict[str, Any]) -> None:
     """``_inner_schedule``'s checks, remembered: the closed form is asked once per gradient bucket,
     and an inner schedule over a million nodes costs a tenth of a second to build."""
-    try:
-        key: tuple | None = (inner_name, nodes, tuple(sorted(options.items())))
-        if key in _CHECKED_INNER:
-            return
-    except TypeError:  # an unhashable option value: check every time
-        key = None
+    key = (inner_name, nodes, options_key(options))
+    if key in _CHECKED_INNER:
+        return
     _inner_schedule(inner_name, inner, nodes, options)
-    if key is not None:
-        _CHECKED_INNER.add(key)
+    _CHECKED_INNER.add(key)
 
 
 def _per_node(pairs: Iterator[tuple[np.ndarray, np.ndarray]], ranks: int, local: int):

@@ -93,6 +93,24 @@ def test_the_datasheets_alone_give_no_interval_rather_than_a_zero_width_one(synt
     assert all(float(row["ci_width"]) > 1.0 for row in calibrated if row["status"] == "predicted")
 
 
+def test_the_event_simulation_predicts_multi_node_parameter_server_rows(tmp_path, capsys):
+    """TensorFlow's distributed parameter-server rows run a hierarchical collective whose inner
+    options are a dict: the event simulation's schedule cache keyed on them crashed ('unhashable
+    type'), so ``validate --executor des`` ended in a traceback on published_dev.csv."""
+    rows = [row for row in load_measurements([packaged_published_dev()]) if row.id in ("TFBENCH-086", "TFBENCH-100")]
+    assert len(rows) == 2 and all(row.nodes == 2 and row.algorithm == "parameter_server" for row in rows)
+    path = write_measurements(tmp_path / "ps.csv", rows)
+    tables = {}
+    for executor in ("des", "analytic"):
+        out = tmp_path / executor
+        code, captured = run(capsys, "validate", "--measurements", path, "--executor", executor, "--out", out)
+        assert code in (0, 1), captured.err
+        tables[executor] = {row["id"]: row for row in read_csv(tmp_path / executor / "validation.csv")}
+    for row_id, row in tables["des"].items():
+        assert row["status"] == "predicted"
+        assert float(row["predicted"]) == pytest.approx(float(tables["analytic"][row_id]["predicted"]), rel=0.02)
+
+
 def test_interval_coverage_is_near_its_level(tmp_path, capsys):
     """90 % intervals on rows with known lognormal noise cover between 70 % and 100 % of them."""
     rows = synthetic_collectives(TRUTH, sigma=0.05, seed=11, ranks=(2, 3, 4, 5, 6, 7, 8))

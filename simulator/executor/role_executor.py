@@ -57,7 +57,7 @@ from typing import Any, TypeVar
 import numpy as np
 import simpy
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, options_key, resolve
 from ddlsim.algorithms.comm import (
     ANY_SOURCE,
     Collective,
@@ -673,7 +673,7 @@ class RoleExecutor:
     def _schedule(self, op: Collective, ranks: int, per_node: int, nics: int) -> Schedule:
         token, chosen = resolve(op.algorithm, op.collective, float(op.payload.nbytes), ranks, per_node, nics)
         options = {**chosen, **op.options}
-        key = (token, op.collective, ranks, per_node, tuple(sorted(options.items())))
+        key = (token, op.collective, ranks, per_node, options_key(options))
         schedule = self._schedules.get(key)
         if schedule is None:
             impl = COLLECTIVE_ALGORITHMS.get(token)

@@ -21,7 +21,7 @@ import math
 from collections import Counter
 from typing import Any
 
-from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, resolve
+from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, options_key, resolve
 from ddlsim.algorithms.schedule import FabricCosts, HopCost
 from ddlsim.algorithms.selectors import launch_s
 from ddlsim.hardware_models.catalog import Link
@@ -156,11 +156,8 @@ class GroupCosts:
         options: dict[str, Any],
         group: tuple[int, ...] | None = None,
     ) -> float:
-        try:
-            key = (collective, algorithm, ranks, nbytes, group, tuple(sorted(options.items())) if options else ())
-            seconds = self._seconds.get(key)
-        except TypeError:  # an unhashable option value: compute it every time
-            key, seconds = None, None
+        key = (collective, algorithm, ranks, nbytes, group, options_key(options))
+        seconds = self._seconds.get(key)
         if seconds is None:
             per_node = self.group_layout(group, ranks)
             nics = self.group_nics(group, per_node)
@@ -170,8 +167,7 @@ class GroupCosts:
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
             # a library call's launch, and a calibrated fixed cost per call, before its first transfer
             seconds += launch_s(algorithm, ranks) + call_overhead_s(self.spec, ranks, per_node)
-            if key is not None:
-                self._seconds[key] = seconds
+            self._seconds[key] = seconds
         return seconds
 
     def message_s(self, src: int, dst: int, nbytes: float) -> float:
