@@ -255,8 +255,10 @@ def _measured_run(row: Measurement, profile: Profile | None, executor: str, intr
         "executor": executor,
         "profile": profile,
         "enforce_memory": False,  # the run was measured, so it fit in memory
-        # the slowest of N ranks at every step, with the profile's fitted per-rank jitter
-        "stragglers": f"lognormal:{jitter!r}" if jitter > 0 else "none",
+        # the slowest of N ranks at every step, with the profile's fitted per-rank jitter, at its
+        # expectation: the fit priced it so (the closed form), and one step's draws in the event
+        # simulation would be one sample of the slowest rank, the same sample for every N-rank row
+        "stragglers": f"lognormal:{jitter!r}:expected" if jitter > 0 else "none",
     }
 
 
