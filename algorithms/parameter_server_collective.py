@@ -15,8 +15,9 @@ in; in the next every server sends its summed shard back to every worker::
     ``servers``, if given, must be that count.
 
 With dedicated servers the schedule has P + k ranks and ``worker_ranks = P``: the extra ranks are
-relays that contribute nothing. Every server link carries P x S/k bytes in each direction, the
-incast the DES models with shared bandwidth; the uncontended closed form ignores it.
+relays that contribute nothing. Every server link carries P x S/k bytes in each direction: the
+incast, which the DES models with shared bandwidth and the closed form by counting the bytes through
+each port (a node's NIC, a device's link) in each round.
 """
 
 from __future__ import annotations
@@ -104,21 +105,59 @@ class ParameterServerCollective:
     def closed_form_s(
         self, collective: str, ranks: int, message_bytes: float, costs: FabricCosts, **options: Any
     ) -> float:
-        """Push then pull of one shard: 2 (alpha + S/(k beta)), uncontended (no incast).
+        """Push then pull, each a round of every shard transfer at once, each port shared by the
+        transfers through it (the incast the event simulation has): per round, alpha plus the busiest
+        port's bytes over its rate, a node's NIC for the shards that cross nodes and a device's own
+        link for those that stay inside a node. The pull reverses the push, so the two rounds cost
+        the same (full duplex: a port's busier direction paces it).
 
-        The hop is inter-node as soon as some worker and some server sit on different nodes (servers
-        placed after the workers when dedicated). E.g. P=4, k=2, S=2 MB, alpha=1 us, beta=1 GB/s:
-        2 * (1e-6 + 1e-3) = 2.002e-3 s. Colocated with P=1: nothing crosses the wire, 0 s.
+        E.g. 4 nodes of one device, colocated, k = 4, S = 100 MB, 10 GbE (1.18 GB/s): each node
+        sends 3 shards of 25 MB and receives 3, 75 MB / 1.18 GB/s = 63.6 ms a round, 127 ms in all.
+        Two nodes: one shard each way, S/2 a round. Colocated with P=1: nothing crosses the wire, 0 s.
+        Counted per rank, not per transfer: O(P + k) at any scale.
         """
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
-        servers, placement, _ = _settings(ranks, options, costs.devices_per_node)
+        servers, placement, stride = _settings(ranks, options, costs.devices_per_node)
         if placement != "dedicated" and ranks == 1:
             return 0.0
-        last = ranks + servers - 1 if placement == "dedicated" else ranks - 1
-        hop = costs.inter if last // costs.devices_per_node > 0 else costs.intra
-        return 2 * hop.time(message_bytes / servers)
+        if placement == "dedicated":
+            server = np.arange(ranks, ranks + servers, dtype=np.int64)
+        else:
+            server = np.arange(servers, dtype=np.int64) * stride
+        return 2 * _round_s(ranks, server, message_bytes / servers, costs)
+
+
+def _round_s(workers: int, server: np.ndarray, nbytes: float, costs: FabricCosts) -> float:
+    """The push round: every worker (ranks 0..workers-1) sends ``nbytes`` to every server rank but
+    itself, all at once; alpha plus the busiest port's bytes over its rate. Ports: between nodes, the
+    NIC at each end (a node's devices spread over its ``nics_per_node`` NICs; out and in apart) at the
+    inter-node rate; inside a node, each end's own link at the intra-node rate."""
+    per_node, nics = costs.devices_per_node, max(costs.nics_per_node, 1)
+    worker = np.arange(workers, dtype=np.int64)
+    nodes = int(max(worker[-1], server.max())) // per_node + 1
+    on_node_servers = np.bincount(server // per_node, minlength=nodes)  # servers on each node
+    on_node_workers = np.bincount(worker // per_node, minlength=nodes)
+    is_server = np.zeros(max(workers, int(server.max()) + 1), dtype=np.int64)
+    is_server[server] = 1
+
+    def nic(rank: np.ndarray) -> np.ndarray:
+        return rank // per_node * nics + (rank % per_node) * nics // per_node
+
+    # shards that cross nodes: each worker's to the servers off its node, each server's from the
+    # workers off its node, summed per NIC
+    sent = len(server) - on_node_servers[worker // per_node]
+    received = workers - on_node_workers[server // per_node]
+    between = max(np.bincount(nic(worker), weights=sent).max(), np.bincount(nic(server), weights=received).max())
+    # shards inside a node: to the node's other servers, from the node's other workers
+    out = on_node_servers[worker // per_node] - is_server[worker]
+    into = on_node_workers[server // per_node] - (server < workers)
+    inside = max(int(out.max()), int(into.max()))
+    seconds = costs.inter.alpha_s + between * nbytes / costs.inter.beta_Bps if between > 0 else 0.0
+    if inside > 0:
+        seconds = max(seconds, costs.intra.alpha_s + inside * nbytes / costs.intra.beta_Bps)
+    return seconds
 
 
 COLLECTIVE_ALGORITHMS.register("parameter_server")(ParameterServerCollective())
