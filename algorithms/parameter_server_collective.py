@@ -149,12 +149,12 @@ def _round_s(workers: int, server: np.ndarray, nbytes: float, costs: FabricCosts
     # workers off its node, summed per NIC
     sent = len(server) - on_node_servers[worker // per_node]
     received = workers - on_node_workers[server // per_node]
-    between = max(np.bincount(nic(worker), weights=sent).max(), np.bincount(nic(server), weights=received).max())
+    between = float(max(np.bincount(nic(worker), weights=sent).max(), np.bincount(nic(server), weights=received).max()))
     # shards inside a node: to the node's other servers, from the node's other workers
     out = on_node_servers[worker // per_node] - is_server[worker]
     into = on_node_workers[server // per_node] - (server < workers)
     inside = max(int(out.max()), int(into.max()))
-    seconds = costs.inter.alpha_s + between * nbytes / costs.inter.beta_Bps if between > 0 else 0.0
+    seconds = float(costs.inter.alpha_s + between * nbytes / costs.inter.beta_Bps) if between > 0 else 0.0
     if inside > 0:
         seconds = max(seconds, costs.intra.alpha_s + inside * nbytes / costs.intra.beta_Bps)
     return seconds

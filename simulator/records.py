@@ -107,7 +107,8 @@ def write_csv(path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[s
 
 def _cell(value: Any) -> Any:
     if isinstance(value, float):
-        return repr(value)
+        # float() first: a numpy float64 is a float whose repr is 'np.float64(0.5)' under numpy 2
+        return repr(float(value))
     return value
 
 

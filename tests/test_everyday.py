@@ -273,6 +273,18 @@ def test_atomic_writes_end_with_the_umask_mode_and_keep_an_existing_files_mode(t
         os.umask(old)
 
 
+def test_a_numpy_float_is_written_as_its_number(tmp_path):
+    """A float64 from numpy is a float whose repr under numpy 2 is 'np.float64(0.79...)': the
+    Horovod gallery entry's results.csv had that text in a column until write_csv took float() first."""
+    import numpy as np
+
+    from ddlsim.simulator.records import read_csv, write_csv
+
+    write_csv(tmp_path / "r.csv", [{"a": np.float64(0.7969002150224421), "b": 0.5, "c": np.int64(3)}], "abc")
+    (row,) = read_csv(tmp_path / "r.csv")
+    assert row == {"a": "0.7969002150224421", "b": "0.5", "c": "3"}
+
+
 def test_result_files_of_a_command_are_readable_by_others(capsys, tmp_path):
     import os
     import stat
