@@ -105,6 +105,7 @@ class Progress:
         self._stage_started = self.started
         self._last_line: float | None = None
         self._bar: Any = None
+        self.estimate = True  # False: the stage's total is an upper bound, no time left is shown
 
     # --- the interface -------------------------------------------------------------------------
     def __call__(self, done: int, total: int) -> None:
@@ -126,11 +127,16 @@ class Progress:
         """``count`` more units of the current stage are finished."""
         self(self.done + count, self.total if self.total is not None else self.done + count)
 
-    def stage(self, label: str, total: int, unit: str | None = None) -> None:
-        """Start a new stage (``label``: what it does, ``total``: how many ``unit`` it has)."""
+    def stage(self, label: str, total: int, unit: str | None = None, *, estimate: bool = True) -> None:
+        """Start a new stage (``label``: what it does, ``total``: how many ``unit`` it has).
+
+        ``estimate=False`` for a stage that may stop early (a search that prunes the rest): ``total``
+        is then at most what it does, and no time left is shown, since the pace so far says nothing
+        about when it stops."""
         self._end_stage()
         self.label = label
         self.unit = self.unit if unit is None else unit
+        self.estimate = estimate
         self.total = total
         self.done = 0
         self._stage_started = self.clock()
@@ -153,6 +159,8 @@ class Progress:
                 dynamic_ncols=True,
                 mininterval=0.2,
                 delay=self.delay_s,
+                # a stage that may stop early: its count and elapsed time, no rate-based time left
+                **({} if self.estimate else {"bar_format": "{desc}: {n_fmt} of at most {total_fmt}{unit} [{elapsed}]"}),
             )
         self._bar.update(self.done - self._bar.n)
 
@@ -172,6 +180,9 @@ class Progress:
         elapsed = now - self._stage_started
         total = self.total or 0
         unit = f" {self.unit}" if self.unit else ""
+        if not self.estimate:  # the total is an upper bound: no share and no time left
+            text = f"ddlsim: {self.label}: {self.done} of at most {total}{unit}, {format_duration(elapsed)} elapsed"
+            return text + (", done" if total and self.done >= total else "")
         text = f"ddlsim: {self.label}: {self.done}/{total}{unit}"
         if total:
             text += f" ({100 * self.done / total:.0f}%)"
@@ -186,3 +197,9 @@ class Progress:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+        stopped_early = not self.estimate and self.total is not None and self.done < self.total
+        if self.mode == "lines" and stopped_early and self._last_line is not None:
+            # a search that pruned the rest: say it ended, as a finished stage does
+            self.stream.write(self.line() + ", done\n")
+            self.stream.flush()
+            self._last_line = None

@@ -73,6 +73,30 @@ def test_progress_stages_each_get_their_own_line_and_clock():
     ]
 
 
+def test_a_stage_that_may_stop_early_shows_no_time_left_and_says_when_it_ended():
+    """plan's branch and bound walks at most every layout and prunes the rest: its first line said
+    'about 2 h 57 min left' for a search that ended 0.1 s later."""
+    clock, stream = Clock(), io.StringIO()
+    progress = Progress("plan", enabled=True, stream=stream, clock=clock)
+    progress.stage("bounds, then the closed form best first", total=5640, unit="layouts", estimate=False)
+    clock.now = 1.9
+    progress(1, 5640)
+    clock.now = 2.0
+    progress(16, 5640)  # within the interval: no line
+    progress.close()  # the rest pruned
+    assert stream.getvalue().splitlines() == [
+        "ddlsim: bounds, then the closed form best first: 1 of at most 5640 layouts, 1.9 s elapsed",
+        "ddlsim: bounds, then the closed form best first: 16 of at most 5640 layouts, 2.0 s elapsed, done",
+    ]
+    terminal = Terminal()
+    bar = Progress("plan", enabled=True, stream=terminal)
+    bar.mode = "bar"
+    bar.stage("search", total=100, unit="layouts", estimate=False)
+    bar(3, 100)
+    bar.close()
+    assert "3 of at most 100 layouts" in terminal.getvalue() and "<" not in terminal.getvalue()
+
+
 def test_progress_draws_a_bar_on_a_terminal_and_nothing_when_off(monkeypatch):
     monkeypatch.delenv("DDLSIM_PROGRESS", raising=False)
     terminal = Terminal()

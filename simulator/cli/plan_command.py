@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
             progress.stage("closed form", fitting, "layouts")
             ranked = planner.evaluate(args.model, cluster, candidates, args.workers, progress, args.executor_pool)
     else:
-        progress.stage("bounds, then the closed form best first", len(layouts), "layouts")
+        progress.stage("bounds, then the closed form best first", len(layouts), "layouts", estimate=False)
         keep = max(args.top, args.recheck, 1)
         ranked, candidates = planner.branch_and_bound(
             args.model, config, cluster, layouts, keep, progress, tolerance=args.tolerance
