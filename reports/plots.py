@@ -160,11 +160,17 @@ def run_label(run: Path) -> str:
     run = Path(run)
     scenario = scenario_of(run)
     if scenario:
+        algorithm = str(scenario.get("algorithm", "?"))
+        # the collective where it is not the default ring (the CLI gives one only to algorithms that
+        # read it): two runs that differ only in it need two labels
+        collective = (scenario.get("options") or {}).get("collective")
+        if collective and collective != "ring":
+            algorithm += f" ({collective})"
         parts = [
             scenario.get("workload", "?"),
             f"{scenario.get('device', '?')} x{scenario.get('devices_per_node', '?')}",
             scenario.get("network") or "-",
-            scenario.get("algorithm", "?"),
+            algorithm,
         ]
         return " / ".join(str(part) for part in parts)
     setup_file = run / "setup.json"

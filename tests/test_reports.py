@@ -139,6 +139,19 @@ def test_each_plot_command_writes_a_png_of_the_expected_size(capsys, tmp_path, r
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # atomic: no temporary left
 
 
+def test_runs_that_differ_only_in_their_collective_get_two_legend_labels(tmp_path, capsys):
+    """plot scaling runs/ring runs/ps drew two curves under one label before."""
+    from ddlsim.reports.plots import run_label
+
+    common = ["--nodes", "1,2", "--executor", "analytic", "--no-progress"]
+    assert main(["simulate", *common, "--out", str(tmp_path / "ring")]) == 0
+    assert main(["simulate", *common, "--collective", "parameter_server", "--collective-option",
+                 "placement=per_node", "--out", str(tmp_path / "ps")]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert run_label(tmp_path / "ring") == "resnet50 / p100_sxm2 x8 / ib_edr / sync_sgd"
+    assert run_label(tmp_path / "ps") == "resnet50 / p100_sxm2 x8 / ib_edr / sync_sgd (parameter_server)"
+
+
 def test_plot_defaults_to_a_file_in_the_result_directory(tmp_path, results):
     run = tmp_path / "run"
     shutil.copytree(results["sim_a"], run)
