@@ -58,7 +58,8 @@ def test_des_equals_closed_form(name, collective, ranks, devices_per_node):
      {"placement": "per_node"}],
 )  # fmt: skip
 @pytest.mark.parametrize(
-    ("ranks", "devices_per_node", "nics"), [(2, 1, 1), (16, 1, 1), (8, 2, 2), (16, 4, 1), (12, 4, 2)]
+    ("ranks", "devices_per_node", "nics"),
+    [(2, 1, 1), (16, 1, 1), (8, 2, 2), (16, 4, 1), (12, 4, 2), (10, 4, 2), (6, 2, 1)],
 )
 def test_parameter_server_closed_form_is_the_des_with_its_incast(options, ranks, devices_per_node, nics):
     """Every worker pushes a shard to every server at once: the closed form charges each round the
