@@ -59,6 +59,23 @@ def exchange_crosses(pof2: int, rem: int, step: int, d: int) -> bool:
     )
 
 
+def exchange_hop(costs: FabricCosts, pof2: int, rem: int, step: int) -> HopCost:
+    """The hop a recursive-doubling/halving core round at distance ``step`` is charged at.
+
+    From ``step`` >= d (devices per node) every active rank's partner is on another node, so a
+    node's ranks cross at once and share its NICs: the busiest NIC carries ceil(d / nics) of the
+    round's transfers each way, as the DES shares it (exact for power-of-two P and d; with the fold
+    some ranks idle, an upper bound). A closer round that crosses (blocks not aligned to the step) is
+    charged one transfer's time."""
+    d = costs.devices_per_node
+    if not exchange_crosses(pof2, rem, step, d):
+        return costs.intra
+    shared = -(-d // max(costs.nics_per_node, 1)) if step >= d else 1
+    if shared <= 1:
+        return costs.inter
+    return HopCost(costs.inter.alpha_s, costs.inter.beta_Bps / shared)
+
+
 def fold_crosses(rem: int, d: int) -> bool:
     """Whether the fold's pairs (2i, 2i+1), i < rem, cross nodes: 2i+1 must be a multiple of d, which
     takes an odd d and i = (d-1)/2 < rem (d = 1: every pair)."""

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.crossings import exchange_crosses, fold_crosses, hop
+from ddlsim.algorithms.crossings import exchange_hop, fold_crosses, hop
 from ddlsim.algorithms.recursive_doubling_collective import (
     allgather_rounds,
     allgather_time_s,
@@ -104,7 +104,7 @@ def _halving_time_s(pof2: int, rem: int, costs: FabricCosts, bytes_of_round) -> 
     total = 0.0
     step = 1
     while step < pof2:
-        total += hop(costs, exchange_crosses(pof2, rem, step, costs.devices_per_node)).time(bytes_of_round(step))
+        total += exchange_hop(costs, pof2, rem, step).time(bytes_of_round(step))
         step <<= 1
     return total
 
@@ -170,7 +170,7 @@ def reduce_scatter_core_s(pof2: int, rem: int, chunk_bytes: float, costs: Fabric
     costs_of_round = []
     step = pof2 // 2
     while step >= 1:
-        round_hop = hop(costs, exchange_crosses(pof2, rem, step, costs.devices_per_node))
+        round_hop = exchange_hop(costs, pof2, rem, step)
         upper = round_hop.time((step + min(rem, step)) * chunk_bytes)
         lower = round_hop.time((step + min(max(rem - step, 0), step)) * chunk_bytes)
         costs_of_round.append((step, upper, lower))

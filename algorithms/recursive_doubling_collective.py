@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.crossings import exchange_crosses, fold_crosses, hop
+from ddlsim.algorithms.crossings import exchange_hop, fold_crosses, hop
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
@@ -102,7 +102,7 @@ def allgather_time_s(ranks: int, message_bytes: float, costs: FabricCosts) -> fl
         total += fold_hop.time(chunk) + fold_hop.time(message_bytes)
     step = 1
     while step < pof2:
-        total += hop(costs, exchange_crosses(pof2, rem, step, d)).time((step + min(rem, step)) * chunk)
+        total += exchange_hop(costs, pof2, rem, step).time((step + min(rem, step)) * chunk)
         step <<= 1
     return total
 
@@ -157,7 +157,7 @@ class RecursiveDoublingCollective:
             total += 2 * hop(costs, fold_crosses(rem, d)).time(message_bytes)
         step = 1
         while step < pof2:
-            total += hop(costs, exchange_crosses(pof2, rem, step, d)).time(message_bytes)
+            total += exchange_hop(costs, pof2, rem, step).time(message_bytes)
             step <<= 1
         return total
 

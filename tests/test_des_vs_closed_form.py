@@ -84,6 +84,32 @@ def test_parameter_server_closed_form_is_the_des_with_its_incast(options, ranks,
     assert closed == pytest.approx(des, rel=1e-6)
 
 
+@pytest.mark.parametrize("name", ["halving_doubling", "recursive_doubling"])
+@pytest.mark.parametrize("collective", ["allreduce", "allgather"])
+@pytest.mark.parametrize(("ranks", "devices_per_node", "nics"), [(16, 4, 1), (32, 8, 1), (32, 8, 4), (64, 4, 2)])
+def test_doubling_far_rounds_share_the_nodes_nics_in_the_closed_form_as_in_the_des(
+    name, collective, ranks, devices_per_node, nics
+):
+    """From distance devices_per_node on, every device of a node exchanges across the network at once:
+    the closed form charges the busiest NIC's ceil(d / nics) transfers, as the DES shares it. It
+    charged one transfer: 5x too fast for halving-doubling (MPICH's large-message all-reduce) on 32
+    ranks of 8 per node with one NIC, 7x for recursive doubling."""
+    impl = COLLECTIVE_ALGORITHMS.get(name)
+    schedule = impl.schedule(collective, ranks, devices_per_node=devices_per_node)
+    fabric = Fabric(
+        FabricSpec(
+            nodes=ranks // devices_per_node,
+            devices_per_node=devices_per_node,
+            peer_link=load_link("nvlink2"),
+            network=load_link("ib_edr"),
+            nics_per_node=nics,
+        )
+    )
+    des = MessageExecutor(fabric).run(schedule, 8e6, 0.0)[: schedule.workers].max()
+    closed = impl.closed_form_s(collective, ranks, 8e6, fabric.fabric_costs())
+    assert closed == pytest.approx(des, rel=1e-6)
+
+
 @pytest.mark.parametrize(("ranks", "devices_per_node"), [(8, 1), (16, 1), (16, 4)])
 def test_double_binary_tree_between_its_uncontended_form_and_twice_it(ranks, devices_per_node):
     """Each rank sends in both trees at once, so its two flows share its port: the DES lies above the
