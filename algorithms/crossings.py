@@ -70,7 +70,14 @@ def exchange_hop(costs: FabricCosts, pof2: int, rem: int, step: int) -> HopCost:
     d = costs.devices_per_node
     if not exchange_crosses(pof2, rem, step, d):
         return costs.intra
-    shared = -(-d // max(costs.nics_per_node, 1)) if step >= d else 1
+    return whole_node_crossing(costs) if step >= d else costs.inter
+
+
+def whole_node_crossing(costs: FabricCosts) -> HopCost:
+    """The inter-node hop of a round in which every device of a node sends across the network at once:
+    the node's NICs carry ceil(d / nics) transfers each (devices spread evenly over them), each
+    direction on its own, so one transfer takes that many times its bytes' time."""
+    shared = -(-costs.devices_per_node // max(costs.nics_per_node, 1))
     if shared <= 1:
         return costs.inter
     return HopCost(costs.inter.alpha_s, costs.inter.beta_Bps / shared)

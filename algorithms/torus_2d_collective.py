@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.crossings import column_ring_crosses, hop, row_ring_crosses
+from ddlsim.algorithms.crossings import column_ring_crosses, hop, row_ring_crosses, whole_node_crossing
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
 
 
@@ -104,7 +104,10 @@ class Torus2dCollective:
         if cols > 1:
             total += 2 * (cols - 1) * hop(costs, row_ring_crosses(rows, cols, d)).time(message_bytes / cols)
         if rows > 1:
-            total += 2 * (rows - 1) * hop(costs, column_ring_crosses(rows, cols, d)).time(message_bytes / ranks)
+            # a column ring with rows at least a node long sends every device of a node across at once
+            crosses = column_ring_crosses(rows, cols, d)
+            column = whole_node_crossing(costs) if crosses and cols >= d else hop(costs, crosses)
+            total += 2 * (rows - 1) * column.time(message_bytes / ranks)
         return total
 
 

@@ -48,10 +48,11 @@ def _shared_port_fan(name: str, options: dict, ranks: int, costs: FabricCosts | 
     tests/test_des_vs_closed_form.py); 1 where no port is shared. The ring's channels send several
     pieces at once from one rank over its one intra-node port (or one NIC); the parameter server's
     workers push to every server at once, and its servers hear from every worker (its incast); the
-    doubling schedules' far rounds send every device of a node across at once, through its NICs."""
+    doubling schedules' far rounds and the torus's column rings send every device of a node across at
+    once, through its NICs."""
     if name == "parameter_server" or options.get("inner") == "parameter_server":
         return ranks * options.get("servers", ranks)  # a round's transfers, at most all through one port
-    if name in SLOWEST_HOP_PER_ROUND and costs is not None:
+    if (name in SLOWEST_HOP_PER_ROUND or name == "torus_2d") and costs is not None:
         return -(-costs.devices_per_node // max(costs.nics_per_node, 1))
     return options.get("channels", 1)
 
