@@ -135,19 +135,18 @@ def _round_s(workers: int, server: np.ndarray, nbytes: float, costs: FabricCosts
     its rate. Ports: between nodes, the NIC at each end (a node's devices spread over its
     ``nics_per_node`` NICs; out and in apart) at the inter-node rate; inside a node, each end's own
     link at the intra-node rate. Arrays per node and per server only (a million nodes of 8: 8 MB)."""
-    per_node, nics = costs.devices_per_node, max(costs.nics_per_node, 1)
+    per_node = costs.devices_per_node
     nodes = int(max(workers - 1, int(server.max()))) // per_node + 1
     node_of_server = server // per_node
     servers_on = np.bincount(node_of_server, minlength=nodes)  # servers on each node
     workers_on = np.clip(workers - np.arange(nodes, dtype=np.int64) * per_node, 0, per_node)
-    # the most workers one NIC of a node carries: devices d < workers_on on NIC d * nics // per_node
-    local = np.arange(per_node, dtype=np.int64) * nics // per_node
-    most = np.array([np.bincount(local[:count], minlength=nics).max() if count else 0 for count in range(per_node + 1)])
+    # the most workers one NIC of a node carries when its first `count` devices work, per count
+    local = costs.nic(np.arange(per_node, dtype=np.int64))
+    most = np.array([np.bincount(local[:count]).max() if count else 0 for count in range(per_node + 1)])
     # between nodes: a NIC sends its workers' shards to the servers off their node and receives its
     # servers' shards from the workers off theirs
     sent = float((most[workers_on] * (len(server) - servers_on)).max())
-    nic_of_server = node_of_server * nics + (server % per_node) * nics // per_node
-    received = float(np.bincount(nic_of_server, weights=workers - workers_on[node_of_server]).max())
+    received = float(np.bincount(costs.nic(server), weights=workers - workers_on[node_of_server]).max())
     between = max(sent, received)
     # inside a node: a worker's shards to its node's other servers (one fewer if it serves, unless a
     # worker of the node does not), a server's from its node's other workers

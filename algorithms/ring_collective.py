@@ -193,7 +193,7 @@ def channel_step_s(ranks: int, message_bytes: float, costs: FabricCosts, channel
         return costs.inter.time(channels * piece)
     exits = [(channel_shift(c, channels, per_node) - 1) % per_node for c in range(channels)]
     by_device = Counter(exits)
-    by_nic = Counter(device * costs.nics_per_node // per_node for device in exits)
+    by_nic = Counter(costs.nic(device) for device in exits)
     k_inter = max(max(by_device.values()), max(by_nic.values()))
     k_intra = channels - (min(by_device.values()) if len(by_device) == per_node else 0)
     inter = costs.inter.time(k_inter * piece)

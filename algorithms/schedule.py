@@ -24,7 +24,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import numpy as np
@@ -118,8 +118,9 @@ class FabricCosts:
     Ranks are placed in blocks: rank r lives on node r // devices_per_node. ``intra`` is the cost
     between two devices of one node, ``inter`` between devices of different nodes, through one NIC.
     ``nics_per_node``: the NICs a node's ranks reach, spread evenly (its device d on NIC
-    d * nics_per_node // devices_per_node); only schedules that cross through several NICs at once
-    (the ring's channels) read it.
+    d * nics_per_node // devices_per_node, ``nic``); the closed forms of rounds that cross through a
+    node's NICs at once read it (the ring's channels, the doubling and torus rounds that send every
+    device of a node across, the parameter server).
     """
 
     intra: HopCost
@@ -135,6 +136,12 @@ class FabricCosts:
     def between(self, a: int, b: int) -> HopCost:
         same = a // self.devices_per_node == b // self.devices_per_node
         return self.intra if same else self.inter
+
+    def nic(self, rank: Any) -> Any:
+        """The NIC (numbered node by node) rank ``rank`` crosses the network through: its node's NIC
+        (d * nics) // devices_per_node for its device d. Works on integers and integer arrays."""
+        nics = max(self.nics_per_node, 1)
+        return rank // self.devices_per_node * nics + rank % self.devices_per_node * nics // self.devices_per_node
 
     def worst(self, ranks: int) -> HopCost:
         """The slowest hop present among ``ranks`` ranks (inter-node as soon as two nodes take part)."""
