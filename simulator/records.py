@@ -26,6 +26,7 @@ import os
 import stat
 import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -94,6 +95,17 @@ def atomic_open(path: Path, mode: str = "w") -> Iterator[TextIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(handle.name)
         raise
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A row of an input file that could not be read, and why (the message names file, row, line and
+    column): measurement files and large-model files list them instead of failing the whole file."""
+
+    id: str
+    file: str
+    line: int
+    reason: str
 
 
 def write_csv(path: Path, rows: Iterable[Mapping[str, Any]], columns: Sequence[str]) -> None:

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 
 from ddlsim.simulator.calibration.intervals import UNSIZED_NOTE
+from ddlsim.simulator.records import Rejected
 from ddlsim.simulator.workloads.llm_open_fields import recompute_of, zero_stage_of
 from ddlsim.simulator.workloads.llm_runs import (
     COLUMNS,
     LAYOUT_NOT_STATED,
-    BadRow,
     LlmRun,
     MappedRun,
     is_lora,
@@ -348,7 +348,7 @@ def leave_one_source_out(
     return table, fits
 
 
-def read_llm_runs(paths: Sequence[Path], rejected: list[BadRow] | None = None) -> list[LlmRun]:
+def read_llm_runs(paths: Sequence[Path], rejected: list[Rejected] | None = None) -> list[LlmRun]:
     """Every row of ``paths`` (each with ``llm_dev.csv``'s columns); with a ``rejected`` list, a row
     that cannot be read goes there instead of failing the whole read."""
     return [run for path in paths for run in load_llm_runs(path, rejected)]

@@ -35,6 +35,7 @@ from typing import Any
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
 from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.hardware_models.catalog import PRECISIONS, device_names, link_names, load_device
+from ddlsim.simulator.records import Rejected
 from ddlsim.simulator.workloads import workload_names
 from ddlsim.simulator.workloads.transformer import transformer_names
 
@@ -120,16 +121,6 @@ COUNT_LIMITS = {
     "per_device_batch": 10_000_000,
 }
 MESSAGE_BYTES_LIMIT = 1e13
-
-
-@dataclass(frozen=True)
-class Rejected:
-    """A row that could not be read, and why (the message names file, row, line and column)."""
-
-    id: str
-    file: str
-    line: int
-    reason: str
 
 
 @dataclass

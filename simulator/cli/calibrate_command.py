@@ -128,13 +128,14 @@ def _calibrate_llm(args: argparse.Namespace) -> int:
     from ddlsim.hardware_models.profile import Profile
     from ddlsim.simulator.calibration import llm_validation
     from ddlsim.simulator.cli.common import InputError
-    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
+    from ddlsim.simulator.records import Rejected
+    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
 
     mixed = [path for path in args.measurements if not llm_validation.is_llm_file(path)]
     if mixed:
         raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; calibrate large-model and data-parallel files apart")
     try:
-        unread: list[BadRow] = []
+        unread: list[Rejected] = []
         runs = llm_validation.read_llm_runs(args.measurements, unread)
     except (LlmRunsError, OSError) as error:
         raise InputError(str(error)) from None

@@ -66,9 +66,10 @@ def _llm_files(files: list[Path]) -> list[Path]:
 def _check_llm(files: list[Path]) -> int:
     """Large-model files (``llm_dev.csv``'s columns): read as ``validate`` and ``calibrate`` read them."""
     from ddlsim.simulator.calibration.llm_validation import read_llm_runs
-    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
+    from ddlsim.simulator.records import Rejected
+    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
 
-    unread: list[BadRow] = []
+    unread: list[Rejected] = []
     try:
         runs = read_llm_runs(files, unread)
     except (LlmRunsError, OSError) as error:

@@ -200,7 +200,7 @@ def _run_llm(args: argparse.Namespace) -> int:
     (``simulator.calibration.llm_validation``); the same table, summary and files."""
     from ddlsim.simulator.calibration import llm_validation
     from ddlsim.simulator.cli.common import InputError
-    from ddlsim.simulator.workloads.llm_runs import BadRow, LlmRunsError
+    from ddlsim.simulator.workloads.llm_runs import LlmRunsError
 
     every = [*args.measurements, *args.calibration]
     mixed = [path for path in every if not llm_validation.is_llm_file(path)]
@@ -208,9 +208,9 @@ def _run_llm(args: argparse.Namespace) -> int:
         raise InputError(f"{mixed[0]}: not llm_dev.csv's columns; give large-model and data-parallel files "
                          "to separate validate runs")  # fmt: skip
     try:
-        unread: list[BadRow] = []  # rows of --measurements that cannot be read: listed, not fatal
+        unread: list[Rejected] = []  # rows of --measurements that cannot be read: listed, not fatal
         measured = llm_validation.read_llm_runs(args.measurements, unread)
-        unused: list[BadRow] = []
+        unused: list[Rejected] = []
         calibration = llm_validation.read_llm_runs(args.calibration, unused) if args.calibration else None
     except (LlmRunsError, OSError) as error:
         raise InputError(str(error)) from None
@@ -229,7 +229,7 @@ def _run_llm(args: argparse.Namespace) -> int:
     else:
         table, _ = llm_validation.validate_llm(measured, calibration, args.ci, progress)
         split = "calibration rows" if calibration else "datasheets"
-    table += [rejected_row(Rejected(bad.id, bad.file, bad.line, bad.reason)) for bad in unread]
+    table += [rejected_row(bad) for bad in unread]
     summary = summarise(table, args.ci, args.tolerance, split)
     _print(table)
     print(summary_line(summary))

@@ -22,6 +22,7 @@ from typing import Any
 
 from ddlsim.algorithms.parallel_layout import LayoutError, ParallelLayout, check_layout, default_grad_reduce_in_fp32
 from ddlsim.hardware_models.catalog import load_device
+from ddlsim.simulator.records import Rejected
 from ddlsim.simulator.workloads.flops_formulas import narayanan_flops_per_iteration
 from ddlsim.simulator.workloads.llm_open_fields import (
     catalog_model_by_name,
@@ -91,7 +92,7 @@ class LlmRun:
         return "other"
 
 
-def load_llm_runs(path: Path | str = DATA_FILE, rejected: list[BadRow] | None = None) -> list[LlmRun]:
+def load_llm_runs(path: Path | str = DATA_FILE, rejected: list[Rejected] | None = None) -> list[LlmRun]:
     """Read ``path`` (the llm_dev.csv columns exactly) into records, in file order.
 
     A row that cannot be read raises ``LlmRunsError``, or, with a ``rejected`` list, is added to it
@@ -109,18 +110,8 @@ def load_llm_runs(path: Path | str = DATA_FILE, rejected: list[BadRow] | None = 
             except LlmRunsError as error:
                 if rejected is None:
                     raise
-                rejected.append(BadRow((row.get("id") or "").strip(), str(path), reader.line_num, str(error)))
+                rejected.append(Rejected((row.get("id") or "").strip(), str(path), reader.line_num, str(error)))
     return runs
-
-
-@dataclass(frozen=True)
-class BadRow:
-    """A row of a large-model file that could not be read, and why (file, row, line and column)."""
-
-    id: str
-    file: str
-    line: int
-    reason: str
 
 
 def _parse_row(path: Path, row: dict[Any, Any], line: int, seen: set[str]) -> LlmRun:
