@@ -15,6 +15,7 @@ from ddlsim.reports.gallery import (
     Entry,
     Results,
     Run,
+    at,
     efficiency_pct,
     epoch_minutes,
     relative_efficiency_pct,
@@ -187,8 +188,6 @@ def _goyal(results: Results) -> list[Comparison]:
 def _mikami_reason(rows: list[dict[str, str]], nodes: int, published_s: float) -> str:
     """Why a Mikami et al. time is off, from the run itself: the per-GPU rate the published time
     implies, the model's, and how much of the modelled step is communication at all."""
-    from ddlsim.reports.gallery import at
-
     row = at(rows, nodes)
     devices = int(row["devices"])
     published = IMAGENET_IMAGES * 90 / published_s / devices
