@@ -1,7 +1,8 @@
 """Which hop a closed form charges, found without listing the P transfers of a round.
 
 The closed forms charge a round (or one edge of a path) at the inter-node hop as soon as one of its
-transfers joins two nodes, ranks placed in blocks of ``d`` (rank r on node r // d). Listing the
+transfers joins two nodes, ranks placed in blocks of ``d`` (rank r on node r // d); a round that
+also keeps transfers inside nodes at the slower of the two hops (``FabricCosts.mixed``). Listing the
 round's transfers costs O(P), and a training step asks the closed form once per gradient bucket, so
 a million ranks took seconds per step (``halving_doubling`` 14 s, ``binomial_tree`` 36 s). The
 functions here look only at the transfers that can differ:
@@ -21,12 +22,14 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from ddlsim.algorithms.schedule import FabricCosts, HopCost
+from ddlsim.algorithms.schedule import FabricCosts, Hop, HopCost
 
 
-def hop(costs: FabricCosts, crosses: bool) -> HopCost:
-    """The hop a round is charged at: inter-node if one of its transfers crosses nodes."""
-    return costs.inter if crosses else costs.intra
+def hop(costs: FabricCosts, crosses: bool) -> Hop:
+    """The hop a round is charged at: the intra hop if none of its transfers crosses nodes, else the
+    slower of the two (``FabricCosts.mixed``: a crossing round of several devices a node keeps
+    transfers inside nodes too)."""
+    return costs.mixed if crosses else costs.intra
 
 
 @cache
@@ -59,18 +62,18 @@ def exchange_crosses(pof2: int, rem: int, step: int, d: int) -> bool:
     )
 
 
-def exchange_hop(costs: FabricCosts, pof2: int, rem: int, step: int) -> HopCost:
+def exchange_hop(costs: FabricCosts, pof2: int, rem: int, step: int) -> Hop:
     """The hop a recursive-doubling/halving core round at distance ``step`` is charged at.
 
     From ``step`` >= d (devices per node) every active rank's partner is on another node, so a
     node's ranks cross at once and share its NICs: the busiest NIC carries ceil(d / nics) of the
     round's transfers each way, as the DES shares it (exact for power-of-two P and d; with the fold
     some ranks idle, an upper bound). A closer round that crosses (blocks not aligned to the step) is
-    charged one transfer's time."""
+    charged one transfer's time on the slower hop, since its other pairs stay inside nodes."""
     d = costs.devices_per_node
     if not exchange_crosses(pof2, rem, step, d):
         return costs.intra
-    return whole_node_crossing(costs) if step >= d else costs.inter
+    return whole_node_crossing(costs) if step >= d else costs.mixed
 
 
 def whole_node_crossing(costs: FabricCosts) -> HopCost:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -111,6 +111,25 @@ class HopCost:
         return self.alpha_s + nbytes / self.beta_Bps
 
 
+class Hop(Protocol):
+    """What a closed form charges a round: seconds for a transfer of ``nbytes``."""
+
+    def time(self, nbytes: float) -> float: ...
+
+
+@dataclass(frozen=True)
+class SlowerHop:
+    """A round with transfers inside nodes and between them: it ends with its slowest transfer, the
+    slower of the two hops at that size (not always the inter-node one: NVLink's per-message cost
+    can exceed a NIC path's, so small transfers inside a node may pace the round)."""
+
+    intra: HopCost
+    inter: HopCost
+
+    def time(self, nbytes: float) -> float:
+        return max(self.intra.time(nbytes), self.inter.time(nbytes))
+
+
 @dataclass(frozen=True)
 class FabricCosts:
     """Uncontended hop costs of a two-level machine, for closed forms.
@@ -143,9 +162,18 @@ class FabricCosts:
         nics = max(self.nics_per_node, 1)
         return rank // self.devices_per_node * nics + rank % self.devices_per_node * nics // self.devices_per_node
 
-    def worst(self, ranks: int) -> HopCost:
-        """The slowest hop present among ``ranks`` ranks (inter-node as soon as two nodes take part)."""
-        return self.inter if ranks > self.devices_per_node else self.intra
+    @property
+    def mixed(self) -> Hop:
+        """A round whose transfers join devices of one node and devices of different nodes: paced by
+        the slower of the two hops at each size (the inter hop alone with one device a node)."""
+        if self.devices_per_node <= 1 or self.intra == self.inter:
+            return self.inter
+        return SlowerHop(self.intra, self.inter)
+
+    def worst(self, ranks: int) -> Hop:
+        """The slowest hop present among ``ranks`` ranks placed in blocks: the intra hop inside one
+        node; as soon as two nodes take part, both hops are present (``mixed``)."""
+        return self.mixed if ranks > self.devices_per_node else self.intra
 
 
 @dataclass
