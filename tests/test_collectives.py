@@ -170,20 +170,29 @@ def test_closed_form_equals_the_round_semantics(name, collective, options):
             _check_closed(closed, reference, options, name, ranks, costs)
 
 
+# (intra, inter): the intra hop faster in both terms; and an NVLink-like intra hop whose per-message
+# cost exceeds the NIC path's, so small transfers inside a node pace a round that also crosses nodes
+HOP_PAIRS = {
+    "intra_faster": (HopCost(1e-6, 100e9), HopCost(5e-6, 5e9)),
+    "intra_slower_to_start": (HopCost(3e-6, 100e9), HopCost(1.9e-6, 12e9)),
+}
+
+
 @pytest.mark.parametrize(("name", "collective", "options"), CASES, ids=IDS)
+@pytest.mark.parametrize(("hops", "message_bytes"), [("intra_faster", 2e6), ("intra_slower_to_start", 1e3)])
 @FAST
 @given(ranks=st.integers(1, 40), devices_per_node=st.integers(1, 9))
-def test_closed_form_on_any_two_level_fabric(name, collective, options, ranks, devices_per_node):
+def test_closed_form_on_any_two_level_fabric(name, collective, options, hops, message_bytes, ranks, devices_per_node):
     """Exact everywhere, except the slowest-hop-per-round algorithms off powers of two (upper bound)."""
     algorithm = COLLECTIVE_ALGORITHMS.get(name)
-    costs = FabricCosts(HopCost(1e-6, 100e9), HopCost(5e-6, 5e9), devices_per_node)
+    costs = FabricCosts(*HOP_PAIRS[hops], devices_per_node)
     try:
         schedule = algorithm.schedule(collective, ranks, devices_per_node=devices_per_node, **options)
     except ScheduleError:
         assert ranks % devices_per_node or not _buildable(options, ranks)
         return
-    closed = algorithm.closed_form_s(collective, ranks, 2e6, costs, **options)
-    reference = reference_time_s(schedule, 2e6, costs)
+    closed = algorithm.closed_form_s(collective, ranks, message_bytes, costs, **options)
+    reference = reference_time_s(schedule, message_bytes, costs)
     powers = ranks & (ranks - 1) == 0 and devices_per_node & (devices_per_node - 1) == 0
     if name in SLOWEST_HOP_PER_ROUND and not powers:
         assert closed >= reference * (1 - 1e-12)
