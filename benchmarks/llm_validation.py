@@ -12,13 +12,13 @@ split; rows refused for memory: none (the memory check is not applied to rows th
 from __future__ import annotations
 
 import argparse
-import statistics
+import math
 import sys
 
-from ddlsim.simulator.calibration.crossval import has_interval
+from ddlsim.simulator.calibration.crossval import summarise
 
 
-def table(rows: list[dict], title: str) -> None:
+def table(rows: list[dict], title: str, ci: float) -> None:
     print(f"\n## {title}")
     heads = ("rows", 4), ("pred", 4), ("median", 7), ("p90", 6), ("signed", 7), ("width", 6), ("cover", 6)
     print(f"{'family':16s} " + " ".join(f"{name:>{size}s}" for name, size in heads))
@@ -27,20 +27,15 @@ def table(rows: list[dict], title: str) -> None:
         families.setdefault(row["family"], []).append(row)
     families["all"] = rows
     for family, members in families.items():
-        done = [row for row in members if row["status"] == "predicted"]
-        apes = sorted(abs(row["error_pct"]) for row in done)
-        if not apes:
+        s = summarise(members, ci, math.inf, "")  # the figures ``ddlsim validate`` prints
+        if not s["n_predicted"]:
             print(f"{family:16s} {len(members):4d} {0:4d}")
             continue
-        p90 = apes[min(len(apes) - 1, round(0.9 * (len(apes) - 1)))]
-        signed = statistics.median(row["optimism"] for row in done)
-        sized = [row for row in done if has_interval(row)]
         band = "     -      -"  # no intervals: nothing calibrated to size them
-        if sized:
-            width = statistics.median(row["ci_width"] for row in sized)
-            band = f"{width:6.2f} {100 * sum(bool(row['in_ci']) for row in sized) / len(sized):5.0f}%"
-        print(f"{family:16s} {len(members):4d} {len(done):4d} {statistics.median(apes):6.1f}% {p90:5.1f}% "
-              f"{100 * signed:+6.1f}% {band}")  # fmt: skip
+        if s["median_ci_width"] is not None:
+            band = f"{s['median_ci_width']:6.2f} {100 * s['ci_coverage']:5.0f}%"
+        print(f"{family:16s} {len(members):4d} {s['n_predicted']:4d} {100 * s['median_ape']:6.1f}% "
+              f"{100 * s['p90_ape']:5.1f}% {100 * s['signed_median_error']:+6.1f}% {band}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +45,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from ddlsim.simulator.calibration import llm_validation
-    from ddlsim.simulator.calibration.crossval import optimism
 
     runs = llm_validation.load_llm_runs()
     family = {run.id: run.source_family for run in runs}
@@ -59,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     for rows in (datasheets, loso):
         for row in rows:
             row["family"] = family[row["id"]]
-            row["optimism"] = optimism(row) if row["status"] == "predicted" else 0.0
     print(f"# {len(runs)} rows of llm_dev.csv; signed: + = model faster than published; width: high/low of the "
           f"{100 * args.ci:.0f} % interval")  # fmt: skip
-    table(datasheets, "datasheets alone (nothing fitted)")
-    table(loso, "leave one source family out (transformer_slowdown fitted on the others)")
+    table(datasheets, "datasheets alone (nothing fitted)", args.ci)
+    table(loso, "leave one source family out (transformer_slowdown fitted on the others)", args.ci)
     print("\nfitted transformer_slowdown without each family: "
           + ", ".join(f"{name} {fit.slowdown:.3f} ({fit.rows} rows)" for name, fit in fits.items()))
     if args.rows:

@@ -19,22 +19,13 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ddlsim.simulator.calibration.crossval import (
-    VALIDATION_COLUMNS,
-    group_key,
-    has_interval,
-    leave_one_source_out,
-    optimism,
-)
+from ddlsim.simulator.calibration.crossval import VALIDATION_COLUMNS, group_key, leave_one_source_out, summarise
 from ddlsim.simulator.calibration.measurements import Measurement, packaged_published_dev, read_measurements
 from ddlsim.simulator.records import write_csv
 
@@ -71,24 +62,22 @@ def leave_one_out(
     return table
 
 
-def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    predicted = [row for row in rows if row["status"] != "cannot_model"]
-    errors = [(row["predicted"] - row["measured"]) / row["measured"] for row in predicted]
-    sized = [row for row in predicted if has_interval(row)]
-    widths = [row["ci_high"] / row["ci_low"] for row in sized]
-    nan = math.nan
-    return {
-        "rows": len(rows),
-        "predicted": len(predicted) / len(rows) if rows else nan,
-        "median_ape": statistics.median(abs(e) for e in errors) if errors else nan,
-        "p90_ape": float(np.percentile(np.abs(errors), 90)) if errors else nan,
-        "signed_median": statistics.median(optimism(row) for row in predicted) if predicted else nan,
-        "width": statistics.median(widths) if widths else nan,
-        "coverage": sum(bool(row["in_ci"]) for row in sized) / len(sized) if sized else nan,
-    }
+def breakdown_cells(rows: Sequence[dict[str, Any]], ci: float) -> str:
+    """rows, share predicted, median, p90, signed median, width, coverage: ``crossval.summarise``'s
+    figures (the ones ``ddlsim validate`` prints) as a table's cells, "-" where there are none."""
+    s = summarise(rows, ci, math.inf, "")
+
+    def pct(key: str) -> str:
+        return "-" if s[key] is None else f"{100 * s[key]:.1f}%"
+
+    width = "-" if s["median_ci_width"] is None else f"{s['median_ci_width']:.2f}"
+    return (
+        f"{s['n_rows']:>5} {pct('predicted_fraction'):>6} {pct('median_ape'):>7} {pct('p90_ape'):>7} "
+        f"{pct('signed_median_error'):>7} {width:>6} {pct('ci_coverage'):>6}"
+    )
 
 
-def print_breakdown(title: str, table: list[dict[str, Any]], key: Callable[[dict[str, Any]], str]) -> None:
+def print_breakdown(title: str, table: list[dict[str, Any]], key: Callable[[dict[str, Any]], str], ci: float) -> None:
     print(f"\n## {title}")
     header = f"{'':22} {'rows':>5} {'pred':>6} {'median':>7} {'p90':>7} {'signed':>7} {'width':>6} {'cover':>6}"
     print(header)
@@ -96,16 +85,7 @@ def print_breakdown(title: str, table: list[dict[str, Any]], key: Callable[[dict
     keys = sorted({key(row) for row in table}, key=lambda k: (order.get(k, -1), k))
     for value in [*keys, "all"]:
         members = table if value == "all" else [row for row in table if key(row) == value]
-        s = summarise(members)
-
-        def pct(x: float) -> str:
-            return "-" if math.isnan(x) else f"{100 * x:.1f}%"
-
-        width = "-" if math.isnan(s["width"]) else f"{s['width']:.2f}"
-        print(
-            f"{value[:22]:22} {s['rows']:>5} {pct(s['predicted']):>6} {pct(s['median_ape']):>7} "
-            f"{pct(s['p90_ape']):>7} {pct(s['signed_median']):>7} {width:>6} {pct(s['coverage']):>6}"
-        )
+        print(f"{value[:22]:22} {breakdown_cells(members, ci)}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -125,9 +105,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         write_csv(args.out, table, (*VALIDATION_COLUMNS, "group", "scale"))
     print(f"# leave-one-{args.by}-out on {len(rows)} rows of published_dev.csv, {100 * args.ci:.0f} % intervals")
-    print_breakdown(f"by {args.by}", table, lambda row: row["group"])
-    print_breakdown("by scale (devices)", table, lambda row: row["scale"])
-    print_breakdown("by kind (training runs, collective benchmarks)", table, lambda row: row["kind"])
+    print_breakdown(f"by {args.by}", table, lambda row: row["group"], args.ci)
+    print_breakdown("by scale (devices)", table, lambda row: row["scale"], args.ci)
+    print_breakdown("by kind (training runs, collective benchmarks)", table, lambda row: row["kind"], args.ci)
     if args.by == "source":
         print("\n## sources")
         labels = group_labels(rows, args.by)

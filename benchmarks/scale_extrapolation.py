@@ -70,9 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"# {len(targets)} rows at their source's largest device count, "
         f"predicted from a fit to the other {len(rows) - len(targets)}"
     )
-    print_breakdown("by source", table, lambda row: row["group"])
-    print_breakdown("by kind", table, lambda row: row["kind"])
-    print_breakdown("datasheets alone, by kind", list(datasheets.values()), lambda row: row["kind"])
+    print_breakdown("by source", table, lambda row: row["group"], args.ci)
+    print_breakdown("by kind", table, lambda row: row["kind"], args.ci)
+    print_breakdown("datasheets alone, by kind", list(datasheets.values()), lambda row: row["kind"], args.ci)
     print("\n## rows: fitted profile and datasheets alone, error % (+ = predicted value higher)")
     for result in sorted(table, key=lambda r: r["id"]):
         if result["status"] == "cannot_model":
