@@ -60,7 +60,7 @@ def reduce_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
     in round 2 but was ready at time 0). Two-level fabrics: each edge at its own hop
     (``crossings.binomial_reduce_paths``).
     """
-    return heaviest_path_s(binomial_reduce_paths(ranks, costs.devices_per_node), costs, nbytes)
+    return heaviest_path_s(binomial_reduce_paths(ranks, costs.devices_per_node, costs.ranks_per_leaf), costs, nbytes)
 
 
 def broadcast_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
@@ -69,7 +69,7 @@ def broadcast_time_s(ranks: int, nbytes: float, costs: FabricCosts) -> float:
     Uniform fabric: ceil(log2 P) (alpha + S/beta), the root sending in every round. E.g. P=5:
     3 * 1.001e-3 = 3.003e-3 s for S=1 MB, alpha=1 us, beta=1 GB/s.
     """
-    return heaviest_path_s(binomial_broadcast_paths(ranks, costs.devices_per_node), costs, nbytes)
+    return heaviest_path_s(binomial_broadcast_paths(ranks, costs.devices_per_node, costs.ranks_per_leaf), costs, nbytes)
 
 
 class BinomialTreeCollective:

@@ -59,7 +59,8 @@ class ChainCollective:
         """A pipeline: every link once, plus C-1 more pieces through the slowest link.
 
         With N = ceil(P / devices_per_node) nodes, the chain crosses N-1 node boundaries:
-        (P - N) t_intra + (N - 1) t_inter + (C - 1) t_slowest, t = alpha + S/(C beta).
+        (P - N) t_intra + (N - 1) t_inter + (C - 1) t_slowest, t = alpha + S/(C beta); under a fat
+        tree's L leaves, N - L of the node boundaries are inside a leaf (t_leaf) and L - 1 between them.
         Uniform fabric: (P - 1 + C - 1) (alpha + S/(C beta)). E.g. P=4, C=2, S=2 MB, alpha=1 us,
         beta=1 GB/s: 4 * (1e-6 + 1e-3) = 4.004e-3 s.
         """
@@ -71,7 +72,9 @@ class ChainCollective:
             return 0.0
         piece = message_bytes / chunks
         nodes = -(-ranks // costs.devices_per_node)
-        links = (ranks - nodes) * costs.intra.time(piece) + (nodes - 1) * costs.inter.time(piece)
+        leaves = -(-nodes // costs.nodes_per_leaf) if costs.nodes_per_leaf else nodes
+        links = (ranks - nodes) * costs.intra.time(piece) + (nodes - leaves) * costs.near.time(piece)
+        links += (leaves - 1) * costs.inter.time(piece)
         return links + (chunks - 1) * costs.worst(ranks).time(piece)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.crossings import exchange_hop, fold_crosses, hop
+from ddlsim.algorithms.crossings import exchange_hop, fold_hop
 from ddlsim.algorithms.recursive_doubling_collective import (
     allgather_rounds,
     allgather_time_s,
@@ -143,16 +143,16 @@ class HalvingDoublingCollective:
         reject_options(self.name, options)
         check_ranks(self.name, ranks)
         pof2, rem = fold(ranks)
-        fold_hop = hop(costs, fold_crosses(rem, costs.devices_per_node))
+        pair_hop = fold_hop(costs, rem)
         if collective == "allgather":
             return allgather_time_s(ranks, message_bytes, costs)
         if collective == "allreduce":
             core = _halving_time_s(pof2, rem, costs, lambda step: message_bytes / (2 * step))
-            return 2 * core + (2 * fold_hop.time(message_bytes) if rem else 0.0)
+            return 2 * core + (2 * pair_hop.time(message_bytes) if rem else 0.0)
         chunk = message_bytes / ranks
         if not rem:
             return _halving_time_s(pof2, rem, costs, lambda step: step * chunk)
-        return reduce_scatter_core_s(pof2, rem, chunk, costs) + fold_hop.time(chunk)
+        return reduce_scatter_core_s(pof2, rem, chunk, costs) + pair_hop.time(chunk)
 
 
 def reduce_scatter_core_s(pof2: int, rem: int, chunk_bytes: float, costs: FabricCosts) -> float:
@@ -179,8 +179,8 @@ def reduce_scatter_core_s(pof2: int, rem: int, chunk_bytes: float, costs: Fabric
     def path(x: int) -> float:
         return sum(upper if x & step else lower for step, upper, lower in costs_of_round)
 
-    fold_hop = hop(costs, fold_crosses(rem, costs.devices_per_node))
-    pre = fold_hop.time(chunk_bytes * (pof2 + rem))
+    pair_hop = fold_hop(costs, rem)
+    pre = pair_hop.time(chunk_bytes * (pof2 + rem))
     top = rem - 1
     starts = [top] + [(top & ~bit) | (bit - 1) for bit in (1 << k for k in range(top.bit_length())) if top & bit]
     return max(path(pof2 - 1), pre + max(path(x) for x in starts))

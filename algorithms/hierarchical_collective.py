@@ -34,7 +34,7 @@ from ddlsim.algorithms.collective import (
     options_key,
     reject_options,
 )
-from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, HopCost, Round, Schedule, ScheduleError, check_ranks
 from ddlsim.registry import UnknownNameError
 
 INTRA = ("reduce", "reduce_scatter")
@@ -196,8 +196,10 @@ class HierarchicalCollective:
         """Intra phases on the intra-node hop plus the inner allreduce's closed form on the inter hop.
 
         intra="reduce": (floor(log2 D) + ceil(log2 D)) (alpha_intra + S/beta_intra) + T_inner(N, S).
-        intra="reduce_scatter": 2 (D-1) (alpha_intra + S/(D beta_intra)) + T_inner(N, S/D).
-        N = P/D nodes; T_inner is the inner algorithm's closed form on a uniform inter-node fabric.
+        intra="reduce_scatter": 2 (D-1) (alpha_intra + S/(D beta_intra)) + T_inner(N, S/D), the D
+        inner all-reduces of a node at once, ceil(D / nics) of them through each NIC.
+        N = P/D nodes; T_inner is the inner algorithm's closed form on the fabric between nodes (a fat
+        tree's leaves included).
         E.g. P=8, D=4, S=4 MB, ring inner, intra 1 us / 100 GB/s, inter 2 us / 10 GB/s: reduce
         variant (2 + 2) * (1e-6 + 40e-6) + 2 * (2e-6 + 200e-6) = 0.568e-3 s.
         Exact: every node runs the same intra phases in lock step, so all leaders start the inner
@@ -208,7 +210,14 @@ class HierarchicalCollective:
         check_ranks(self.name, ranks)
         inner_name, inner, inner_options, intra, local, nodes = _settings(ranks, costs.devices_per_node, options)
         _check_inner(inner_name, inner, nodes, inner_options)
-        between_nodes = FabricCosts(costs.inter, costs.inter, 1)
+        # the leaders, one a node; with reduce_scatter all D ranks of a node lead, each running its
+        # own inner all-reduce at once: a NIC carries ceil(D / nics) of their transfers and a leaf's
+        # uplink D times as many as one inner all-reduce sends through it
+        sharing = local if intra == "reduce_scatter" else 1
+        per_nic = -(-sharing // max(costs.nics_per_node, 1))
+        near, far = (HopCost(hop.alpha_s, hop.beta_Bps / per_nic) for hop in (costs.near, costs.inter))
+        leaf = near if costs.leaf is not None else None
+        between_nodes = FabricCosts(near, far, 1, 1, leaf, costs.nodes_per_leaf, costs.uplink_Bps / sharing)
         if intra == "reduce":
             hops = (local.bit_length() - 1) + (local - 1).bit_length()  # floor + ceil of log2(D)
             inner_s = inner.closed_form_s("allreduce", nodes, message_bytes, between_nodes, **inner_options)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, positive_int_option, reject_options
-from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, ScheduleError, check_ranks
+from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, HopCost, Round, Schedule, ScheduleError, check_ranks
 
 PLACEMENTS = ("dedicated", "colocated", "per_node")
 
@@ -154,7 +154,21 @@ def _round_s(workers: int, server: np.ndarray, nbytes: float, costs: FabricCosts
     out = int(np.where(workers_on > 0, servers_on - (serving >= workers_on), 0).max())
     into = int((workers_on[node_of_server] - (server < workers)).max())
     inside = max(out, into)
-    seconds = float(costs.inter.alpha_s + between * nbytes / costs.inter.beta_Bps) if between > 0 else 0.0
+    network = costs.inter
+    seconds = 0.0
+    if costs.nodes_per_leaf:  # a fat tree's leaves: NICs at the port's rate, the uplinks apart
+        leaf = np.arange(nodes, dtype=np.int64) // costs.nodes_per_leaf
+        workers_in = np.bincount(leaf, weights=workers_on)
+        servers_in = np.bincount(leaf[node_of_server], minlength=len(workers_in))
+        # each worker's shards to the servers off its leaf, each server's from the workers off it
+        leaving = float(np.maximum(workers_in * (len(server) - servers_in), servers_in * (workers - workers_in)).max())
+        if leaving > 0:
+            seconds = float(costs.inter.alpha_s + leaving * nbytes / costs.uplink_Bps)
+        else:
+            network = costs.near  # every shard stays in its leaf
+        network = HopCost(network.alpha_s, costs.near.beta_Bps)
+    if between > 0:
+        seconds = max(seconds, float(network.alpha_s + between * nbytes / network.beta_Bps))
     if inside > 0:
         seconds = max(seconds, float(costs.intra.alpha_s + inside * nbytes / costs.intra.beta_Bps))
     return seconds

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS, check_collective, reject_options
-from ddlsim.algorithms.crossings import exchange_hop, fold_crosses, hop
+from ddlsim.algorithms.crossings import exchange_hop, fold_hop
 from ddlsim.algorithms.schedule import COPY, REDUCE, FabricCosts, Round, Schedule, check_ranks
 
 
@@ -96,10 +96,9 @@ def allgather_time_s(ranks: int, message_bytes: float, costs: FabricCosts) -> fl
     pof2, rem = fold(ranks)
     chunk = message_bytes / ranks
     total = 0.0
-    d = costs.devices_per_node
     if rem:
-        fold_hop = hop(costs, fold_crosses(rem, d))
-        total += fold_hop.time(chunk) + fold_hop.time(message_bytes)
+        pair_hop = fold_hop(costs, rem)
+        total += pair_hop.time(chunk) + pair_hop.time(message_bytes)
     step = 1
     while step < pof2:
         total += exchange_hop(costs, pof2, rem, step).time((step + min(rem, step)) * chunk)
@@ -152,9 +151,8 @@ class RecursiveDoublingCollective:
             return allgather_time_s(ranks, message_bytes, costs)
         pof2, rem = fold(ranks)
         total = 0.0
-        d = costs.devices_per_node
         if rem:
-            total += 2 * hop(costs, fold_crosses(rem, d)).time(message_bytes)
+            total += 2 * fold_hop(costs, rem).time(message_bytes)
         step = 1
         while step < pof2:
             total += exchange_hop(costs, pof2, rem, step).time(message_bytes)

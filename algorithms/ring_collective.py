@@ -156,7 +156,8 @@ class RingCollective:
 
         allreduce: 2(P-1) * (alpha + S/(P beta)); reduce_scatter and allgather: (P-1) * (...).
         E.g. P=4, S=4 MB, alpha=1 us, beta=1 GB/s: 6 * (1e-6 + 1e6/1e9) = 6.006e-3 s.
-        With C channels a step is ``channel_step_s``.
+        A step is ``channel_step_s`` (one channel: the slowest hop present, ``FabricCosts.worst``, and
+        a fat tree's uplink where the ring leaves a leaf).
         """
         check_collective(self, collective)
         reject_options(self.name, options, self.options)
@@ -165,8 +166,6 @@ class RingCollective:
         if ranks == 1:
             return 0.0
         steps = (ranks - 1) * (2 if collective == "allreduce" else 1)
-        if channels == 1:
-            return steps * costs.worst(ranks).time(message_bytes / ranks)
         return steps * channel_step_s(ranks, message_bytes, costs, channels)
 
 
@@ -189,14 +188,18 @@ def channel_step_s(ranks: int, message_bytes: float, costs: FabricCosts, channel
     piece = message_bytes / (channels * ranks)
     if ranks <= per_node:  # one node: every piece stays in it
         return costs.intra.time(channels * piece)
+    network = costs.inter if costs.spans_leaves(ranks) else costs.near
+    # under a fat tree's leaves, each ring crosses each leaf boundary once a direction: C pieces share
+    # the leaf's uplink (it paces the step where the uplink is narrower than C NIC ports' worth)
+    uplink = costs.inter.alpha_s + channels * piece / costs.uplink_Bps if costs.spans_leaves(ranks) else 0.0
     if per_node == 1:  # one device a node: every ring leaves through it
-        return costs.inter.time(channels * piece)
+        return max(network.time(channels * piece), uplink)
     exits = [(channel_shift(c, channels, per_node) - 1) % per_node for c in range(channels)]
     by_device = Counter(exits)
     by_nic = Counter(costs.nic(device) for device in exits)
     k_inter = max(max(by_device.values()), max(by_nic.values()))
     k_intra = channels - (min(by_device.values()) if len(by_device) == per_node else 0)
-    inter = costs.inter.time(k_inter * piece)
+    inter = max(network.time(k_inter * piece), uplink)
     return max(inter, costs.intra.time(k_intra * piece)) if k_intra else inter
 
 

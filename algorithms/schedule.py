@@ -21,6 +21,7 @@ this module: the closed forms (the hop costs below) start without it.
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -119,20 +120,21 @@ class Hop(Protocol):
 
 @dataclass(frozen=True)
 class SlowerHop:
-    """A round with transfers inside nodes and between them: it ends with its slowest transfer, the
-    slower of the two hops at that size (not always the inter-node one: NVLink's per-message cost
-    can exceed a NIC path's, so small transfers inside a node may pace the round)."""
+    """A round with transfers on two hops (inside nodes and between them, or inside a leaf and
+    between leaves): it ends with its slowest transfer, the slower of the two at that size (not
+    always the farther one: NVLink's per-message cost can exceed a NIC path's, so small transfers
+    inside a node may pace the round)."""
 
-    intra: HopCost
-    inter: HopCost
+    near: HopCost
+    far: HopCost
 
     def time(self, nbytes: float) -> float:
-        return max(self.intra.time(nbytes), self.inter.time(nbytes))
+        return max(self.near.time(nbytes), self.far.time(nbytes))
 
 
 @dataclass(frozen=True)
 class FabricCosts:
-    """Uncontended hop costs of a two-level machine, for closed forms.
+    """Uncontended hop costs of a two-level machine (three with a fat tree's leaves), for closed forms.
 
     Ranks are placed in blocks: rank r lives on node r // devices_per_node. ``intra`` is the cost
     between two devices of one node, ``inter`` between devices of different nodes, through one NIC.
@@ -140,27 +142,59 @@ class FabricCosts:
     d * nics_per_node // devices_per_node, ``nic``); the closed forms of rounds that cross through a
     node's NICs at once read it (the ring's channels, the doubling and torus rounds that send every
     device of a node across, the parameter server).
+
+    A fat tree puts ``nodes_per_leaf`` nodes under each leaf switch (node n under leaf
+    n // nodes_per_leaf; 0: no leaf level, every pair of nodes costs ``inter``). Then ``inter`` is
+    the cost between leaves (through the leaves' uplinks), ``leaf`` the cost between two nodes of one
+    leaf (their NICs and the leaf switch only), and ``uplink_Bps`` a leaf's uplink rate each way,
+    shared by every transfer that leaves or enters the leaf at once (the oversubscribed tree's
+    bottleneck: nodes_per_leaf x NICs x port rate / oversubscription).
     """
 
     intra: HopCost
     inter: HopCost
     devices_per_node: int = 1
     nics_per_node: int = 1
+    leaf: HopCost | None = None
+    nodes_per_leaf: int = 0
+    uplink_Bps: float = math.inf
 
     @staticmethod
     def uniform(alpha_s: float, beta_Bps: float) -> FabricCosts:
         hop = HopCost(alpha_s, beta_Bps)
         return FabricCosts(hop, hop, 1)
 
+    @property
+    def near(self) -> HopCost:
+        """The hop between two nodes under one leaf (``inter`` without a leaf level)."""
+        return self.leaf or self.inter
+
+    @property
+    def ranks_per_leaf(self) -> int:
+        """Ranks under one leaf switch (0: no leaf level)."""
+        return self.nodes_per_leaf * self.devices_per_node
+
+    def spans_leaves(self, ranks: int) -> bool:
+        """Whether ``ranks`` ranks in blocks reach beyond one leaf (any of them, without a leaf level,
+        as soon as they reach beyond one node)."""
+        return ranks > (self.ranks_per_leaf or self.devices_per_node)
+
     def between(self, a: int, b: int) -> HopCost:
-        same = a // self.devices_per_node == b // self.devices_per_node
-        return self.intra if same else self.inter
+        d = self.devices_per_node
+        if a // d == b // d:
+            return self.intra
+        per_leaf = self.ranks_per_leaf
+        return self.near if per_leaf and a // per_leaf == b // per_leaf else self.inter
 
     def nic(self, rank: Any) -> Any:
         """The NIC (numbered node by node) rank ``rank`` crosses the network through: its node's NIC
         (d * nics) // devices_per_node for its device d. Works on integers and integer arrays."""
         nics = max(self.nics_per_node, 1)
         return rank // self.devices_per_node * nics + rank % self.devices_per_node * nics // self.devices_per_node
+
+    def leaf_of(self, rank: Any) -> Any:
+        """The leaf switch rank ``rank``'s node hangs from (its node without a leaf level)."""
+        return rank // (self.ranks_per_leaf or self.devices_per_node)
 
     @property
     def mixed(self) -> Hop:
@@ -171,9 +205,34 @@ class FabricCosts:
         return SlowerHop(self.intra, self.inter)
 
     def worst(self, ranks: int) -> Hop:
-        """The slowest hop present among ``ranks`` ranks placed in blocks: the intra hop inside one
-        node; as soon as two nodes take part, both hops are present (``mixed``)."""
-        return self.mixed if ranks > self.devices_per_node else self.intra
+        """The slowest hop present among ``ranks`` ranks placed in blocks, one transfer on each: the
+        intra hop inside one node; as soon as two nodes take part, the slower of it and the hop
+        between them (between leaves once they span leaves, ``mixed``; else between nodes of a leaf)."""
+        if ranks <= self.devices_per_node:
+            return self.intra
+        if self.spans_leaves(ranks):
+            return self.mixed
+        near = self.near
+        return near if self.devices_per_node <= 1 or self.intra == near else SlowerHop(self.intra, near)
+
+    def crossing(self, shared: int, leaving: int) -> Hop:
+        """A round in which every device of a node sends across the network at once (and receives as
+        much): the node's NICs carry ``shared`` transfers each way (ceil(d / nics) when all of them
+        send), and ``leaving`` of the transfers from (and into) each leaf go through its uplink.
+
+        Inside a leaf a transfer gets its NIC's share, leaf.beta / shared; one that leaves its leaf
+        also its share of the uplink, uplink / leaving. The round ends with the slower kind. Without
+        a leaf level every transfer costs inter with its NIC's share."""
+        shared = max(shared, 1)
+        if not self.ranks_per_leaf:
+            return self.inter if shared == 1 else HopCost(self.inter.alpha_s, self.inter.beta_Bps / shared)
+        near = self.near
+        within = HopCost(near.alpha_s, near.beta_Bps / shared)
+        if leaving <= 0:
+            return within
+        beta = min(self.inter.beta_Bps / shared, self.uplink_Bps / leaving)
+        between = HopCost(self.inter.alpha_s, beta)
+        return between if leaving >= self.ranks_per_leaf else SlowerHop(within, between)
 
 
 @dataclass

@@ -99,14 +99,21 @@ class Torus2dCollective:
         reject_options(self.name, options, self.options)
         check_ranks(self.name, ranks)
         rows, cols = grid(ranks, costs.devices_per_node, options)
-        d = costs.devices_per_node
+        d, per_leaf = costs.devices_per_node, costs.ranks_per_leaf
         total = 0.0
         if cols > 1:
-            total += 2 * (cols - 1) * hop(costs, row_ring_crosses(rows, cols, d)).time(message_bytes / cols)
+            leaves = row_ring_crosses(rows, cols, per_leaf) if per_leaf else None
+            row = hop(costs, row_ring_crosses(rows, cols, d), leaves)
+            total += 2 * (cols - 1) * row.time(message_bytes / cols)
         if rows > 1:
-            # a column ring with rows at least a node long sends every device of a node across at once
+            # a column ring with rows at least a node long sends every device of a node across at once,
+            # and the last min(cols, ranks of a leaf) ranks of each leaf out of it
             crosses = column_ring_crosses(rows, cols, d)
-            column = whole_node_crossing(costs) if crosses and cols >= d else hop(costs, crosses)
+            leaves = column_ring_crosses(rows, cols, per_leaf) if per_leaf else None
+            if crosses and cols >= d:
+                column = whole_node_crossing(costs, min(cols, per_leaf) if leaves else 0)
+            else:
+                column = hop(costs, crosses, leaves)
             total += 2 * (rows - 1) * column.time(message_bytes / ranks)
         return total
 

@@ -48,45 +48,59 @@ def test_exchange_rounds_match_their_transfers_past_the_period():
             step <<= 1
 
 
-def _paths_by_listing(ranks: int, d: int, broadcast: bool) -> set[tuple[int, int]]:
-    """(intra, inter) edge counts of every rank's path, walked edge by edge in pure Python."""
+def _paths_by_listing(ranks: int, d: int, broadcast: bool, per_leaf: int = 0) -> set[tuple[int, int, int]]:
+    """(intra-node, inside-a-leaf, between-leaves) edge counts of every rank's path, walked edge by
+    edge in pure Python (``per_leaf`` ranks under a leaf; 0: no leaf level, every crossing between)."""
     paths = set()
     masks = []
     mask = 1 << (max(ranks - 1, 0).bit_length()) >> 1
     while mask:
         masks.append(mask)
         mask >>= 1
+
+    def level(a: int, b: int) -> int:
+        if a // d == b // d:
+            return 0
+        return 1 if per_leaf and a // per_leaf == b // per_leaf else 2
+
     for r in range(ranks):
-        intra = inter = 0
+        counts = [0, 0, 0]
         if broadcast:
             for m in masks:
                 holder = r & ~(2 * m - 1)
                 if holder + m < ranks:
-                    crosses = holder // d != (holder + m) // d
-                    inter, intra = inter + crosses, intra + (not crosses)
+                    counts[level(holder, holder + m)] += 1
         else:
             step = 1
             while step < ranks:
                 if r & step:
                     at = r & ~(step - 1)
-                    crosses = at // d != (at - step) // d
-                    inter, intra = inter + crosses, intra + (not crosses)
+                    counts[level(at, at - step)] += 1
                 step <<= 1
-        paths.add((intra, inter))
+        paths.add((counts[0], counts[1], counts[2]))
     return paths
 
 
 @pytest.mark.parametrize("broadcast", [False, True])
 @pytest.mark.parametrize("ranks", [1, 2, 3, 5, 8, 13, 16, 31, 33, 64, 70, 100])
-def test_binomial_paths_give_the_heaviest_path_for_any_hop_costs(ranks, broadcast):
+@pytest.mark.parametrize("nodes_per_leaf", [0, 2, 3])
+def test_binomial_paths_give_the_heaviest_path_for_any_hop_costs(ranks, broadcast, nodes_per_leaf):
+    """With and without a fat tree's leaves (two or three nodes under each), powers of two or not."""
     for d in NODE_SIZES:
-        listed = _paths_by_listing(ranks, d, broadcast)
-        found = (crossings.binomial_broadcast_paths if broadcast else crossings.binomial_reduce_paths)(ranks, d)
+        per_leaf = nodes_per_leaf * d
+        listed = _paths_by_listing(ranks, d, broadcast, per_leaf)
+        paths = crossings.binomial_broadcast_paths if broadcast else crossings.binomial_reduce_paths
+        found = paths(ranks, d, per_leaf)
         assert set(found) <= listed  # only real paths
-        for intra_s, inter_s in ((1.0, 1.0), (1.0, 7.0), (7.0, 1.0), (0.0, 1.0), (1.0, 0.0)):
-            costs = FabricCosts(HopCost(intra_s, float("inf")), HopCost(inter_s, float("inf")), d)
-            heaviest = max(a * intra_s + b * inter_s for a, b in listed)
-            assert crossings.heaviest_path_s(found, costs, 0.0) == heaviest, (ranks, d, intra_s, inter_s)
+        for seconds in ((1.0, 1.0, 1.0), (1.0, 3.0, 7.0), (7.0, 3.0, 1.0), (0.0, 0.0, 1.0), (1.0, 0.0, 0.0),
+                        (0.0, 1.0, 0.0), (2.0, 5.0, 3.0)):  # fmt: skip
+            intra_s, near_s, far_s = seconds
+            leaf = HopCost(near_s, float("inf")) if nodes_per_leaf else None
+            costs = FabricCosts(HopCost(intra_s, float("inf")), HopCost(far_s, float("inf")), d, 1, leaf,
+                                nodes_per_leaf)  # fmt: skip
+            weights = (intra_s, near_s, far_s)
+            heaviest = max(sum(n * w for n, w in zip(path, weights, strict=True)) for path in listed)
+            assert crossings.heaviest_path_s(found, costs, 0.0) == heaviest, (ranks, d, seconds)
 
 
 @pytest.mark.parametrize("ranks", [2, 4, 6, 12, 16, 24, 30, 36, 48, 60])

@@ -9,6 +9,7 @@ from ddlsim.hardware_models.catalog import load_link
 from ddlsim.simulator.engine.collective_engine import MessageExecutor, run_collective
 from ddlsim.simulator.engine.fabric import Fabric, FabricSpec
 from ddlsim.simulator.executor.role_executor import RoleExecutor
+from ddlsim.simulator.training.costs import fabric_costs as training_fabric_costs
 
 CASES = [
     (name, collective)
@@ -216,3 +217,55 @@ def test_nccl_opens_a_channel_per_nic_the_group_reaches(group, channels):
     assert des == pytest.approx(closed, rel=1e-9)
     options = {"channels": channels} if channels > 1 else {}
     assert closed == pytest.approx(costs.collective_s("allreduce", "ring", ranks, 64e6, options, group) + 8.4e-6)
+
+
+# (ranks, devices a node, nodes a leaf, oversubscription, NICs a node): powers of two throughout
+FAT_TREES = [(16, 1, 4, 4, 1), (64, 1, 4, 2, 1), (32, 4, 2, 4, 1), (64, 4, 4, 4, 4), (32, 2, 2, 2, 2),
+             (64, 8, 2, 4, 1), (64, 8, 4, 1.5, 8), (32, 1, 1, 2, 1)]  # fmt: skip
+FAT_TREE_VARIANTS = {
+    "ring": [{}, {"channels": 4}],
+    "parameter_server": [{}, {"servers": 3}, {"placement": "colocated", "servers": 4}, {"placement": "per_node"}],
+    "hierarchical": [{}, {"intra": "reduce_scatter"}, {"inner": "halving_doubling"}],
+    "chain": [{}, {"chunks": 3}],
+}
+FAT_TREE_CASES = [
+    (name, collective, options)
+    for name, collective in CASES
+    if name not in INHERENTLY_CONTENDED
+    for options in FAT_TREE_VARIANTS.get(name, [{}])
+]
+
+
+@pytest.mark.parametrize(("name", "collective", "options"), FAT_TREE_CASES)
+@pytest.mark.parametrize(("ranks", "devices_per_node", "nodes_per_leaf", "oversubscription", "nics"), FAT_TREES)
+def test_closed_forms_share_an_oversubscribed_fat_trees_uplinks_as_the_des_does(
+    name, collective, options, ranks, devices_per_node, nodes_per_leaf, oversubscription, nics
+):
+    """A fat tree's leaf switch joins its nodes at their NICs' rate and the other leaves through an
+    uplink of nodes_per_leaf x NICs x port / oversubscription, shared by every transfer that leaves
+    the leaf at once. The closed forms charged every transfer between nodes at the uplink-limited
+    hop and shared nothing: recursive doubling 1.5-2.5x fast, halving-doubling 1.1-3.4x, the 2D
+    torus 1.1-1.6x, a chain or a binomial tree 1.2-1.3x slow (inside a leaf they do not cross an
+    uplink). The 2D torus's closed form is an upper bound within 1 % on one of these shapes."""
+    impl = COLLECTIVE_ALGORITHMS.get(name)
+    schedule = impl.schedule(collective, ranks, devices_per_node=devices_per_node, **options)
+    spec = FabricSpec(
+        nodes=-(-schedule.ranks // devices_per_node),
+        devices_per_node=devices_per_node,
+        peer_link=load_link("nvlink2") if devices_per_node > 1 else None,
+        host_link=load_link("pcie3_x16") if devices_per_node > 1 else None,
+        network=load_link("ib_edr"),
+        nics_per_node=nics,
+        topology="fat_tree",
+        oversubscription=oversubscription,
+        nodes_per_leaf=nodes_per_leaf,
+    )
+    fabric = Fabric(spec)
+    assert training_fabric_costs(spec) == fabric.fabric_costs()  # the training path's costs, built directly
+    for size in (1e3, 8e6):
+        des = run_collective(schedule, fabric, size)[0][: schedule.workers].max()
+        closed = impl.closed_form_s(collective, ranks, size, fabric.fabric_costs(), **options)
+        if name == "torus_2d":
+            assert des * (1 - 1e-9) <= closed <= 1.01 * des
+        else:
+            assert closed == pytest.approx(des, rel=1e-6), size

@@ -592,4 +592,12 @@ class Fabric:
         inter = self.hop_cost(sender, receiver) if self.spec.nodes > 1 else None
         intra = self.hop_cost(first, last) if dpn > 1 else None
         intra = intra or inter or HopCost(0.0, math.inf)
-        return FabricCosts(intra, inter or intra, dpn, self.spec.nics_per_node)
+        spec = self.spec
+        if spec.topology != "fat_tree" or spec.nodes <= spec.nodes_per_leaf:
+            return FabricCosts(intra, inter or intra, dpn, spec.nics_per_node)
+        # leaves: the same sender to node 1's first device, under its leaf when leaves hold two nodes
+        near = self.hop_cost(sender, self._rank_of(dpn) if spec.sockets > 1 else dpn)
+        assert spec.network is not None and inter is not None
+        uplink = spec.nodes_per_leaf * spec.nics_per_node * spec.network.port_bandwidth_Bps / spec.oversubscription
+        leaf = near if spec.nodes_per_leaf > 1 else None
+        return FabricCosts(intra, inter, dpn, spec.nics_per_node, leaf, spec.nodes_per_leaf, uplink)

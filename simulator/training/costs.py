@@ -93,15 +93,19 @@ def fabric_costs(spec: FabricSpec) -> FabricCosts:
         # own socket; the receiver, device 0, shares socket 0 with NIC 0
         last = spec.devices_per_node - 1
         crosses = socket is not None and spec.nic_socket(spec.device_nic(last)) != spec.device_socket(last)
-        latency = net.latency_s + core_latency + (host.latency_s if host else 0.0)
+        latency = net.latency_s + (host.latency_s if host else 0.0)
         latency += socket_latency if crosses else 0.0
         bottleneck = min(
             net.port_bandwidth_Bps,
-            core_capacity,
             host.port_bandwidth_Bps if host else float("inf"),
             socket_Bps if crosses else float("inf"),
         )
-        inter = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
+        inter = _hop(net.per_message_overhead_s, latency + core_latency, min(bottleneck, core_capacity), spec.loggp)
+        if spec.topology == "fat_tree" and spec.nodes > spec.nodes_per_leaf:
+            # between two nodes of one leaf: the same path without the leaves' uplinks (fat_tree's core)
+            leaf = _hop(net.per_message_overhead_s, latency, bottleneck, spec.loggp)
+            return FabricCosts(intra or inter, inter, spec.devices_per_node, spec.nics_per_node,
+                               leaf if spec.nodes_per_leaf > 1 else None, spec.nodes_per_leaf, core_capacity)
     intra = intra or inter or HopCost(0.0, float("inf"))
     return FabricCosts(intra, inter or intra, spec.devices_per_node, spec.nics_per_node)
 
@@ -147,6 +151,26 @@ class GroupCosts:
             nics = self._nics[group] = len({spec.device_nic(rank % per) for rank in group if rank // per == node})
         return nics
 
+    def group_fabric(self, group: tuple[int, ...] | None, ranks: int, per_node: int, nics: int) -> FabricCosts:
+        """The hops a group's closed form reads: the run's, laid out as the group is (``per_node``
+        members a node, through ``nics`` NICs), with a fat tree's leaves where the group's nodes
+        fill them from a leaf's first node on. A group of fewer members a node than the node has
+        devices runs beside the node's other such groups (the data-parallel groups of a layout, one
+        a local device), all at once: they share the leaves' uplinks."""
+        fabric = self.fabric
+        leaf_nodes = fabric.nodes_per_leaf
+        if leaf_nodes and group is not None:
+            first = min(group) // self.devices_per_node
+            span = -(-ranks // per_node)
+            nodes = {rank // self.devices_per_node for rank in group}
+            if first % leaf_nodes or len(nodes) != span or max(nodes) - first != span - 1:
+                leaf_nodes = 0  # nodes not in leaf-aligned consecutive blocks: one level, as before
+        if not leaf_nodes:
+            return FabricCosts(fabric.intra, fabric.inter, per_node, nics)
+        beside = max(self.devices_per_node // per_node, 1) if group is not None else 1
+        return FabricCosts(fabric.intra, fabric.inter, per_node, nics, fabric.leaf, leaf_nodes,
+                           fabric.uplink_Bps / beside)  # fmt: skip
+
     def collective_s(
         self,
         collective: str,
@@ -162,7 +186,7 @@ class GroupCosts:
             per_node = self.group_layout(group, ranks)
             nics = self.group_nics(group, per_node)
             token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node, nics)
-            costs = FabricCosts(self.fabric.intra, self.fabric.inter, per_node, nics)
+            costs = self.group_fabric(group, ranks, per_node, nics)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
             # a library call's launch, and a calibrated fixed cost per call, before its first transfer
