@@ -154,10 +154,19 @@ class GroupCosts:
     def group_fabric(self, group: tuple[int, ...] | None, ranks: int, per_node: int, nics: int) -> FabricCosts:
         """The hops a group's closed form reads: the run's, laid out as the group is (``per_node``
         members a node, through ``nics`` NICs), with a fat tree's leaves where the group's nodes
-        fill them from a leaf's first node on. A group of fewer members a node than the node has
-        devices runs beside the node's other such groups (the data-parallel groups of a layout, one
-        a local device), all at once: they share the leaves' uplinks."""
+        fill them from a leaf's first node on.
+
+        A group of fewer members a node than the node has devices runs beside the node's other such
+        groups (the data-parallel groups of a layout, one a local device or tensor rank), all at
+        once: the groups' ``nics`` NICs each, spread over the node's, carry ceil(groups x nics /
+        node's NICs) of them (a NIC's rate divided among them), and the leaves' uplinks carry all."""
         fabric = self.fabric
+        beside = max(self.devices_per_node // per_node, 1) if group is not None else 1
+        per_nic = -(-beside * nics // max(self.spec.nics_per_node, 1))
+        intra, inter, leaf = fabric.intra, fabric.inter, fabric.leaf
+        if per_nic > 1:
+            inter = HopCost(inter.alpha_s, inter.beta_Bps / per_nic)
+            leaf = HopCost(leaf.alpha_s, leaf.beta_Bps / per_nic) if leaf is not None else None
         leaf_nodes = fabric.nodes_per_leaf
         if leaf_nodes and group is not None:
             first = min(group) // self.devices_per_node
@@ -166,10 +175,8 @@ class GroupCosts:
             if first % leaf_nodes or len(nodes) != span or max(nodes) - first != span - 1:
                 leaf_nodes = 0  # nodes not in leaf-aligned consecutive blocks: one level, as before
         if not leaf_nodes:
-            return FabricCosts(fabric.intra, fabric.inter, per_node, nics)
-        beside = max(self.devices_per_node // per_node, 1) if group is not None else 1
-        return FabricCosts(fabric.intra, fabric.inter, per_node, nics, fabric.leaf, leaf_nodes,
-                           fabric.uplink_Bps / beside)  # fmt: skip
+            return FabricCosts(intra, inter, per_node, nics)
+        return FabricCosts(intra, inter, per_node, nics, leaf, leaf_nodes, fabric.uplink_Bps / beside)
 
     def collective_s(
         self,
