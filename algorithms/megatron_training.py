@@ -405,7 +405,9 @@ def _pipeline_recurrence(
                     hop_key = (stage, target, nbytes)
                     hop = hops.get(hop_key)
                     if hop is None:
-                        hop = hops[hop_key] = costs.message_s(pipeline[stage], pipeline[target % stages], nbytes)
+                        # every (tp, cp, dp) rank of the stage sends its piece at once
+                        block = layout.tp * layout.cp * layout.dp
+                        hop = hops[hop_key] = costs.message_s(pipeline[stage], pipeline[target % stages], nbytes, block)
                     arrival[(task.phase, task.micro_batch, target)] = end + hop
                     sends_done[stage] = max(sends_done[stage], end + hop)
                 if not forward:

@@ -346,8 +346,9 @@ class TrainingCosts(Protocol):
         """Rank ``rank``'s trainer (``worker`` for algorithms whose workers are alike)."""
         ...
 
-    def message_s(self, src: int, dst: int, nbytes: float) -> float:
-        """Seconds of one uncontended message from rank ``src`` to rank ``dst``."""
+    def message_s(self, src: int, dst: int, nbytes: float, block: int = 1) -> float:
+        """Seconds of one message from rank ``src`` to rank ``dst``, one of ``block`` alike that
+        consecutive ranks send at once, each to its counterpart (sharing their nodes' NICs)."""
         ...
 
 

@@ -201,6 +201,18 @@ class GroupCosts:
             self._seconds[key] = seconds
         return seconds
 
-    def message_s(self, src: int, dst: int, nbytes: float) -> float:
-        same = src // self.devices_per_node == dst // self.devices_per_node
-        return (self.fabric.intra if same else self.fabric.inter).time(nbytes)
+    def message_s(self, src: int, dst: int, nbytes: float, block: int = 1) -> float:
+        """One message between two ranks, one of ``block`` alike that consecutive ranks send at once,
+        each to its counterpart (a pipeline stage's ranks to the next stage's). Between nodes the
+        block's ranks on a node share its NICs (ceil(min(block, d) / NICs) a NIC), and between a
+        fat tree's leaves the block's ranks under a leaf share its uplink."""
+        d, fabric = self.devices_per_node, self.fabric
+        if src // d == dst // d:
+            return fabric.intra.time(nbytes)
+        per_nic = -(-min(block, d) // max(self.spec.nics_per_node, 1))
+        per_leaf = fabric.ranks_per_leaf
+        hop = fabric.near if per_leaf and src // per_leaf == dst // per_leaf else fabric.inter
+        seconds = hop.alpha_s + per_nic * nbytes / hop.beta_Bps
+        if per_leaf and hop is fabric.inter:
+            seconds = max(seconds, fabric.inter.alpha_s + min(block, per_leaf) * nbytes / fabric.uplink_Bps)
+        return seconds
