@@ -288,7 +288,7 @@ class MegatronTraining(TrainingAlgorithm):
                 for chunk in chunks:
                     count = buckets[stage][chunk]
                     shard = trainers[stage].parameter_bucket(chunk, 0, count).nbytes
-                    seconds = _collective_s(costs, "allgather", shard, group, options)
+                    seconds = _collective_s(costs, "allgather", shard, group, options, layout)
                     gather_ready[(stage, chunk)] = [clock + seconds * (bucket + 1) for bucket in range(count)]
                     clock += seconds * count
                 stream_start[stage], spent_on[stage] = clock, clock
@@ -308,7 +308,8 @@ class MegatronTraining(TrainingAlgorithm):
                 for ready, gradients in pieces:
                     for payload, collective, kind in gradients:
                         group = data_parallel_group(rank, layout, kind)
-                        reductions.append((ready, _collective_s(costs, collective, payload.nbytes, group, options)))
+                        seconds = _collective_s(costs, collective, payload.nbytes, group, options, layout)
+                        reductions.append((ready, seconds))
             stream = stream_start[stage]
             for ready, seconds in sorted(reductions, key=lambda item: item[0]):
                 if seconds:
@@ -318,7 +319,8 @@ class MegatronTraining(TrainingAlgorithm):
             if gathered[stage] and not options.overlap_param_gather:
                 group = data_parallel_group(rank, layout)
                 for chunk in chunks:
-                    seconds = _collective_s(costs, "allgather", trainer.parameter_shard(chunk).nbytes, group, options)
+                    shard = trainer.parameter_shard(chunk).nbytes
+                    seconds = _collective_s(costs, "allgather", shard, group, options, layout)
                     clock += seconds
                     spent += seconds
             finish = max(finish, clock)
@@ -327,11 +329,13 @@ class MegatronTraining(TrainingAlgorithm):
 
 
 def _collective_s(costs: TrainingCosts, collective: str, nbytes: float, group: tuple[int, ...],
-                  options: AlgorithmOptions) -> float:  # fmt: skip
+                  options: AlgorithmOptions, layout: ParallelLayout) -> float:  # fmt: skip
+    """A data-parallel group's collective, which the stage's other tensor ranks run at the same time
+    over their own groups, on the same nodes."""
     if len(group) == 1 or nbytes <= 0:
         return 0.0
     return costs.collective_s(collective, options.collective, len(group), nbytes, options.collective_options,
-                              group=group)  # fmt: skip
+                              group=group, beside=layout.tp)  # fmt: skip
 
 
 def _reduce(comm: Any, options: AlgorithmOptions, gradients: list[tuple[Any, str, str]]):

@@ -337,9 +337,11 @@ class TrainingCosts(Protocol):
         nbytes: float,
         options: dict[str, Any],
         group: tuple[int, ...] | None = None,
+        beside: int = 1,
     ) -> float:
         """Seconds of one collective of ``nbytes`` over ``ranks`` worker ranks (the ranks of ``group``,
-        or the first ``ranks`` of the run), uncontended."""
+        or the first ``ranks`` of the run), uncontended but for ``beside`` alike groups on the same
+        nodes running it at the same time (they share the nodes' NICs)."""
         ...
 
     def trainer(self, rank: int) -> Any:

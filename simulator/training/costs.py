@@ -151,17 +151,19 @@ class GroupCosts:
             nics = self._nics[group] = len({spec.device_nic(rank % per) for rank in group if rank // per == node})
         return nics
 
-    def group_fabric(self, group: tuple[int, ...] | None, ranks: int, per_node: int, nics: int) -> FabricCosts:
+    def group_fabric(
+        self, group: tuple[int, ...] | None, ranks: int, per_node: int, nics: int, beside: int = 1
+    ) -> FabricCosts:
         """The hops a group's closed form reads: the run's, laid out as the group is (``per_node``
         members a node, through ``nics`` NICs), with a fat tree's leaves where the group's nodes
         fill them from a leaf's first node on.
 
-        A group of fewer members a node than the node has devices runs beside the node's other such
-        groups (the data-parallel groups of a layout, one a local device or tensor rank), all at
-        once: the groups' ``nics`` NICs each, spread over the node's, carry ceil(groups x nics /
+        ``beside``: alike groups on the same nodes that run the same collective at the same time (a
+        layout's data-parallel groups, one a tensor rank of a stage; at most as many as the node
+        holds): the groups' ``nics`` NICs each, spread over the node's, carry ceil(groups x nics /
         node's NICs) of them (a NIC's rate divided among them), and the leaves' uplinks carry all."""
         fabric = self.fabric
-        beside = max(self.devices_per_node // per_node, 1) if group is not None else 1
+        beside = max(min(beside, self.devices_per_node // max(per_node, 1)), 1)
         per_nic = -(-beside * nics // max(self.spec.nics_per_node, 1))
         intra, inter, leaf = fabric.intra, fabric.inter, fabric.leaf
         if per_nic > 1:
@@ -186,14 +188,17 @@ class GroupCosts:
         nbytes: float,
         options: dict[str, Any],
         group: tuple[int, ...] | None = None,
+        beside: int = 1,
     ) -> float:
-        key = (collective, algorithm, ranks, nbytes, group, options_key(options))
+        """Closed-form seconds of ``collective`` over ``group`` (the first ``ranks`` ranks without
+        one), with ``beside`` alike groups on its nodes at the same time (``group_fabric``)."""
+        key = (collective, algorithm, ranks, nbytes, group, options_key(options), beside)
         seconds = self._seconds.get(key)
         if seconds is None:
             per_node = self.group_layout(group, ranks)
             nics = self.group_nics(group, per_node)
             token, chosen = resolve(algorithm, collective, nbytes, ranks, per_node, nics)
-            costs = self.group_fabric(group, ranks, per_node, nics)
+            costs = self.group_fabric(group, ranks, per_node, nics, beside)
             impl = COLLECTIVE_ALGORITHMS.get(token)
             seconds = impl.closed_form_s(collective, ranks, nbytes, costs, **{**chosen, **options})
             # a library call's launch, and a calibrated fixed cost per call, before its first transfer

@@ -184,11 +184,12 @@ class TransformerCosts:
         first = rank - rank % self.layout.tp
         return tuple(range(first, first + self.layout.tp))
 
-    def group_s(self, collective: str, nbytes: float, group: tuple[int, ...]) -> float:
-        """Closed-form seconds of ``collective`` of ``nbytes`` over ``group`` (0 for one rank or no bytes)."""
+    def group_s(self, collective: str, nbytes: float, group: tuple[int, ...], beside: int = 1) -> float:
+        """Closed-form seconds of ``collective`` of ``nbytes`` over ``group`` (0 for one rank or no bytes),
+        ``beside`` alike groups running it on the same nodes at the same time."""
         if len(group) < 2 or nbytes <= 0:
             return 0.0
-        return self.comm.collective_s(collective, self.algorithm, len(group), nbytes, {}, group=group)
+        return self.comm.collective_s(collective, self.algorithm, len(group), nbytes, {}, group=group, beside=beside)
 
     def _cp_neighbour(self, rank: int) -> int:
         layout = self.layout
@@ -276,9 +277,11 @@ class TransformerCosts:
     def zero3_exposed_s(self, parameters: float, group: tuple[int, ...], compute_s: float, backward: bool) -> float:
         """ZeRO-3's gather of a block's ``parameters`` over ``group`` before its forward or backward (and
         the reduce-scatter of its gradients after the backward), beyond the ``compute_s`` it overlaps."""
-        seconds = self.group_s("allgather", parameters * self.weight_bytes, group)
+        # the stage's other tensor ranks gather over their own data-parallel groups at the same time
+        tp = self.layout.tp
+        seconds = self.group_s("allgather", parameters * self.weight_bytes, group, tp)
         if backward and not self.layout.frozen_weights:
-            seconds += self.group_s("reduce_scatter", parameters * self.layout.gradient_bytes, group)
+            seconds += self.group_s("reduce_scatter", parameters * self.layout.gradient_bytes, group, tp)
         return max(0.0, seconds - compute_s) if self.layout.zero3_prefetch else seconds
 
     def block_cost(self, block: Block, rank: int) -> BlockCost:
