@@ -130,6 +130,33 @@ def test_closed_form_matches_des_on_an_oversubscribed_fat_tree(capsys, tmp_path,
     assert closed == pytest.approx(des, rel=1e-6)
 
 
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        "--algorithm sync_easgd --workload alexnet --device knl_7250 --network opa_100 --nodes 4",
+        "--algorithm hybrid_parallel --workload vgg16 --device v100_sxm2 --devices-per-node 4 --intra-node nvlink2 "
+        "--network ib_edr --nics-per-node 1 --nodes 4",
+        "--workload resnet50 --device v100_sxm2 --intra-node nvlink2 --network ib_edr --nics-per-node 1 "
+        "--collective hierarchical --collective-option intra=reduce_scatter --nodes 4",
+        "--workload vgg16 --device k80 --intra-node pcie3_x16 --network eth_10g --collective parameter_server "
+        "--topology fat_tree --oversubscription 4 --nodes-per-leaf 2 --nodes 4",
+        "--algorithm megatron --workload gpt3_1_3b --device a100_sxm4 --intra-node nvswitch2 --network ib_hdr "
+        "--nics-per-node 2 --tp 4 --pp 4 --virtual-stages 2 --micro-batch 1 --global-batch 128 --nodes 4",
+    ],
+    ids=["sync_easgd", "hybrid_parallel", "hierarchical_rs", "ps_fat_tree", "megatron_interleaved"],
+)
+def test_executors_agree_on_each_algorithm_with_a_closed_form(capsys, tmp_path, scenario):
+    """The closed form and the event simulation give one iteration time where nothing contends beyond
+    what the closed form counts: one scenario for each training algorithm that has a closed form, on
+    fabrics whose NICs or uplinks are shared."""
+    argv = [*scenario.split(), "--executor-pool", "serial"]
+    for executor in ("des", "analytic"):
+        assert run(capsys, "simulate", *argv, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
+    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
+    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    assert closed == pytest.approx(des, rel=1e-6)
+
+
 def test_closed_form_does_not_share_nics_among_pipeline_stages_that_reduce_at_different_times(capsys, tmp_path):
     """hybrid_parallel on two-socket Skylake nodes (a stage a socket, one NIC): each stage's gradient
     all-reduce across nodes runs when that stage's backward ends, not beside the other's, so neither
