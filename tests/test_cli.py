@@ -89,6 +89,16 @@ def test_analytic_executor_matches_des_without_contention(capsys, tmp_path):
         assert float(a["iteration_s"]) == pytest.approx(float(b["iteration_s"]), rel=1e-6)
 
 
+def _first_iteration_by_executor(capsys, tmp_path, *argv: str) -> tuple[float, float]:
+    """``simulate ARGV`` under the event simulation and under the closed form: each first row's
+    iteration seconds."""
+    seconds = []
+    for executor in ("des", "analytic"):
+        assert run(capsys, "simulate", *argv, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
+        seconds.append(float(read_csv(tmp_path / executor / "results.csv")[0]["iteration_s"]))
+    return seconds[0], seconds[1]
+
+
 def test_closed_form_matches_des_on_latency_bound_rings_across_nodes(capsys, tmp_path):
     """One all-reduce per layer of ResNet-50 over 128 GPUs (8 a node on PCIe, EDR between nodes):
     small rings whose steps are paced by PCIe's per-message cost inside the node, not the NIC path's.
@@ -99,10 +109,7 @@ def test_closed_form_matches_des_on_latency_bound_rings_across_nodes(capsys, tmp
         "--network", "ib_edr", "--collective", "ring", "--per-device-batch", "32", "--precision", "fp16",
         "--nodes", "16", "--bucket-bytes", "1B", "--executor-pool", "serial",
     ]  # fmt: skip
-    for executor in ("des", "analytic"):
-        assert run(capsys, "simulate", *scenario, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
-    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
-    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    des, closed = _first_iteration_by_executor(capsys, tmp_path, *scenario)
     assert closed == pytest.approx(des, rel=1e-6)
 
 
@@ -122,11 +129,7 @@ def test_closed_form_matches_des_on_an_oversubscribed_fat_tree(capsys, tmp_path,
     network = ["--network", "ib_hdr" if "megatron" in scenario else "ib_edr", "--topology", "fat_tree",
                "--oversubscription", "4", "--nodes-per-leaf", "2" if "megatron" in scenario else "4",
                "--executor-pool", "serial"]  # fmt: skip
-    for executor in ("des", "analytic"):
-        out = str(tmp_path / executor)
-        assert run(capsys, "simulate", *scenario, *network, "--executor", executor, "--out", out)[0] == 0
-    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
-    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    des, closed = _first_iteration_by_executor(capsys, tmp_path, *scenario, *network)
     assert closed == pytest.approx(des, rel=1e-6)
 
 
@@ -150,10 +153,7 @@ def test_executors_agree_on_each_algorithm_with_a_closed_form(capsys, tmp_path, 
     what the closed form counts: one scenario for each training algorithm that has a closed form, on
     fabrics whose NICs or uplinks are shared."""
     argv = [*scenario.split(), "--executor-pool", "serial"]
-    for executor in ("des", "analytic"):
-        assert run(capsys, "simulate", *argv, "--executor", executor, "--out", str(tmp_path / executor))[0] == 0
-    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
-    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    des, closed = _first_iteration_by_executor(capsys, tmp_path, *argv)
     assert closed == pytest.approx(des, rel=1e-6)
 
 
@@ -166,11 +166,7 @@ def test_closed_form_does_not_share_nics_among_pipeline_stages_that_reduce_at_di
         "--algorithm", "hybrid_parallel", "--workload", "alexnet", "--device", "xeon_8160", "--devices-per-node",
         "2", "--intra-node", "upi", "--network", "opa_100", "--nodes", "4", "--executor-pool", "serial",
     ]  # fmt: skip
-    for executor in ("des", "analytic"):
-        out = str(tmp_path / executor)
-        assert run(capsys, "simulate", *scenario, "--executor", executor, "--out", out)[0] == 0
-    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
-    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    des, closed = _first_iteration_by_executor(capsys, tmp_path, *scenario)
     assert closed == pytest.approx(des, rel=1e-6)
 
 
@@ -186,11 +182,7 @@ def test_closed_form_shares_a_one_nic_node_among_its_data_parallel_groups_and_pi
         "--network", "ib_hdr", "--nics-per-node", "1", "--tp", "2", "--pp", "2", "--micro-batch", "2",
         "--global-batch", "256", "--nodes", "4", "--executor-pool", "serial", *fabric,
     ]  # fmt: skip
-    for executor in ("des", "analytic"):
-        out = str(tmp_path / executor)
-        assert run(capsys, "simulate", *scenario, "--executor", executor, "--out", out)[0] == 0
-    des = float(read_csv(tmp_path / "des" / "results.csv")[0]["iteration_s"])
-    closed = float(read_csv(tmp_path / "analytic" / "results.csv")[0]["iteration_s"])
+    des, closed = _first_iteration_by_executor(capsys, tmp_path, *scenario)
     assert closed == pytest.approx(des, rel=1e-6)
 
 
