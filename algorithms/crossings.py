@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from functools import cache
 
-from ddlsim.algorithms.schedule import FabricCosts, Hop, SlowerHop
+from ddlsim.algorithms.schedule import FabricCosts, Hop
 
 
 def hop(costs: FabricCosts, crosses: bool, crosses_leaves: bool | None = None) -> Hop:
@@ -35,8 +35,7 @@ def hop(costs: FabricCosts, crosses: bool, crosses_leaves: bool | None = None) -
         return costs.intra
     if crosses_leaves is not False or not costs.ranks_per_leaf:
         return costs.mixed
-    near = costs.near
-    return near if costs.devices_per_node <= 1 or costs.intra == near else SlowerHop(costs.intra, near)
+    return costs.mixed_in_leaf
 
 
 @cache

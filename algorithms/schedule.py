@@ -204,16 +204,20 @@ class FabricCosts:
             return self.inter
         return SlowerHop(self.intra, self.inter)
 
+    @property
+    def mixed_in_leaf(self) -> Hop:
+        """``mixed`` for a round none of whose transfers leaves its leaf: the slower of the intra hop
+        and the hop between two nodes of a leaf."""
+        near = self.near
+        return near if self.devices_per_node <= 1 or self.intra == near else SlowerHop(self.intra, near)
+
     def worst(self, ranks: int) -> Hop:
         """The slowest hop present among ``ranks`` ranks placed in blocks, one transfer on each: the
         intra hop inside one node; as soon as two nodes take part, the slower of it and the hop
-        between them (between leaves once they span leaves, ``mixed``; else between nodes of a leaf)."""
+        between them (between leaves once they span leaves, ``mixed``; else ``mixed_in_leaf``)."""
         if ranks <= self.devices_per_node:
             return self.intra
-        if self.spans_leaves(ranks):
-            return self.mixed
-        near = self.near
-        return near if self.devices_per_node <= 1 or self.intra == near else SlowerHop(self.intra, near)
+        return self.mixed if self.spans_leaves(ranks) else self.mixed_in_leaf
 
     def crossing(self, shared: int, leaving: int) -> Hop:
         """A round in which every device of a node sends across the network at once (and receives as
