@@ -135,7 +135,7 @@ class Fabric:
             self.nic_down = block(nics, net.port_bandwidth_Bps, net.latency_s / 2, "nic_down")
             if spec.topology == "fat_tree":
                 leaves = -(-spec.nodes // spec.nodes_per_leaf)
-                uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
+                uplink = spec.leaf_uplink_Bps()
                 self.leaf_up = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_up")
                 self.leaf_down = block(leaves, uplink, SWITCH_HOP_LATENCY_S, "leaf_down")
                 self.core_hops = 2
@@ -597,7 +597,6 @@ class Fabric:
             return FabricCosts(intra, inter or intra, dpn, spec.nics_per_node)
         # leaves: the same sender to node 1's first device, under its leaf when leaves hold two nodes
         near = self.hop_cost(sender, self._rank_of(dpn) if spec.sockets > 1 else dpn)
-        assert spec.network is not None and inter is not None
-        uplink = spec.nodes_per_leaf * spec.nics_per_node * spec.network.port_bandwidth_Bps / spec.oversubscription
+        assert inter is not None
         leaf = near if spec.nodes_per_leaf > 1 else None
-        return FabricCosts(intra, inter, dpn, spec.nics_per_node, leaf, spec.nodes_per_leaf, uplink)
+        return FabricCosts(intra, inter, dpn, spec.nics_per_node, leaf, spec.nodes_per_leaf, spec.leaf_uplink_Bps())

@@ -126,6 +126,11 @@ class FabricSpec:
         """The socket of a node's NIC number ``nic`` (an int or an array)."""
         return nic * self.sockets // self.nics_per_node
 
+    def leaf_uplink_Bps(self) -> float:
+        """A fat tree leaf's uplink rate each way: its nodes' NIC ports over the oversubscription."""
+        assert self.network is not None
+        return self.nodes_per_leaf * self.nics_per_node * self.network.port_bandwidth_Bps / self.oversubscription
+
 
 def call_overhead_s(spec: FabricSpec, ranks: int, per_node: int) -> float:
     """The fixed cost of one collective call over ``ranks`` ranks, ``per_node`` of them on each node:

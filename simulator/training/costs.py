@@ -43,8 +43,7 @@ def _core(spec: FabricSpec, net: Link) -> tuple[float, float]:
     if spec.topology == "fat_tree":
         if spec.nodes <= spec.nodes_per_leaf:
             return 0.0, float("inf")
-        uplink = spec.nodes_per_leaf * spec.nics_per_node * net.port_bandwidth_Bps / spec.oversubscription
-        return 2 * SWITCH_HOP_LATENCY_S, uplink
+        return 2 * SWITCH_HOP_LATENCY_S, spec.leaf_uplink_Bps()
     if spec.topology in ("torus_2d", "torus_3d"):
         shape = _torus_shape(spec)
         # node 0 to the last node: one hop per dimension of extent >= 2 (the wrap-around way; a partly
