@@ -164,9 +164,8 @@ def _round_s(workers: int, server: np.ndarray, nbytes: float, costs: FabricCosts
         leaving = float(np.maximum(workers_in * (len(server) - servers_in), servers_in * (workers - workers_in)).max())
         if leaving > 0:
             seconds = float(costs.inter.alpha_s + leaving * nbytes / costs.uplink_Bps)
-        else:
-            network = costs.near  # every shard stays in its leaf
-        network = HopCost(network.alpha_s, costs.near.beta_Bps)
+        # the NICs at the port's rate, with the latency between leaves if a shard crosses them
+        network = HopCost((costs.inter if leaving > 0 else costs.near).alpha_s, costs.near.beta_Bps)
     if between > 0:
         seconds = max(seconds, float(network.alpha_s + between * nbytes / network.beta_Bps))
     if inside > 0:

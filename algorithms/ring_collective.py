@@ -188,10 +188,11 @@ def channel_step_s(ranks: int, message_bytes: float, costs: FabricCosts, channel
     piece = message_bytes / (channels * ranks)
     if ranks <= per_node:  # one node: every piece stays in it
         return costs.intra.time(channels * piece)
-    network = costs.inter if costs.spans_leaves(ranks) else costs.near
+    between_leaves = costs.spans_leaves(ranks)
+    network = costs.inter if between_leaves else costs.near
     # under a fat tree's leaves, each ring crosses each leaf boundary once a direction: C pieces share
     # the leaf's uplink (it paces the step where the uplink is narrower than C NIC ports' worth)
-    uplink = costs.inter.alpha_s + channels * piece / costs.uplink_Bps if costs.spans_leaves(ranks) else 0.0
+    uplink = costs.inter.alpha_s + channels * piece / costs.uplink_Bps if between_leaves else 0.0
     if per_node == 1:  # one device a node: every ring leaves through it
         return max(network.time(channels * piece), uplink)
     exits = [(channel_shift(c, channels, per_node) - 1) % per_node for c in range(channels)]

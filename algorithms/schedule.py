@@ -192,24 +192,22 @@ class FabricCosts:
         nics = max(self.nics_per_node, 1)
         return rank // self.devices_per_node * nics + rank % self.devices_per_node * nics // self.devices_per_node
 
-    def leaf_of(self, rank: Any) -> Any:
-        """The leaf switch rank ``rank``'s node hangs from (its node without a leaf level)."""
-        return rank // (self.ranks_per_leaf or self.devices_per_node)
+    def _with_intra(self, network: HopCost) -> Hop:
+        """A round with transfers inside nodes and on ``network``: the slower of the two at each size
+        (``network`` alone with one device a node, where no transfer stays inside one)."""
+        return network if self.devices_per_node <= 1 or self.intra == network else SlowerHop(self.intra, network)
 
     @property
     def mixed(self) -> Hop:
         """A round whose transfers join devices of one node and devices of different nodes: paced by
         the slower of the two hops at each size (the inter hop alone with one device a node)."""
-        if self.devices_per_node <= 1 or self.intra == self.inter:
-            return self.inter
-        return SlowerHop(self.intra, self.inter)
+        return self._with_intra(self.inter)
 
     @property
     def mixed_in_leaf(self) -> Hop:
         """``mixed`` for a round none of whose transfers leaves its leaf: the slower of the intra hop
         and the hop between two nodes of a leaf."""
-        near = self.near
-        return near if self.devices_per_node <= 1 or self.intra == near else SlowerHop(self.intra, near)
+        return self._with_intra(self.near)
 
     def worst(self, ranks: int) -> Hop:
         """The slowest hop present among ``ranks`` ranks placed in blocks, one transfer on each: the

@@ -215,8 +215,9 @@ class GroupCosts:
             return fabric.intra.time(nbytes)
         per_nic = -(-min(block, d) // max(self.spec.nics_per_node, 1))
         per_leaf = fabric.ranks_per_leaf
-        hop = fabric.near if per_leaf and src // per_leaf == dst // per_leaf else fabric.inter
+        between_leaves = bool(per_leaf) and src // per_leaf != dst // per_leaf
+        hop = fabric.inter if between_leaves or not per_leaf else fabric.near
         seconds = hop.alpha_s + per_nic * nbytes / hop.beta_Bps
-        if per_leaf and hop is fabric.inter:
+        if between_leaves:
             seconds = max(seconds, fabric.inter.alpha_s + min(block, per_leaf) * nbytes / fabric.uplink_Bps)
         return seconds
