@@ -61,6 +61,15 @@ class DeviceSystem:
 
 
 @dataclass(frozen=True)
+class Derivation:
+    """Where a catalog value comes from in the development data: ``rows``, any one of which gives
+    it, and the values other rows give the same field (``alternatives``: value, rows, source)."""
+
+    rows: tuple[str, ...]
+    alternatives: tuple[tuple[float, tuple[str, ...], str], ...] = ()
+
+
+@dataclass(frozen=True)
 class Device:
     """A compute device (one GPU, one GK210 die, one CPU socket, one KNL chip), SI units."""
 
@@ -76,6 +85,9 @@ class Device:
     layer_efficiency: dict[str, float] = field(default_factory=dict)  # layer type -> compute efficiency
     sources: dict[str, str] = field(default_factory=dict)
     system: DeviceSystem | None = None
+    # per field (``compute_efficiency``, ``layer_efficiency.<type>``): the development rows its value
+    # was derived from; a validation that predicts all of them does not use it (calibration/unseen.py)
+    derived_from: dict[str, Derivation] = field(default_factory=dict)
 
     def peak_flops_for(self, precision: str) -> float:
         """Peak FLOP/s of matrix products at ``precision`` (one of PEAK_PRECISIONS).
@@ -170,15 +182,44 @@ def _read(path: Path) -> dict[str, Any]:
         raise CatalogError(f"{path}: not valid TOML: {error}") from None
 
 
-def _quantity(data: dict[str, Any], key: str, path: Path, check, sources: dict[str, str]) -> Any:
+def _quantity(
+    data: dict[str, Any],
+    key: str,
+    path: Path,
+    check,
+    sources: dict[str, str],
+    derived: dict[str, Derivation] | None = None,
+    name: str = "",
+) -> Any:
+    """The checked value of ``data[key]``, a ``{ value, source }`` table; its source goes to ``sources``.
+    With ``derived``, the table may also give ``derived_from`` (row ids) and ``alternatives`` (tables
+    ``{ value, rows, source }``), kept as a ``Derivation`` under ``name`` (default ``key``)."""
     where = f"{path}: key {key!r}"
     entry = data[key]
-    if not isinstance(entry, dict) or set(entry) != {"value", "source"}:
-        raise CatalogError(f'{where}: must be a table {{ value = ..., source = "..." }}, got {entry!r}')
+    allowed = {"value", "source", "derived_from", "alternatives"} if derived is not None else {"value", "source"}
+    if not isinstance(entry, dict) or not {"value", "source"} <= set(entry) <= allowed:
+        extra = ", derived_from = [...], alternatives = [...]" if derived is not None else ""
+        raise CatalogError(f'{where}: must be a table {{ value = ..., source = "..."{extra} }}, got {entry!r}')
     if not isinstance(entry["source"], str) or not entry["source"].strip():
         raise CatalogError(f"{where}: source must be a non-empty string")
+    if derived is not None and "derived_from" in entry:
+        alternatives = []
+        for alternative in entry.get("alternatives", []):
+            if not isinstance(alternative, dict) or set(alternative) != {"value", "rows", "source"}:
+                raise CatalogError(f'{where}: each alternative must be {{ value = ..., rows = [...], source = "..." }}')
+            alternatives.append((check(alternative["value"], where), _row_ids(alternative["rows"], where),
+                                 str(alternative["source"])))  # fmt: skip
+        derived[name or key] = Derivation(_row_ids(entry["derived_from"], where), tuple(alternatives))
+    elif "alternatives" in entry:
+        raise CatalogError(f"{where}: alternatives need derived_from (the rows the value itself comes from)")
     sources[key] = entry["source"]
     return check(entry["value"], where)
+
+
+def _row_ids(rows: Any, where: str) -> tuple[str, ...]:
+    if not isinstance(rows, list) or not rows or not all(isinstance(row, str) and row.strip() for row in rows):
+        raise CatalogError(f"{where}: derived_from and rows must be non-empty lists of row ids, got {rows!r}")
+    return tuple(rows)
 
 
 def _check_keys(data: dict[str, Any], path: Path, required: set[str], optional: set[str]) -> None:
@@ -213,7 +254,11 @@ def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
     required = {"description", "kind", "peak_flops", *_DEVICE_QUANTITIES}
     _check_keys(data, path, required, {"layer_efficiency", "system"})
     sources: dict[str, str] = {}
-    values = {key: _quantity(data, key, path, check, sources) for key, check in _DEVICE_QUANTITIES.items()}
+    derived: dict[str, Derivation] = {}
+    values = {
+        key: _quantity(data, key, path, check, sources, derived if key == "compute_efficiency" else None)
+        for key, check in _DEVICE_QUANTITIES.items()
+    }
     peaks_table = data["peak_flops"]
     if not isinstance(peaks_table, dict) or "fp32" not in peaks_table:
         raise CatalogError(f"{path}: key 'peak_flops' must be a table with at least fp32")
@@ -228,7 +273,8 @@ def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
     if not isinstance(layer_table, dict):
         raise CatalogError(f"{path}: key 'layer_efficiency' must be a table of layer type -> efficiency")
     layer_efficiency = {
-        layer: _quantity(layer_table, layer, path, _fraction, sources) for layer in layer_table
+        layer: _quantity(layer_table, layer, path, _fraction, sources, derived, f"layer_efficiency.{layer}")
+        for layer in layer_table
     }
     return Device(
         token=token,
@@ -243,6 +289,7 @@ def parse_device(token: str, data: dict[str, Any], path: Path) -> Device:
         layer_efficiency=layer_efficiency,
         sources=sources,
         system=_parse_system(data.get("system"), path, sources),
+        derived_from=derived,
     )
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from ddlsim.simulator.calibration import llm_validation
 from ddlsim.simulator.calibration.llm_validation import LlmFit, predict_runs
+from ddlsim.simulator.closed_form.training import closed_form_result
 from ddlsim.simulator.workloads.llm_runs import DATA_FILE, load_llm_runs
 
 
@@ -86,12 +87,30 @@ def test_the_band_holds_the_bias_of_a_family_the_fit_has_not_seen():
     assert fit.high / fit.low == pytest.approx(1.2 * 1.2, rel=1e-9)  # each family 20 % off the other's fit
 
 
-def test_the_large_model_rows_are_predicted_within_10_percent_leaving_each_family_out():
-    """Issue 14's target on the honest split (benchmarks/llm_validation.py prints the table)."""
-    rows, _ = llm_validation.leave_one_source_out(load_llm_runs(), 0.9)
+@pytest.mark.slow
+def test_leaving_each_family_out_predicts_it_without_the_catalog_values_its_rows_gave():
+    """The honest split (benchmarks/llm_validation.py prints the table). Korthikanti et al.'s rows are
+    predicted without the A100's 0.64, which LLM-030 gave: with the bound Narayanan et al.'s LLM-005
+    gives (0.479), the fold's rows are 20-50 % slow. Issue 14's target (median <= 10 %), met while the
+    fold used 0.64, is not met since 28 Nov 2026 (11.0 %); the bound below guards that figure."""
+    from ddlsim.hardware_models.profile import DeviceFit, Profile
+
+    runs = load_llm_runs()
+    rows, fits = llm_validation.leave_one_source_out(runs, 0.9)
     errors = sorted(abs(row["error_pct"]) for row in rows if row["status"] == "predicted")
     assert len(errors) == 27
-    assert errors[len(errors) // 2] <= 10.0
+    assert errors[len(errors) // 2] <= 12.0
+    family = [run for run in runs if run.source_family == "korthikanti"]
+    transformer = DeviceFit(layer_efficiency={"transformer": 0.479})
+    by_hand = Profile(devices={"a100_sxm4_80gb": DeviceFit(compute_efficiency=0.479), "a100_sxm4": transformer})
+    closed_form = {}
+    for run in family:
+        mapped = llm_validation.map_run(run)
+        scenario = llm_validation.scenario_of(mapped, by_hand)
+        closed_form[run.id] = closed_form_result(scenario, scenario.nodes[0]).iteration_s
+    for row in rows:
+        if row["id"] in closed_form:
+            assert row["predicted"] == pytest.approx(closed_form[row["id"]] * fits["korthikanti"].slowdown, rel=1e-9)
 
 
 def test_mixing_schemas_is_one_line_and_exit_2(tmp_path, capsys):

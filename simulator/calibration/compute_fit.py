@@ -31,6 +31,7 @@ import numpy as np
 from scipy import stats
 from scipy.optimize import least_squares
 
+from ddlsim.hardware_models.catalog import load_device
 from ddlsim.hardware_models.compute import (
     architecture,
     kernels_per_pass,
@@ -107,12 +108,27 @@ def _config(row: Measurement) -> Measurement:
     return dataclasses.replace(row, id="", value=1.0, quote="", source="", notes="", file="", line=0)
 
 
+Efficiencies = tuple[float, tuple[tuple[str, float], ...]]
+
+
+def _efficiencies(row: Measurement, profile: Profile | None) -> Efficiencies:
+    """The compute and layer-type efficiencies the fit starts from for ``row``'s device: the
+    datasheet's, or the profile's where it holds its own (``unseen.without``)."""
+    device = load_device(row.device)
+    device = profile.device(device) if profile else device
+    return device.compute_efficiency, tuple(sorted(device.layer_efficiency.items()))
+
+
 @functools.lru_cache(maxsize=4096)
-def _row_passes(row: Measurement) -> tuple[dict[str, np.ndarray], tuple[str, str, str, str, str]]:
+def _row_passes(
+    row: Measurement, efficiencies: Efficiencies
+) -> tuple[dict[str, np.ndarray], tuple[str, str, str, str, str]]:
     """One row's layer passes (forward and backward of each layer, then the update) as arrays, and
-    its labels (precision class, architecture, device, device kind, workload)."""
+    its labels (precision class, architecture, device, device kind, workload), at the base
+    ``efficiencies`` (``_efficiencies``)."""
     scenario = training_scenario(row, None, "analytic")
-    device = scenario.device_spec
+    compute, by_layer = efficiencies
+    device = dataclasses.replace(scenario.device_spec, compute_efficiency=compute, layer_efficiency=dict(by_layer))
     element = scenario.bytes_per_element / 4.0
     batch = scenario.per_device_batch
     workload = scenario.workload_spec
@@ -153,10 +169,10 @@ def _row_passes(row: Measurement) -> tuple[dict[str, np.ndarray], tuple[str, str
     return arrays, label
 
 
-def _passes(rows: Sequence[Measurement]) -> Passes:
+def _passes(rows: Sequence[Measurement], profile: Profile | None = None) -> Passes:
     """The passes of each row's scenario, as ``simulator.training.trainers`` builds them
-    (a test holds the two equal)."""
-    parts = [_row_passes(_config(row)) for row in rows]
+    (a test holds the two equal), at the base efficiencies of ``profile``'s devices."""
+    parts = [_row_passes(_config(row), _efficiencies(row, profile)) for row in rows]
     columns: dict[str, list[np.ndarray]] = {name: [] for name in Passes.__dataclass_fields__ if name != "groups"}
     labels: list[tuple[str, str, str, str, str]] = []
     for index, (arrays, label) in enumerate(parts):
@@ -217,7 +233,7 @@ class ComputeModelFit:
 
     def __init__(self, rows: Sequence[Measurement], profile: Profile) -> None:
         self.rows = list(rows)
-        self.passes = _passes(self.rows)
+        self.passes = _passes(self.rows, profile)
         self.names = sorted(self.passes.groups)
         self.measured = np.array([iteration_s(row, row.value) for row in self.rows])
         self.exposed = np.zeros(len(self.rows))

@@ -399,7 +399,7 @@ def calibrate(
     noise: dict[str, float] = {}
     noise_sources: dict[str, str] = {}
     if noise_by_source:
-        noise, noise_sources, notes = loso_noise(usable, fitted, profile, rng)
+        noise, noise_sources, notes = loso_noise(usable, fitted, profile, rng, base)
         warnings += notes
     for root, present in (("training", "training"), ("collective", "collective")):
         if not any((row.kind == "training") == (present == "training") for row in usable) and root not in noise:

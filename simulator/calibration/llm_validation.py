@@ -11,7 +11,8 @@ datasheet efficiencies, kernels and software stacks the model does not have cost
 The interval of a prediction is the spread of the calibration rows' residuals around it (their
 ``ci`` quantiles in log space), each row's residual taken from a fit without its source family, so
 that the band also holds the bias of a family the fit has not seen. ``leave_one_source_out`` fits it
-on the other source families and predicts each family in turn: the honest split.
+on the other source families and predicts each family in turn: the honest split. No prediction of
+a row uses a catalog value derived from it (``unseen.without``; ``Refits``).
 
 Published metrics and how a prediction becomes one: ``iteration_s`` as is; ``tflops_per_gpu``
 with the source's own FLOP count (Narayanan et al. count hardware FLOPs with recomputation) over
@@ -24,7 +25,7 @@ import csv
 import dataclasses
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,13 +83,15 @@ class LlmPrediction:
         return self.mapped is not None and bool(self.mapped.alternatives or self.mapped.alternative_layouts)
 
 
-def scenario_of(mapped: MappedRun) -> Any:
-    """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran)."""
+def scenario_of(mapped: MappedRun, profile: Any = None) -> Any:
+    """The ``megatron`` scenario of a mapped run (memory not enforced: the run really ran), with
+    ``profile`` (a ``Profile``: its devices replace the catalog's, ``unseen.without``)."""
     from ddlsim.simulator import planner
 
     assert mapped.layout is not None
     cluster = cluster_of(mapped, mapped.layout.gpus, mapped.options)
-    return planner.scenario_of(mapped.model.name, cluster, mapped.layout, transformer_changes(mapped.model))
+    scenario = planner.scenario_of(mapped.model.name, cluster, mapped.layout, transformer_changes(mapped.model))
+    return dataclasses.replace(scenario, profile=profile) if profile is not None else scenario
 
 
 def cluster_of(mapped: MappedRun, gpus: int, stack: tuple[tuple[str, Any], ...]) -> Any:
@@ -173,10 +176,18 @@ def _nearest_batch_layouts(model: Any, cluster: Any, batch: int, fixed: dict[str
     return layouts
 
 
-def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | None = None) -> list[LlmPrediction]:
-    """The closed form's iteration for every row that maps onto a layout (the others with their reason)."""
+def predict_runs(
+    runs: Sequence[LlmRun], progress: Callable[[int, int], None] | None = None, predicted: Collection[str] = ()
+) -> list[LlmPrediction]:
+    """The closed form's iteration for every row that maps onto a layout (the others with their
+    reason), without the catalog values derived from the rows in ``predicted`` (``unseen.without``)."""
+    from ddlsim.hardware_models.profile import Profile
+    from ddlsim.simulator.calibration.unseen import without
     from ddlsim.simulator.closed_form.training import closed_form_result
     from ddlsim.simulator.scenario import ScenarioError
+
+    blind = without(Profile(), predicted)
+    profile = blind if blind.devices else None
 
     out = []
     for done, run in enumerate(runs, start=1):
@@ -196,7 +207,7 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
                                                          f"({', '.join(MODELLED_METRICS)})"))  # fmt: skip
         else:
             try:
-                scenario = scenario_of(mapped)
+                scenario = scenario_of(mapped, profile)
                 seconds = closed_form_result(scenario, scenario.nodes[0]).iteration_s
                 prediction = LlmPrediction(run, mapped, iteration_s=seconds)
                 readings = [dataclasses.replace(mapped, model=model) for model in mapped.alternatives]
@@ -206,7 +217,7 @@ def predict_runs(runs: Sequence[LlmRun], progress: Callable[[int, int], None] | 
                     chosen = metric_of(prediction, seconds)
                     ratios = []
                     for reading in readings:
-                        other = closed_form_result(scenario_of(reading), scenario.nodes[0]).iteration_s
+                        other = closed_form_result(scenario_of(reading, profile), scenario.nodes[0]).iteration_s
                         ratios.append(metric_of(LlmPrediction(run, reading), other) / chosen)
                     prediction.spread = (min(1.0, *ratios), max(1.0, *ratios))
             except ScenarioError as error:
@@ -262,10 +273,14 @@ class LlmFit:
         return self.rows > 0 or (self.low, self.high) != (1.0, 1.0)
 
     @classmethod
-    def of(cls, predictions: Sequence[LlmPrediction], ci: float) -> LlmFit:
+    def of(
+        cls, predictions: Sequence[LlmPrediction], ci: float, refits: Refits | None = None, held: Collection[str] = ()
+    ) -> LlmFit:
         """The factor is the median over all rows; the band, the residuals of each source family
         predicted from the others (what a family the fit has not seen is off by: between-family bias
-        included), or the in-sample residuals where the rows come from one family."""
+        included), or the in-sample residuals where the rows come from one family. With ``refits``,
+        each family's residuals come from predictions without the catalog values derived from its
+        rows or from ``held`` (the rows the fit will predict)."""
         done = [p for p in predictions if not p.reason and not p.guessed]
         if not done:
             return cls()
@@ -275,13 +290,37 @@ class LlmFit:
         if len(families) > 1:
             residuals = []
             for family in families:
-                others = statistics.median(logs[p.run.id] for p in done if p.family != family)
-                residuals += [logs[p.run.id] - others for p in done if p.family == family]
+                members = [p.run.id for p in done if p.family == family]
+                fold = refits.without([*held, *members]) if refits else {}
+                log = {key: math.log(slowdown(fold[key])) if key in fold else value for key, value in logs.items()}
+                others = statistics.median(log[p.run.id] for p in done if p.family != family)
+                residuals += [log[p.run.id] - others for p in done if p.family == family]
         else:
             residuals = [value - centre for value in logs.values()]
         tail = (1 - ci) / 2
         low, high = np.quantile(residuals, [tail, 1 - tail]) if len(residuals) > 1 else (0.0, 0.0)
         return cls(math.exp(centre), math.exp(float(low)), math.exp(float(high)), len(done))
+
+
+class Refits:
+    """``predict_runs`` of ``runs`` without the catalog values derived from a set of rows, run once
+    per distinct set of values that replaces them (``unseen.unseen_devices``); ``predictions``: the
+    runs predicted with the catalog as it is."""
+
+    def __init__(self, runs: Sequence[LlmRun], predictions: Sequence[LlmPrediction]) -> None:
+        self.runs = list(runs)
+        self.cache: dict[tuple, dict[str, LlmPrediction]] = {(): {p.run.id: p for p in predictions}}
+
+    def without(self, predicted: Collection[str]) -> dict[str, LlmPrediction]:
+        """Every run's prediction (by id) without the catalog values derived from ``predicted``."""
+        from ddlsim.simulator.calibration.unseen import unseen_devices
+
+        replaced = unseen_devices(predicted)
+        key = tuple(sorted((token, fit.compute_efficiency, tuple(sorted(fit.layer_efficiency.items())))
+                           for token, fit in replaced.items()))  # fmt: skip
+        if key not in self.cache:
+            self.cache[key] = {p.run.id: p for p in predict_runs(self.runs, None, predicted)}
+        return self.cache[key]
 
 
 def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted", basis: str = "") -> dict[str, Any]:
@@ -316,16 +355,19 @@ def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted",
 def validate_llm(
     measured: Sequence[LlmRun], calibration: Sequence[LlmRun] | None, ci: float, progress=None
 ) -> tuple[list[dict[str, Any]], LlmFit]:
-    """Rows of ``measured`` predicted after fitting on ``calibration`` (None: the datasheets alone)."""
-    predictions = predict_runs(measured, progress)
+    """Rows of ``measured`` predicted after fitting on ``calibration`` (None: the datasheets alone),
+    without the catalog values derived from the rows it predicts (``unseen.without``)."""
+    calibration_ids = {run.id for run in calibration or ()}
+    held = [run.id for run in measured if run.id not in calibration_ids]
+    predictions = predict_runs(measured, progress, held)
     if calibration is None:
         fit = LlmFit()
         return [table_row(p, fit, basis="datasheets") for p in predictions], fit
-    calibration_ids = {run.id for run in calibration}
     by_id = {p.run.id: p for p in predictions}
     fitted = [by_id.get(run.id) for run in calibration]
-    fresh = predict_runs([run for run, p in zip(calibration, fitted, strict=True) if p is None])
-    fit = LlmFit.of([p for p in fitted if p is not None] + fresh, ci)
+    fresh = predict_runs([run for run, p in zip(calibration, fitted, strict=True) if p is None], None, held)
+    known = [p for p in fitted if p is not None] + fresh
+    fit = LlmFit.of(known, ci, Refits([p.run for p in known], known) if held else None, held)
     basis = f"transformer_slowdown {fit.slowdown:.3f} from {fit.rows} calibration rows"
     return [table_row(p, fit, "calibration" if p.run.id in calibration_ids else "predicted", basis)
             for p in predictions], fit  # fmt: skip
@@ -334,17 +376,22 @@ def validate_llm(
 def leave_one_source_out(
     runs: Sequence[LlmRun], ci: float, progress=None
 ) -> tuple[list[dict[str, Any]], dict[str, LlmFit]]:
-    """Each source family predicted with ``transformer_slowdown`` fitted on the others."""
+    """Each source family predicted with ``transformer_slowdown`` fitted on the others, every row of
+    the fold without the catalog values derived from the family's rows (``unseen.without``; a fold
+    that replaces none reuses the catalog's predictions)."""
     predictions = predict_runs(runs, progress)
+    refits = Refits(runs, predictions)
     fits: dict[str, LlmFit] = {}
     table = []
     for prediction in predictions:
         family = prediction.family
+        members = [p.run.id for p in predictions if p.family == family]
+        fold = refits.without(members)
         if family not in fits:
-            fits[family] = LlmFit.of([p for p in predictions if p.family != family], ci)
+            fits[family] = LlmFit.of([fold[p.run.id] for p in predictions if p.family != family], ci, refits, members)
         fit = fits[family]
-        table.append(table_row(prediction, fit, basis=f"transformer_slowdown {fit.slowdown:.3f} fitted without "
-                                                       f"{family} ({fit.rows} rows)"))  # fmt: skip
+        table.append(table_row(fold[prediction.run.id], fit, basis=f"transformer_slowdown {fit.slowdown:.3f} fitted "
+                                                                   f"without {family} ({fit.rows} rows)"))  # fmt: skip
     return table, fits
 
 

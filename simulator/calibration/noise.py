@@ -48,9 +48,14 @@ def source_of(row: Measurement) -> str:
     return row.source or row.id.rsplit("-", 1)[0]
 
 
-def loso_residuals(usable: list[Measurement], fitted: Fitted, rng: np.random.Generator) -> dict[str, list[float]]:
-    """Log residuals log(predicted / measured) of every row predicted with its source left out, by kind."""
+def loso_residuals(
+    usable: list[Measurement], fitted: Fitted, rng: np.random.Generator, base: Profile | None = None
+) -> dict[str, list[float]]:
+    """Log residuals log(predicted / measured) of every row predicted with its source left out, by kind
+    (each fold, like the whole fit, starts from ``base``'s devices, without the catalog values derived
+    from the rows it predicts: ``unseen.without``)."""
     from ddlsim.simulator.calibration.fit import fit_rows
+    from ddlsim.simulator.calibration.unseen import without
 
     sources = sorted({source_of(row) for row in usable})
     out: dict[str, list[float]] = {}
@@ -58,7 +63,9 @@ def loso_residuals(usable: list[Measurement], fitted: Fitted, rng: np.random.Gen
         return out
     for source in sources:
         rest = [row for row in usable if source_of(row) != source]
-        fold = fit_rows(rest, Profile(), rng, 0, reuse=fitted)
+        predicted = [row.id for row in usable if source_of(row) == source]
+        start = without(Profile(devices=base.devices if base else {}), predicted)
+        fold = fit_rows(rest, start, rng, 0, reuse=fitted)
         estimator = Estimator(fold.profile, intervals=False)
         for row in usable:
             if source_of(row) != source:
@@ -80,10 +87,10 @@ def _parents(kind: str) -> list[str]:
 
 
 def loso_noise(
-    usable: list[Measurement], fitted: Fitted, profile: Profile, rng: np.random.Generator
+    usable: list[Measurement], fitted: Fitted, profile: Profile, rng: np.random.Generator, base: Profile | None = None
 ) -> tuple[dict[str, float], dict[str, str], list[str]]:
     """(sigma per kind, their sources, notes) from ``loso_residuals``; empty with fewer than two sources."""
-    residuals = loso_residuals(usable, fitted, rng)
+    residuals = loso_residuals(usable, fitted, rng, base)
     pools: dict[str, list[float]] = {}
     for kind, values in residuals.items():
         for name in (kind, *_parents(kind)):

@@ -47,7 +47,7 @@ import numpy as np
 
 from ddlsim.algorithms.schedule import ScheduleError
 from ddlsim.algorithms.training_algorithm import AlgorithmOptions, make_options
-from ddlsim.hardware_models.catalog import CatalogError, device_names, load_device
+from ddlsim.hardware_models.catalog import CatalogError, catalog_directories, device_names, load_device
 from ddlsim.hardware_models.profile import Profile
 from ddlsim.hardware_models.units import UnitError
 from ddlsim.registry import UnknownNameError
@@ -127,14 +127,18 @@ def needs_input_pipeline(row: Measurement) -> bool:
     return "real imagenet" in text or "input pipeline" in text or "real-data" in text
 
 
-@functools.cache
 def _catalog_devices() -> frozenset[str]:
-    return frozenset(device_names())
+    return _names(catalog_directories())[0]
+
+
+def _catalog_transformers() -> frozenset[str]:
+    return _names(catalog_directories())[1]
 
 
 @functools.cache
-def _catalog_transformers() -> frozenset[str]:
-    return frozenset(transformer_names())
+def _names(directories: tuple) -> tuple[frozenset[str], frozenset[str]]:
+    """The catalog's device and transformer tokens, once per set of user catalog directories."""
+    return frozenset(device_names()), frozenset(transformer_names())
 
 
 def is_transformer_row(row: Measurement) -> bool:

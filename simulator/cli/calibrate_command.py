@@ -142,7 +142,8 @@ def _calibrate_llm(args: argparse.Namespace) -> int:
     for bad in unread:
         print(f"# not used: {bad.id or f'line {bad.line}'}: {bad.reason}")
     predictions = llm_validation.predict_runs(runs, Progress("calibrate: large-model rows"))
-    fit = llm_validation.LlmFit.of(predictions, 0.9)
+    # the band's residuals: each family predicted without the catalog values derived from its rows
+    fit = llm_validation.LlmFit.of(predictions, 0.9, llm_validation.Refits(runs, predictions))
     if not fit.rows:
         raise InputError("nothing to calibrate: no large-model row could be predicted")
     table = [

@@ -34,6 +34,7 @@ from ddlsim.simulator.calibration.crossval import (
 )
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, Rejected, read_measurements
+from ddlsim.simulator.calibration.unseen import without
 from ddlsim.simulator.cli.common import Progress, print_table
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import POOLS
@@ -169,7 +170,6 @@ def run(args: argparse.Namespace) -> int:
             if args.profile is not None:
                 profile = load_profile(args.profile)
             elif calibration and calibration.rows:
-                profile = calibrate(calibration.rows, bootstrap=args.bootstrap, seed=args.seed).profile
                 calibration_ids, collide = _calibration_ids(rows, calibration.rows)
                 if collide:
                     print(
@@ -177,8 +177,11 @@ def run(args: argparse.Namespace) -> int:
                         "(two runs that reuse ids?): they are predicted as held-out rows",
                         file=sys.stderr,
                     )
+                # no catalog value derived from the held-out rows (simulator/calibration/unseen.py)
+                base = without(Profile(), [row.id for row in rows if row.id not in calibration_ids])
+                profile = calibrate(calibration.rows, bootstrap=args.bootstrap, seed=args.seed, base=base).profile
             else:
-                profile = Profile()  # the datasheets alone
+                profile = without(Profile(), [row.id for row in rows])  # the datasheets alone, none derived from these
             if args.ideal:
                 profile = profile.ideal()
             table = validate_table(rows, calibration_ids, profile, args.ci, args.executor, Progress("validate"))
