@@ -112,6 +112,8 @@ def test_leave_one_source_out_fits_and_predicts_a_fold_without_values_its_rows_g
         table = leave_one_source_out([*others, row], 0.9, bootstrap=0)
         entry = next(entry for entry in table if entry["id"] == "T-1")
         assert entry["status"] == "predicted", entry["reason"]
+        catalog_value = 0.8 if name == "high" else 0.2
+        assert f"{token}: compute efficiency 0.4, not the catalog's {catalog_value}, derived from T-1" in entry["note"]
         predicted[name] = entry["predicted"]
     assert predicted["high"] == pytest.approx(predicted["low"], rel=1e-9)
 

@@ -47,6 +47,7 @@ from ddlsim.simulator.calibration.predict import (
     predict,
     stack_reduction,
 )
+from ddlsim.simulator.calibration.unseen import unseen_note
 
 PER_STEP_SPREAD = 0.005  # the per-step reading widens an interval where it moves the prediction more
 
@@ -222,6 +223,9 @@ class Estimator:
                     "a link measured at one scale: per step or per call not told apart, the interval spans the "
                     f"per-step reading (x{other / value:.2f} of this prediction)"
                 )
+        replaced = unseen_note(self.profile, resolved.device)
+        if replaced:
+            notes.append(replaced)
         if needs_input_pipeline(row):
             notes.append("real data: the input pipeline is not modeled (assumed to keep up)")
         reduction = stack_reduction(row)

@@ -182,7 +182,7 @@ def predict_runs(
     """The closed form's iteration for every row that maps onto a layout (the others with their
     reason), without the catalog values derived from the rows in ``predicted`` (``unseen.without``)."""
     from ddlsim.hardware_models.profile import Profile
-    from ddlsim.simulator.calibration.unseen import without
+    from ddlsim.simulator.calibration.unseen import unseen_note, without
     from ddlsim.simulator.closed_form.training import closed_form_result
     from ddlsim.simulator.scenario import ScenarioError
 
@@ -209,6 +209,9 @@ def predict_runs(
             try:
                 scenario = scenario_of(mapped, profile)
                 seconds = closed_form_result(scenario, scenario.nodes[0]).iteration_s
+                replaced = unseen_note(blind, mapped.device)
+                if replaced:
+                    mapped = dataclasses.replace(mapped, assumptions=(*mapped.assumptions, replaced))
                 prediction = LlmPrediction(run, mapped, iteration_s=seconds)
                 readings = [dataclasses.replace(mapped, model=model) for model in mapped.alternatives]
                 readings += [dataclasses.replace(mapped, layout=layout)

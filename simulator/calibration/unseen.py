@@ -20,7 +20,7 @@ gives without them (``unseen_devices``):
 
 The replacements reach the model as a profile's ``DeviceFit`` (``Profile.devices``), which both
 the compute fit and every prediction read (``Profile.device``); a fitted efficiency already in the
-profile is kept.
+profile is kept. A row's note names what was replaced (``unseen_note``).
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _alternative(device: Device, field: str, predicted: Collection[str]) -> tupl
                 if not all(row in predicted for row in rows)]  # fmt: skip
     if not standing:
         return None
-    value, rows, source = max(standing)
-    return value, f"alternative from {', '.join(rows)}: {source}"
+    value, rows, _ = max(standing)
+    return value, f"the bound {', '.join(rows)} gives"
 
 
 def _standing(devices: list[Device], predicted: Collection[str]) -> list[Device]:
@@ -80,7 +80,7 @@ def _replacement(device: Device, catalog: list[Device], predicted: Collection[st
         return device.compute_efficiency, "kept: no device has a value that stands"
     value = statistics.median(other.compute_efficiency for other in pool)
     names = ", ".join(sorted(other.token for other in pool))
-    return value, f"median of {names}"
+    return value, f"the median of {names}"
 
 
 def unseen_devices(predicted: Collection[str]) -> dict[str, DeviceFit]:
@@ -97,24 +97,32 @@ def unseen_devices(predicted: Collection[str]) -> dict[str, DeviceFit]:
         if COMPUTE in fields:
             compute, origin = _alternative(device, COMPUTE, predicted) or _replacement(device, catalog, predicted)
             sources[COMPUTE] = (
-                f"unseen: the catalog's {device.compute_efficiency:g} was derived from "
-                f"{', '.join(device.derived_from[COMPUTE].rows)}, which this validation predicts; "
-                f"{compute:.3g}, the {origin}"
+                f"unseen: compute efficiency {compute:.3g}, not the catalog's {device.compute_efficiency:g}, derived "
+                f"from {', '.join(device.derived_from[COMPUTE].rows)}, which this validation predicts ({origin})"
             )
         layers = {}
         for field in fields:
             if field.startswith("layer_efficiency."):
                 layer = field.partition(".")[2]
-                value, origin = _alternative(device, field, predicted) or (compute, "device's compute efficiency")
+                value, origin = _alternative(device, field, predicted) or (compute, "the device's compute efficiency")
                 layers[layer] = value
+                rows = ", ".join(device.derived_from[field].rows)
+                catalog_value = device.layer_efficiency[layer]
                 sources[field] = (
-                    f"unseen: derived from {', '.join(device.derived_from[field].rows)}, which this validation "
-                    f"predicts; {value:.3g}, the {origin}"
+                    f"unseen: {layer} layers' efficiency {value:.3g}, not the catalog's {catalog_value:g}, "
+                    f"derived from {rows}, which this validation predicts ({origin})"
                 )
         fits[device.token] = DeviceFit(
             compute_efficiency=compute if COMPUTE in fields else None, layer_efficiency=layers, sources=sources
         )
     return fits
+
+
+def unseen_note(profile: Profile, device: str) -> str:
+    """What ``profile`` replaced of ``device``'s catalog values (for a row's note), or ""."""
+    fit = profile.devices.get(device)
+    replaced = [text for text in (fit.sources.values() if fit else ()) if text.startswith("unseen: ")]
+    return "; ".join(f"{device}: {text.removeprefix('unseen: ')}" for text in replaced)
 
 
 def without(profile: Profile, predicted: Collection[str]) -> Profile:
