@@ -307,8 +307,8 @@ class LlmFit:
 
 class Refits:
     """``predict_runs`` of ``runs`` without the catalog values derived from a set of rows, run once
-    per distinct set of values that replaces them (``unseen.unseen_devices``); ``predictions``: the
-    runs predicted with the catalog as it is."""
+    per distinct set of values that replaces them (``unseen.unseen_devices``) and only for the runs
+    on a device it replaces; ``predictions``: the runs predicted with the catalog as it is."""
 
     def __init__(self, runs: Sequence[LlmRun], predictions: Sequence[LlmPrediction]) -> None:
         self.runs = list(runs)
@@ -321,8 +321,11 @@ class Refits:
         replaced = unseen_devices(predicted)
         key = tuple(sorted((token, fit.compute_efficiency, tuple(sorted(fit.layer_efficiency.items())))
                            for token, fit in replaced.items()))  # fmt: skip
-        if key not in self.cache:
-            self.cache[key] = {p.run.id: p for p in predict_runs(self.runs, None, predicted)}
+        if key not in self.cache:  # only the runs on a replaced device change
+            base = self.cache[()]
+            touched = [run for run in self.runs
+                       if (mapped := base[run.id].mapped) is not None and mapped.device in replaced]  # fmt: skip
+            self.cache[key] = {**base, **{p.run.id: p for p in predict_runs(touched, None, predicted)}}
         return self.cache[key]
 
 
