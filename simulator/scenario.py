@@ -27,7 +27,7 @@ from ddlsim.hardware_models.compute import BYTES_PER_ELEMENT
 from ddlsim.registry import UnknownNameError
 from ddlsim.simulator.engine.fabric_spec import TOPOLOGIES, FabricSpec, topology_of
 from ddlsim.simulator.input_errors import ScenarioError, check_sockets
-from ddlsim.simulator.workloads import Layer, Workload, load_workload, workload_names
+from ddlsim.simulator.workloads import Layer, Workload, load_workload, saved_for_backward_bytes, workload_names
 from ddlsim.simulator.workloads.transformer import TransformerConfig, load_transformer, transformer_names
 
 if TYPE_CHECKING:  # neither is needed to run a scenario without noise or a profile (the closed form's start-up)
@@ -324,7 +324,8 @@ class Scenario:
 
     def memory_needed_bytes(self) -> float:
         """Device memory for training (bytes): fp32 weights, gradients and momentum, the fp16 working
-        copies under mixed precision, and the batch's activations kept for backward. A
+        copies under mixed precision, and the batch's activations that the layers' backward reads
+        (``workloads.saved_for_backward_bytes``). A
         ``hybrid_parallel`` device holds one pipeline stage: the largest stage's need, counting the
         activation it received from the stage before (kept for its first layer's backward)."""
         stages = self.hybrid_stages()
@@ -338,9 +339,10 @@ class Scenario:
     def _memory_of(self, layers: tuple[Layer, ...], received_bytes: float = 0.0) -> float:
         parameters = sum(layer.parameters for layer in layers)
         state = parameters * (4.0 * 3 + (4.0 if self.precision != "fp32" else 0.0))
-        # output activations of every layer, fp32 bytes per sample in the tables (Workload.activation_bytes)
-        activations = self.per_device_batch * (math.fsum(layer.output_bytes for layer in layers) + received_bytes)
-        return state + activations * self.bytes_per_element / 4.0
+        # the activations the layers' backward keeps (workloads.saved_for_backward_bytes), and the
+        # activation a pipeline stage received, kept for its first layer's backward
+        received = received_bytes * self.bytes_per_element / 4.0
+        return state + self.per_device_batch * (saved_for_backward_bytes(layers, self.bytes_per_element) + received)
 
     def hybrid_stages(self) -> list[tuple[Layer, ...]] | None:
         """The layers each device of a node holds under ``hybrid_parallel`` (the given split, else the
@@ -370,8 +372,8 @@ class Scenario:
             raise ScenarioError(
                 f"does not fit: {self.workload} at {where} {self.per_device_batch} ({self.precision}) "
                 f"needs {needed / 1e9:.1f} GB, {self.device} has {device.memory_capacity_bytes / 1e9:.1f} GB "
-                "(assumed: fp32 weights, gradients and momentum, fp16 copies under mixed precision, every "
-                "layer's activations kept for backward, no recomputation); lower --per-device-batch, or "
+                "(assumed: fp32 weights, gradients and momentum, fp16 copies under mixed precision, the "
+                "activations each layer's backward reads, no recomputation); lower --per-device-batch, or "
                 "--no-memory-check if the run did fit"
             )
 

@@ -122,9 +122,40 @@ class Workload:
         return self.parameter_count * bytes_per_element
 
     def activation_bytes(self, bytes_per_element: float = FP32_BYTES) -> float:
-        """Bytes per sample of the output activations kept for backward, at ``bytes_per_element``."""
+        """Bytes per sample of the activations kept for backward (``saved_for_backward_bytes``), at
+        ``bytes_per_element``."""
         _check_element_size(bytes_per_element)
-        return math.fsum(layer.output_bytes for layer in self.layers) * bytes_per_element / FP32_BYTES
+        return saved_for_backward_bytes(self.layers, bytes_per_element)
+
+
+# What a layer's backward keeps from its forward, as the frameworks' autograd formulas save it
+# (PyTorch tools/autograd/derivatives.yaml; TensorFlow's registered gradients read the same):
+# a convolution, linear layer, batch or layer norm and pooling keep their input (conv: convolution_
+# backward(input, weight); batch norm: input, save_mean, save_invstd; pooling: self); ReLU, tanh and
+# softmax keep their output (threshold_backward(grad, result); tanh_backward(grad, result);
+# _softmax_backward_data(grad, result)); an addition, a concatenation and a flatten keep nothing;
+# dropout keeps a one-byte mask an element. So a batch norm's output that only a ReLU reads, or a
+# residual sum, is freed as soon as its reader has run.
+SAVES_INPUT = ("conv", "linear", "batchnorm", "layernorm", "pool", "attention")
+SAVES_OUTPUT = ("relu", "tanh", "softmax", "gelu")
+MASK_BYTES = 1.0  # dropout's mask, bytes an element
+
+
+def saved_for_backward_bytes(layers: tuple[Layer, ...], bytes_per_element: float = FP32_BYTES) -> float:
+    """Bytes per sample that ``layers`` (in forward order) keep for their backward: each layer's
+    output once, where its own backward keeps it (``SAVES_OUTPUT``) or the next layer's keeps its
+    input (``SAVES_INPUT``), plus dropout's masks. The tables list a branch after the layer before
+    it (a ResNet's downsampling convolution after the block's last batch norm), so such an output
+    counts as its next layer's input: an upper bound by one tensor a branch."""
+    kept = 0.0
+    masks = 0.0
+    for index, layer in enumerate(layers):
+        reader = layers[index + 1].layer_type if index + 1 < len(layers) else ""
+        if layer.layer_type in SAVES_OUTPUT or reader in SAVES_INPUT:
+            kept += layer.output_bytes
+        if layer.layer_type == "dropout":
+            masks += layer.output_bytes / FP32_BYTES * MASK_BYTES
+    return math.fsum((kept * bytes_per_element / FP32_BYTES, masks))
 
 
 def _check_element_size(bytes_per_element: float) -> None:
