@@ -449,3 +449,21 @@ def test_simulate_writes_each_point_as_it_finishes(capsys, tmp_path):
     assert run(capsys, "simulate", "--nodes", "1,2,4", "--workers", "2", "--executor-pool", "process",
                "--out", str(tmp_path))[0] == 0  # fmt: skip
     assert [row["nodes"] for row in read_csv(tmp_path / "results.csv")] == ["1", "2", "4"]
+
+
+@pytest.mark.slow
+def test_profile_published_fits_the_shipped_runs_on_the_spot(tmp_path, capsys):
+    """``--profile published``: ddlsim calibrate on the packaged published_dev.csv, then the run.
+    MLPerf v0.7's DGX-1 ResNet-50 (MLPERF-042, 11,176 images/s, in that file) comes out within 3 %
+    (the datasheets alone give 7,722: their efficiencies are lower bounds)."""
+    argv = ["simulate", "--workload", "resnet50", "--device", "v100_sxm2", "--precision", "fp16",
+            "--per-device-batch", "208", "--devices-per-node", "8", "--intra-node", "nvlink2", "--nodes", "1",
+            "--executor", "analytic"]  # fmt: skip
+    rates = {}
+    for name, extra in (("datasheets", []), ("published", ["--profile", "published"])):
+        assert main([*argv, *extra, "--out", str(tmp_path / name)]) == 0
+        rates[name] = float(read_csv(tmp_path / name / "results.csv")[0]["throughput_samples_per_s"])
+    err = capsys.readouterr().err
+    assert "--profile published: calibrating on the 187 rows of the packaged published_dev.csv" in err
+    assert rates["published"] == pytest.approx(11176.4, rel=0.03)
+    assert rates["datasheets"] < 0.75 * 11176.4

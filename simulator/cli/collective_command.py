@@ -9,6 +9,7 @@ from pathlib import Path
 from ddlsim.hardware_models.units import SIZE_UNITS, parse_sizes
 from ddlsim.reports.formatting import format_size
 from ddlsim.simulator.cli.common import (
+    PROFILE_HELP,
     InputError,
     Progress,
     add_topology_arguments,
@@ -16,6 +17,7 @@ from ddlsim.simulator.cli.common import (
     parse_counts,
     parse_options,
     print_table,
+    read_profile,
     topology_options,
 )
 from ddlsim.simulator.collective_sim import CollectiveSetup, simulate_collective
@@ -62,8 +64,8 @@ def register(subparsers) -> None:
     add_topology_arguments(p)
     p.add_argument("--algorithm-option", action="append", metavar="KEY=VALUE")
     p.add_argument(
-        "--profile", type=Path, default=None, metavar="TOML",
-        help="a profile from 'ddlsim calibrate': its fitted links (alpha, bandwidth, fixed cost per call per "
+        "--profile", type=Path, default=None, metavar="TOML|published",
+        help=f"{PROFILE_HELP}: its fitted links (alpha, bandwidth, fixed cost per call per "
         "message size) replace the datasheets' for --device's rows of this algorithm and collective",
     )  # fmt: skip
     p.add_argument(
@@ -106,10 +108,9 @@ def run(args: argparse.Namespace) -> int:
     profile, scope = None, None
     if args.profile is not None:
         from ddlsim.hardware_models.catalog import load_device
-        from ddlsim.hardware_models.profile import load_profile
 
         load_device(args.device)  # an unknown token: one line naming the valid ones
-        profile = load_profile(args.profile)
+        profile = read_profile(args.profile)
         scope = f"{args.device}@{args.algorithm}@{args.collective}"  # as validate scopes a collective row
     setup = CollectiveSetup(
         devices_per_node=args.devices_per_node,

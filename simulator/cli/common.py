@@ -21,8 +21,31 @@ from ddlsim.simulator.progress import Progress
 
 __all__ = [
     "InputError", "Progress", "add_topology_arguments", "check_output", "parse_counts", "parse_options",
-    "print_table", "topology_options",
+    "print_table", "read_profile", "topology_options",
 ]  # fmt: skip
+
+PUBLISHED_PROFILE = "published"  # --profile published: fitted now to the packaged published_dev.csv
+PROFILE_HELP = (
+    "a profile from 'ddlsim calibrate', or 'published': one fitted now to the published runs ddlsim ships "
+    "(published_dev.csv, about 10 s)"
+)
+
+
+def read_profile(path: Path) -> Any:
+    """The ``Profile`` a ``--profile`` argument names: a TOML file, or ``published`` (no such file
+    here): ``ddlsim calibrate`` on the packaged ``published_dev.csv``, run now (seeded, so every call
+    fits the same profile), with a line on stderr saying so."""
+    from ddlsim.hardware_models.profile import load_profile
+
+    if str(path) != PUBLISHED_PROFILE or Path(path).exists():
+        return load_profile(path)
+    from ddlsim.simulator.calibration.fit import calibrate
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements
+
+    rows = read_measurements([packaged_published_dev()]).rows
+    print(f"ddlsim: --profile published: calibrating on the {len(rows)} rows of the packaged published_dev.csv "
+          "(ddlsim calibrate --measurements ... --out FILE saves one to reuse)", file=sys.stderr)  # fmt: skip
+    return calibrate(rows, description="ddlsim's published_dev.csv (--profile published)").profile
 
 
 def check_output(path: Path | None, kind: str = "directory", what: str = "--out", files: Iterable[str] = ()) -> None:

@@ -23,12 +23,14 @@ from ddlsim.algorithms.training_algorithm import make_options
 from ddlsim.hardware_models.catalog import load_device
 from ddlsim.simulator.cli.algorithm_options import add_algorithm_arguments, options_values
 from ddlsim.simulator.cli.common import (
+    PROFILE_HELP,
     InputError,
     Progress,
     add_topology_arguments,
     check_output,
     given_flags,
     print_table,
+    read_profile,
     topology_options,
 )
 from ddlsim.simulator.parsing import parse_counts
@@ -75,8 +77,8 @@ def register(subparsers) -> None:
     )  # fmt: skip
     p.add_argument("--stragglers", default="none", help=STRAGGLER_FORMS)
     p.add_argument(
-        "--profile", type=Path, default=None, metavar="TOML",
-        help="a profile from 'ddlsim calibrate': its fitted compute, links and rank jitter replace the datasheets' "
+        "--profile", type=Path, default=None, metavar="TOML|published",
+        help=f"{PROFILE_HELP}: its fitted compute, links and rank jitter replace the datasheets' "
         "(the jitter as --stragglers lognormal:SIGMA:expected unless --stragglers is given)",
     )  # fmt: skip
     p.add_argument("--seed", type=int, default=0, help="seed of the straggler draws")
@@ -185,9 +187,7 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         values["enforce_memory"] = False
     scenario = Scenario.from_dict(values)
     if args.profile is not None:
-        from ddlsim.hardware_models.profile import load_profile  # 650 lines the run without --profile skips
-
-        scenario = with_profile(scenario, load_profile(args.profile), stragglers_given="stragglers" in given)
+        scenario = with_profile(scenario, read_profile(args.profile), stragglers_given="stragglers" in given)
     return scenario
 
 
