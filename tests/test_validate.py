@@ -252,3 +252,23 @@ def test_simulate_with_a_calibrated_profile_predicts_with_its_compute_and_jitter
     assert "stragglers lognormal:" in out and ":expected" in out
     assert main([*shape, "--profile", str(tmp_path / "missing.toml")]) == 2
     assert "no such profile file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_validate_a_users_rows_against_the_published_fit(tmp_path, capsys):
+    """``--profile published`` in validate: rows of one's own predicted by a fit to the shipped runs.
+    Here three rows of that very file (in-sample: the one-GPU TensorFlow rows pin their own compute,
+    so each comes back within 1 %)."""
+    from ddlsim.simulator.calibration.measurements import packaged_published_dev
+
+    lines = packaged_published_dev().read_text(encoding="utf-8").splitlines()
+    mine = tmp_path / "mine.csv"
+    chosen = [line for line in lines if line.startswith(("TFBENCH-001,", "TFBENCH-002,", "TFBENCH-003,"))]
+    mine.write_text("\n".join([lines[0], *chosen]) + "\n")
+    out = tmp_path / "v"
+    assert main(["validate", "--measurements", str(mine), "--profile", "published", "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "--profile published: calibrating on the 187 rows" in captured.err
+    rows = read_csv(out / "validation.csv")
+    assert [row["id"] for row in rows] == ["TFBENCH-001", "TFBENCH-002", "TFBENCH-003"]
+    assert all(abs(float(row["error_pct"])) < 1.0 for row in rows)

@@ -35,7 +35,7 @@ from ddlsim.simulator.calibration.crossval import (
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, Rejected, read_measurements
 from ddlsim.simulator.calibration.unseen import without
-from ddlsim.simulator.cli.common import Progress, print_table
+from ddlsim.simulator.cli.common import Progress, print_table, read_profile
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import POOLS
 
@@ -65,7 +65,11 @@ def register(subparsers) -> None:
     )
     parser.add_argument("--measurements", nargs="+", type=Path, required=True, help="rows to predict")
     parser.add_argument("--calibration", nargs="*", type=Path, default=[], help="rows to calibrate on")
-    parser.add_argument("--profile", type=Path, default=None, help="use this profile instead of fitting")
+    parser.add_argument(
+        "--profile", type=Path, default=None, metavar="TOML|published",
+        help="use this profile instead of fitting: a file from 'ddlsim calibrate', or 'published' (a fit to "
+        "the published runs ddlsim ships, made now; in-sample for their rows)",
+    )  # fmt: skip
     parser.add_argument(
         "--leave-one-source-out",
         action="store_true",
@@ -168,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
             split = f"leave one {args.by} out"
         else:
             if args.profile is not None:
-                profile = load_profile(args.profile)
+                profile = read_profile(args.profile)
             elif calibration and calibration.rows:
                 calibration_ids, collide = _calibration_ids(rows, calibration.rows)
                 if collide:
