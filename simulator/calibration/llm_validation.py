@@ -388,16 +388,18 @@ def leave_one_source_out(
     predictions = predict_runs(runs, progress)
     refits = Refits(runs, predictions)
     fits: dict[str, LlmFit] = {}
+    folds: dict[str, dict[str, LlmPrediction]] = {}
     table = []
     for prediction in predictions:
         family = prediction.family
-        members = [p.run.id for p in predictions if p.family == family]
-        fold = refits.without(members)
-        if family not in fits:
+        if family not in fits:  # once per family: its fold's predictions and the fit without it
+            members = [p.run.id for p in predictions if p.family == family]
+            fold = folds[family] = refits.without(members)
             fits[family] = LlmFit.of([fold[p.run.id] for p in predictions if p.family != family], ci, refits, members)
         fit = fits[family]
-        table.append(table_row(fold[prediction.run.id], fit, basis=f"transformer_slowdown {fit.slowdown:.3f} fitted "
-                                                                   f"without {family} ({fit.rows} rows)"))  # fmt: skip
+        table.append(table_row(folds[family][prediction.run.id], fit,
+                               basis=f"transformer_slowdown {fit.slowdown:.3f} fitted without {family} "
+                                     f"({fit.rows} rows)"))  # fmt: skip
     return table, fits
 
 

@@ -14,10 +14,13 @@ import sys
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ddlsim.simulator.parsing import MAX_COUNT, InputError, parse_counts
 from ddlsim.simulator.progress import Progress
+
+if TYPE_CHECKING:  # the profile module loads only when a command reads one
+    from ddlsim.hardware_models.profile import Profile
 
 __all__ = [
     "InputError", "Progress", "add_topology_arguments", "check_output", "parse_counts", "parse_options",
@@ -27,11 +30,11 @@ __all__ = [
 PUBLISHED_PROFILE = "published"  # --profile published: fitted now to the packaged published_dev.csv
 PROFILE_HELP = (
     "a profile from 'ddlsim calibrate', or 'published': one fitted now to the published runs ddlsim ships "
-    "(published_dev.csv, about 10 s)"
+    "(published_dev.csv, about 7 s)"
 )
 
 
-def read_profile(path: Path) -> Any:
+def read_profile(path: Path) -> Profile:
     """The ``Profile`` a ``--profile`` argument names: a TOML file, or ``published`` (no such file
     here): ``ddlsim calibrate`` on the packaged ``published_dev.csv``, run now (seeded, so every call
     fits the same profile), with a line on stderr saying so."""
