@@ -48,8 +48,10 @@ def rate_for(name: str) -> float:
     """Learning rate of the every-algorithm body. Hogwild SGD pushes each worker's two-thread delta,
     racing with the others, so its step per server update is several gradients long: at 0.3 about one
     worker in 75 (loaded 2-core machine) diverged into dead ReLUs (final loss 2.31-2.43, the
-    class-prior entropy); at 0.15 the worst of 75 was 1.32."""
-    return 0.15 if name == "hogwild_sgd" else 0.3
+    class-prior entropy); at 0.15 the worst of 75 was 1.32. Plain async SGD on 4 ranks (3 workers
+    applying stale gradients) did the same once in CI at 0.3 (2.31 -> 2.36); on a loaded machine its
+    worst final/initial ratio of 300 workers was 0.83 at 0.3 and 0.47 at 0.15."""
+    return 0.15 if name in ("hogwild_sgd", "async_sgd") else 0.3
 
 
 def check_every_algorithm(transport: Any) -> None:
