@@ -40,7 +40,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
-from ddlsim.algorithms.selectors import LIBRARIES
+from ddlsim.algorithms.selectors import LIBRARIES, select
 from ddlsim.hardware_models.catalog import load_device, load_link
 from ddlsim.hardware_models.profile import LinkFit, Profile
 from ddlsim.simulator.calibration.intervals import config_key
@@ -308,6 +308,31 @@ def library_breakpoints(key: str) -> tuple[float, ...]:
     return LIBRARY_BREAKPOINTS.get(parts[2], ()) if len(parts) > 2 else ()
 
 
+def forced_breakpoints(key: str, rows: list[Measurement]) -> tuple[float, ...]:
+    """Every threshold a link group's fit breaks at whatever the rows say: the library's protocol
+    changes and where its selector changes algorithm (taken from the library, not fitted)."""
+    return tuple(sorted({*library_breakpoints(key), *algorithm_breakpoints(key, rows)}))
+
+
+def algorithm_breakpoints(key: str, rows: list[Measurement]) -> tuple[float, ...]:
+    """Where the library in ``key`` changes algorithm between two measured sizes of ``rows`` (its
+    selector, ``algorithms.selectors``, at each row's ranks): a break between them, at their geometric
+    mean. One segment's alpha is a cost per step of one schedule; a ring's 2 (p - 1) steps and a
+    halving-doubling's 2 log2 p extrapolate differently in ranks, so no segment holds both."""
+    parts = key.split("@")
+    library = parts[2] if len(parts) > 2 else ""
+    if library not in LIBRARIES:
+        return ()
+    modeled = [row.modeled() for row in rows]
+    configurations = {(row.collective, row.devices, row.devices_per_node, row.nics_per_node or 1) for row in modeled}
+
+    def chosen(size: float) -> frozenset[str]:
+        return frozenset(select(library, collective, size, *shape)[0] for collective, *shape in configurations)
+
+    sizes = sorted({float(row.message_bytes or 0) for row in rows})
+    return tuple(math.sqrt(lo * hi) for lo, hi in itertools.pairwise(sizes) if lo > 0 and chosen(lo) != chosen(hi))
+
+
 def _segmentations(sizes: np.ndarray, forced: tuple[float, ...] = ()) -> list[tuple[float, ...]]:
     """Every split of the sizes into at most ``MAX_SEGMENTS`` segments that breaks at each ``forced``
     threshold the sizes straddle (a size equal to a threshold is above it, as ``searchsorted`` puts it)."""
@@ -321,14 +346,23 @@ def _segmentations(sizes: np.ndarray, forced: tuple[float, ...] = ()) -> list[tu
 
 
 def _fit_segments(
-    lin: LinearRows, breakpoints: tuple[float, ...], prior: tuple[float, float], rows: np.ndarray, minimum: int
+    lin: LinearRows,
+    breakpoints: tuple[float, ...],
+    prior: tuple[float, float],
+    rows: np.ndarray,
+    minimum: int,
+    forced: tuple[float, ...] = (),
 ) -> list[Segment] | None:
-    """Each segment's fit on ``rows``; None if a segment has too few."""
+    """Each segment's fit on ``rows``; None if a segment has too few (fewer than ``minimum``, or none
+    where both its ends are ``forced`` thresholds or the sizes' ends: the library's thresholds, not
+    the fit, made it that small)."""
     segment = np.searchsorted(np.array(breakpoints), lin.sizes, side="right")
+    ends = (-math.inf, *breakpoints, math.inf)
     fits = []
     for s in range(len(breakpoints) + 1):
         index = rows[segment[rows] == s]
-        if index.size < minimum:
+        fixed = all(end in forced or math.isinf(end) for end in ends[s : s + 2])
+        if index.size < (1 if fixed else minimum):
             return None
         fits.append(_solve_segment(lin, index, prior))
     return fits
@@ -361,8 +395,10 @@ def choose_segments(
     With rows at two or more scales (rank counts), the split is the one whose fit on the smaller
     scales best predicts the largest scale: the same extrapolation validate asks for. With one
     scale, the lowest BIC among splits with at least three rows per segment (two, or one, where the
-    library's thresholds leave no split with three). Every split breaks at
-    the library's own protocol thresholds (``forced``, ``LIBRARY_BREAKPOINTS``) inside the sizes.
+    library's thresholds leave no split with three). Every split breaks at the library's own
+    thresholds inside the sizes (``forced``: its protocol changes, ``LIBRARY_BREAKPOINTS``, and where
+    its selector changes algorithm, ``algorithm_breakpoints``); a segment between two of them needs
+    only one row.
     """
     n = lin.y.size
     everything = np.arange(n)
@@ -372,15 +408,15 @@ def choose_segments(
         train, test = everything[~largest], everything[largest]
         scored = []
         for breakpoints in candidates:
-            fitted = _fit_segments(lin, breakpoints, prior, train, 2)
-            if fitted is not None and _fit_segments(lin, breakpoints, prior, everything, 2) is not None:
+            fitted = _fit_segments(lin, breakpoints, prior, train, 2, forced)
+            if fitted is not None and _fit_segments(lin, breakpoints, prior, everything, 2, forced) is not None:
                 scored.append((_extrapolation_error(lin, breakpoints, fitted, test), len(breakpoints), breakpoints))
         if scored:
             return min(scored)[2]
     for minimum in (3, 2, 1):  # fewer rows a segment only where the library's thresholds leave fewer
         best: tuple[float, tuple[float, ...]] | None = None
         for breakpoints in candidates:
-            fitted = _fit_segments(lin, breakpoints, prior, everything, minimum)
+            fitted = _fit_segments(lin, breakpoints, prior, everything, minimum, forced)
             if fitted is None:
                 continue
             params = 2 * (len(breakpoints) + 1) + len(breakpoints)
@@ -404,7 +440,7 @@ def _fit_alpha_beta(
     n = len(rows)
     everything = np.arange(n)
     lin = _probe(rows, profile, key, np.full(n, prior[0]), np.full(n, prior[1]), np.zeros(n), host)
-    breakpoints = choose_segments(lin, lin.scales, prior, library_breakpoints(key))
+    breakpoints = choose_segments(lin, lin.scales, prior, forced_breakpoints(key, rows))
     fits = _fit_segments(lin, breakpoints, prior, everything, 1)
     assert fits is not None
     for _ in range(rereads):  # re-read the coefficients at the fitted point
@@ -545,7 +581,8 @@ def fit_links(
                 unused.extend((row.id, f"link fit failed: {error}") for row in members)
                 continue
         profile = with_link(profile, key, fit)
-        parameters += (3 if fit.call_s else 2) * len(fit.alpha_s) + len(fit.breakpoints_bytes)
+        fitted_breaks = set(fit.breakpoints_bytes) - set(forced_breakpoints(key, members))  # the others are given
+        parameters += (3 if fit.call_s else 2) * len(fit.alpha_s) + len(fitted_breaks)
         for index, sample in enumerate(boot):
             samples[index].update(sample)
         if progress:
