@@ -272,3 +272,30 @@ def test_validate_a_users_rows_against_the_published_fit(tmp_path, capsys):
     rows = read_csv(out / "validation.csv")
     assert [row["id"] for row in rows] == ["TFBENCH-001", "TFBENCH-002", "TFBENCH-003"]
     assert all(abs(float(row["error_pct"])) < 1.0 for row in rows)
+
+
+@pytest.mark.slow
+def test_validate_large_model_rows_against_the_published_fit(tmp_path, capsys):
+    """``--profile published`` with a large-model file: the fit ``ddlsim calibrate`` makes of the
+    packaged llm_dev.csv, made on the spot (it was 'no such profile file', exit 2): the same
+    predictions as through a profile that calibrate wrote."""
+    from ddlsim.simulator.calibration.llm_validation import packaged_llm_dev
+
+    lines = packaged_llm_dev().read_text(encoding="utf-8").splitlines()
+    mine = tmp_path / "mine.csv"
+    chosen = [line for line in lines if line.startswith(("LLM-057,", "LLM-064,"))]
+    mine.write_text("\n".join([lines[0], *chosen]) + "\n")
+    saved = tmp_path / "llm.toml"
+    assert main(["calibrate", "--measurements", str(packaged_llm_dev()), "--out", str(saved)]) == 0
+    tables = {}
+    for name, profile in (("saved", str(saved)), ("published", "published")):
+        assert main(["validate", "--measurements", str(mine), "--profile", profile, "--out", str(tmp_path / name)]) == 0
+        tables[name] = read_csv(tmp_path / name / "validation.csv")
+    assert "--profile published: calibrating on the 27 rows of the packaged llm_dev.csv" in capsys.readouterr().err
+    assert [row["id"] for row in tables["published"]] == ["LLM-057", "LLM-064"]
+    for mine_row, saved_row in zip(tables["published"], tables["saved"], strict=True):
+        assert float(mine_row["predicted"]) == pytest.approx(float(saved_row["predicted"]), rel=1e-9)
+        assert (float(mine_row["ci_low"]), float(mine_row["ci_high"])) == pytest.approx(
+            (float(saved_row["ci_low"]), float(saved_row["ci_high"])), rel=1e-6
+        )
+    assert "fitted to the packaged llm_dev.csv" in tables["published"][0]["basis"]

@@ -329,6 +329,19 @@ class Refits:
         return self.cache[key]
 
 
+def fit_runs(runs: Sequence[LlmRun], ci: float = 0.9, progress=None) -> tuple[list[LlmPrediction], LlmFit]:
+    """``ddlsim calibrate`` on large-model rows: every run's prediction and the ``transformer_slowdown``
+    fitted to them, its band from each family predicted without the catalog values derived from its
+    rows (``Refits``)."""
+    predictions = predict_runs(runs, progress)
+    return predictions, LlmFit.of(predictions, ci, Refits(runs, predictions))
+
+
+def packaged_llm_dev() -> Path:
+    """The large-model development set shipped with the package (see its README)."""
+    return Path(__file__).parent / "data" / "llm_dev.csv"
+
+
 def table_row(prediction: LlmPrediction, fit: LlmFit, status: str = "predicted", basis: str = "") -> dict[str, Any]:
     """One row of ``validate``'s table (``crossval.VALIDATION_COLUMNS``)."""
     run, mapped = prediction.run, prediction.mapped

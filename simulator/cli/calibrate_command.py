@@ -141,9 +141,8 @@ def _calibrate_llm(args: argparse.Namespace) -> int:
         raise InputError(str(error)) from None
     for bad in unread:
         print(f"# not used: {bad.id or f'line {bad.line}'}: {bad.reason}")
-    predictions = llm_validation.predict_runs(runs, Progress("calibrate: large-model rows"))
     # the band's residuals: each family predicted without the catalog values derived from its rows
-    fit = llm_validation.LlmFit.of(predictions, 0.9, llm_validation.Refits(runs, predictions))
+    predictions, fit = llm_validation.fit_runs(runs, 0.9, Progress("calibrate: large-model rows"))
     if not fit.rows:
         raise InputError("nothing to calibrate: no large-model row could be predicted")
     table = [

@@ -35,7 +35,7 @@ from ddlsim.simulator.calibration.crossval import (
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, Rejected, read_measurements
 from ddlsim.simulator.calibration.unseen import without
-from ddlsim.simulator.cli.common import Progress, print_table, read_profile
+from ddlsim.simulator.cli.common import PUBLISHED_PROFILE, Progress, print_table, read_profile
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import POOLS
 
@@ -68,7 +68,8 @@ def register(subparsers) -> None:
     parser.add_argument(
         "--profile", type=Path, default=None, metavar="TOML|published",
         help="use this profile instead of fitting: a file from 'ddlsim calibrate', or 'published' (a fit to "
-        "the published runs ddlsim ships, made now; in-sample for their rows)",
+        "the published runs ddlsim ships, made now: published_dev.csv, or llm_dev.csv for large-model files; "
+        "in-sample for their rows)",
     )  # fmt: skip
     parser.add_argument(
         "--leave-one-source-out",
@@ -227,6 +228,14 @@ def _run_llm(args: argparse.Namespace) -> int:
     if args.leave_one_source_out:
         table, _ = llm_validation.leave_one_source_out(measured, args.ci, progress)
         split = "leave one source out"
+    elif args.profile is not None and str(args.profile) == PUBLISHED_PROFILE and not Path(args.profile).exists():
+        shipped = llm_validation.read_llm_runs([llm_validation.packaged_llm_dev()])
+        print(f"ddlsim: --profile published: calibrating on the {len(shipped)} rows of the packaged llm_dev.csv "
+              "(ddlsim calibrate --measurements ... --out FILE saves one to reuse)", file=sys.stderr)  # fmt: skip
+        _, fit = llm_validation.fit_runs(shipped, args.ci, Progress("validate: the packaged large-model rows"))
+        basis = f"transformer_slowdown {fit.slowdown:.3f} fitted to the packaged llm_dev.csv ({fit.rows} rows)"
+        table = [llm_validation.table_row(p, fit, basis=basis) for p in llm_validation.predict_runs(measured, progress)]
+        split = "profile"
     elif args.profile is not None:  # a profile ddlsim calibrate wrote from large-model rows
         saved = load_profile(args.profile)
         fit = llm_validation.LlmFit(saved.transformer_slowdown, *saved.transformer_band)
