@@ -241,7 +241,8 @@ class Profile:
     overlap_interference: float = 0.0
     # lognormal sigma of each rank's compute per step: a synchronous step waits for the slowest of N
     rank_jitter_sigma: float = 0.0
-    # large-model rows: measured / closed-form iteration time (simulator.calibration.llm_validation)
+    # large-model rows: measured / closed-form iteration time (simulator.calibration.llm_validation);
+    # a transformer layout's simulated iteration is scaled by it (training.trainers.transformer_result)
     transformer_slowdown: float = 1.0
     transformer_band: tuple[float, float] = (1.0, 1.0)  # the rows' spread around it (low, high factors)
     noise_sigma: float = 0.0

@@ -148,6 +148,26 @@ def test_the_breakdown_adds_up_to_the_iteration():
     assert row["tflops_per_gpu"] == pytest.approx(row["mfu"] * 312.0, rel=1e-6)  # A100 bf16 peak: 312 TFLOP/s
 
 
+def test_a_profiles_transformer_slowdown_scales_the_iteration_in_both_executors():
+    """``ddlsim calibrate`` on large-model rows fits ``transformer_slowdown`` (measured over closed-form
+    iteration time); a simulation under that profile is that much slower, every part of its breakdown
+    with it (simulate had ignored it and printed the uncalibrated time)."""
+    from ddlsim.hardware_models.profile import Profile
+
+    plain = scenario(tp=2, pp=2, global_batch=8, zero_stage=1)
+    calibrated = dataclasses.replace(plain, profile=Profile(transformer_slowdown=1.5))
+    for run in (lambda point: run_des(point, 2).result, lambda point: closed_form_result(point, 2)):
+        before, after = run(plain).row(1), run(calibrated).row(1)
+        assert after["iteration_s"] == pytest.approx(1.5 * before["iteration_s"], rel=1e-9)
+        assert after["mfu"] == pytest.approx(before["mfu"] / 1.5, rel=1e-9)
+        parts = [name for name in BREAKDOWN if before[name] is not None]  # the closed form has no waits
+        assert "compute_s" in parts and "tp_s" in parts
+        for name in parts:
+            assert after[name] == pytest.approx(1.5 * before[name], rel=1e-9, abs=1e-15), name
+        if len(parts) == len(BREAKDOWN):
+            assert sum(after[name] for name in BREAKDOWN) == pytest.approx(after["iteration_s"], rel=1e-9)
+
+
 def test_more_micro_batches_shrink_the_bubble_and_interleaving_shrinks_it_more():
     """Narayanan et al. SC21: an iteration of m micro-batches takes (m + p - 1) slowest-stage steps
     with 1F1B, m + (p - 1) / v interleaved: time per micro-batch falls with m, and with v. (GPT-2's

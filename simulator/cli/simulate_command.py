@@ -310,7 +310,9 @@ def run(args: argparse.Namespace) -> int:
         f"{scenario.steps} update(s)/worker, executor {scenario.executor}"
     )
     if scenario.profile is not None:
-        print(f"# profile {args.profile}: calibrated compute and links; stragglers {scenario.stragglers}")
+        slowdown = (f"; every transformer time x{scenario.profile.transformer_slowdown:.3f} (its transformer_slowdown)"
+                    if scenario.is_transformer and scenario.profile.transformer_slowdown != 1.0 else "")  # fmt: skip
+        print(f"# profile {args.profile}: calibrated compute and links; stragglers {scenario.stragglers}{slowdown}")
     print_table(rows, columns)
     if args.out is not None:
         write_outputs(args.out, scenario, rows, columns, args.plot)

@@ -16,7 +16,7 @@ from ddlsim.simulator.closed_form.costs import ClosedFormCosts
 from ddlsim.simulator.scenario import Scenario, ScenarioError
 from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import setup_of
-from ddlsim.simulator.training.trainers import layout_figures
+from ddlsim.simulator.training.trainers import transformer_result
 
 # closed forms whose step waits for every worker's compute: stragglers cost the expected slowest
 STRAGGLER_CLOSED_FORMS = ("sync_sgd", "megatron")
@@ -58,7 +58,7 @@ def closed_form_result(scenario: Scenario, nodes: int) -> TrainingResult:
         path="closed_form",
     )
     if scenario.is_transformer:
-        result.layout = layout_figures(scenario, plan, stage_zero_breakdown(costs, plan))
+        result = transformer_result(result, scenario, plan, stage_zero_breakdown(costs, plan))
     return result
 
 

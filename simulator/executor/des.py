@@ -44,9 +44,9 @@ from ddlsim.simulator.training.trainers import (
     SimTrainer,
     hybrid_stage_trainers,
     layer_times,
-    layout_figures,
     single_device_step_s,
     transformer_costs,
+    transformer_result,
 )
 from ddlsim.simulator.training.transformer_trainer import TransformerTrainer
 
@@ -215,7 +215,7 @@ def summarise(setup: TrainingSetup, executor: RoleExecutor, returns: dict, bucke
         breakdown = {f"{name}_s": float(seconds[last]) / steps for name, seconds in stats.parts.items()}
         breakdown["pipeline_wait_s"] = float(stats.recv_wait_s[last]) / steps
         breakdown["dp_wait_s"] = float(stats.wait_s[last]) / steps
-        result = dataclasses.replace(result, layout=layout_figures(scenario, plan, breakdown))
+        result = transformer_result(result, scenario, plan, breakdown)
     if servers:
         span = max(time_s, float(finish[servers].max()))
         received = int(stats.received[servers].sum())

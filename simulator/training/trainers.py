@@ -24,6 +24,7 @@ roofline compute model of ``hardware_models.compute`` and whose results are size
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import math
 from collections.abc import Callable
@@ -42,6 +43,7 @@ from ddlsim.hardware_models.compute import (
 )
 from ddlsim.simulator.scenario import Scenario
 from ddlsim.simulator.training.costs import GroupCosts
+from ddlsim.simulator.training.result import TrainingResult
 from ddlsim.simulator.training.setup import TrainingSetup
 
 if TYPE_CHECKING:
@@ -352,6 +354,19 @@ def layout_figures(scenario: Scenario, plan: Any, breakdown: dict[str, float]) -
         "model_flops_per_step": sequences * model_flops_per_sample(blocks, layout.frozen_weights),
         "peak_flops": scenario.device_spec.peak_flops_for(scenario.precision),
     }
+
+
+def transformer_result(
+    result: TrainingResult, scenario: Scenario, plan: Any, breakdown: dict[str, float]
+) -> TrainingResult:
+    """``result`` of a transformer layout with its per-iteration figures (``layout_figures``) under the
+    profile's ``transformer_slowdown`` (measured over closed-form iteration time, fitted by ``ddlsim
+    calibrate`` on large-model rows; 1 without a profile): the iteration and every part of its
+    breakdown scaled by it, so the parts still sum to the iteration."""
+    slowdown = scenario.profile.transformer_slowdown if scenario.profile is not None else 1.0
+    figures = layout_figures(scenario, plan, {name: seconds * slowdown for name, seconds in breakdown.items()})
+    figures["transformer_slowdown"] = slowdown
+    return dataclasses.replace(result, time_s=result.time_s * slowdown, comm_s=result.comm_s * slowdown, layout=figures)
 
 
 def single_device_step_s(scenario: Scenario, algorithm: TrainingAlgorithm) -> float:
