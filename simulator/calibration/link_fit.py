@@ -40,6 +40,7 @@ import numpy as np
 from scipy.optimize import lsq_linear
 
 from ddlsim.algorithms.collective import COLLECTIVE_ALGORITHMS
+from ddlsim.algorithms.schedule import COLLECTIVES
 from ddlsim.algorithms.selectors import LIBRARIES, select
 from ddlsim.hardware_models.catalog import load_device, load_link
 from ddlsim.hardware_models.profile import LinkFit, Profile
@@ -323,13 +324,13 @@ def algorithm_breakpoints(key: str, rows: list[Measurement]) -> tuple[float, ...
     library = parts[2] if len(parts) > 2 else ""
     if library not in LIBRARIES:
         return ()
-    modeled = [row.modeled() for row in rows]
+    modeled = [row.modeled() for row in rows if row.collective in COLLECTIVES]  # not a ping-pong's pattern
     configurations = {(row.collective, row.devices, row.devices_per_node, row.nics_per_node or 1) for row in modeled}
 
     def chosen(size: float) -> frozenset[str]:
         return frozenset(select(library, collective, size, *shape)[0] for collective, *shape in configurations)
 
-    sizes = sorted({float(row.message_bytes or 0) for row in rows})
+    sizes = sorted({float(row.message_bytes or 0) for row in modeled})
     return tuple(math.sqrt(lo * hi) for lo, hi in itertools.pairwise(sizes) if lo > 0 and chosen(lo) != chosen(hi))
 
 
