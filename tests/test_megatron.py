@@ -574,3 +574,32 @@ def test_frozen_weights_compute_input_gradients_only_and_reduce_and_update_nothi
     closed = closed_form_result(frozen, 2)
     assert closed.iteration_s < closed_form_result(full, 2).iteration_s
     assert run_des(frozen, 2).result.iteration_s == pytest.approx(closed.iteration_s, rel=1e-9)
+
+
+def test_a_profiles_rank_jitter_stays_with_data_parallel_steps(tmp_path, capsys):
+    """A profile's rank jitter (fitted on data-parallel steps) makes sync SGD wait for the expected
+    slowest rank, but not a transformer layout: its calibration, transformer_slowdown, is of the
+    closed form without jitter. --stragglers still applies it when asked for."""
+    from ddlsim.hardware_models.profile import Profile, profile_to_toml
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    saved = tmp_path / "jitter.toml"
+    saved.write_text(profile_to_toml(Profile(rank_jitter_sigma=0.2, description="test")))
+    flags = ["--algorithm", "megatron", "--workload", "gpt2", "--device", "a100_sxm4", "--tp", "2", "--pp", "2",
+             "--global-batch", "8", "--nodes", "2", "--executor", "analytic", "--no-progress"]  # fmt: skip
+    times = {}
+    for name, extra in (("plain", []), ("profile", ["--profile", str(saved)]),
+                        ("asked", ["--profile", str(saved), "--stragglers", "lognormal:0.2:expected"])):  # fmt: skip
+        assert main(["simulate", *flags, *extra, "--out", str(tmp_path / name)]) == 0
+        times[name] = float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"])
+        if name == "profile":
+            assert "rank jitter not applied (fitted on data-parallel steps)" in capsys.readouterr().out
+    assert times["profile"] == pytest.approx(times["plain"], rel=1e-12)
+    assert times["asked"] > 1.1 * times["plain"]
+    # a data-parallel run under the same profile waits for the slowest rank
+    dp = ["--workload", "resnet50", "--nodes", "2", "--executor", "analytic", "--no-progress"]
+    for name, extra in (("dp_plain", []), ("dp_profile", ["--profile", str(saved)])):
+        assert main(["simulate", *dp, *extra, "--out", str(tmp_path / name)]) == 0
+        times[name] = float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"])
+    assert times["dp_profile"] > 1.1 * times["dp_plain"]
