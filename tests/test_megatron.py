@@ -603,3 +603,16 @@ def test_a_profiles_rank_jitter_stays_with_data_parallel_steps(tmp_path, capsys)
         assert main(["simulate", *dp, *extra, "--out", str(tmp_path / name)]) == 0
         times[name] = float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"])
     assert times["dp_profile"] > 1.1 * times["dp_plain"]
+
+
+def test_a_layout_that_cannot_run_is_refused_before_the_published_fit(tmp_path, capsys):
+    """--profile published fits the shipped runs (7 s) only for a layout that can run: one that does not
+    fit its GPUs is the usual one line and exit 2 with no fit made."""
+    from ddlsim.simulator.cli.main import main
+
+    code = main(["simulate", "--algorithm", "megatron", "--workload", "llama3_8b", "--device", "h100_sxm5",
+                 "--tp", "2", "--pp", "1", "--global-batch", "64", "--nodes", "2", "--profile", "published",
+                 "--out", str(tmp_path / "x"), "--no-progress"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("ddlsim: error: does not fit: llama3_8b") and err.count("\n") == 1
+    assert "calibrating" not in err and not (tmp_path / "x").exists()

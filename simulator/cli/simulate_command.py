@@ -187,6 +187,11 @@ def scenario_from_args(args: argparse.Namespace) -> Scenario:
         values["enforce_memory"] = False
     scenario = Scenario.from_dict(values)
     if args.profile is not None:
+        if scenario.is_transformer:  # a layout that cannot run fails now, not after --profile published's fit
+            from ddlsim.simulator.training.setup import setup_of
+
+            for nodes in scenario.nodes:
+                setup_of(scenario, nodes)
         scenario = with_profile(scenario, read_profile(args.profile), stragglers_given="stragglers" in given)
     return scenario
 
