@@ -306,6 +306,7 @@ def breakdown_png(run: Path) -> bytes:
 
     Idle is whatever of the iteration is neither the device's compute nor exposed communication
     (stragglers, waiting); the diamond marks all communication including what overlapped backward.
+    A transformer layout's rows stack their own parts instead (``transformer_parts``).
     """
     rows = scaling_rows(run)
     labels = [f"{row['nodes']}\n({row['devices']})" for row in rows]
@@ -314,11 +315,14 @@ def breakdown_png(run: Path) -> bytes:
     exposed = [float(row["exposed_comm_s"]) for row in rows]
     idle = [max(t - c - e, 0.0) for t, c, e in zip(iteration, compute, exposed, strict=True)]
     comm = [float(row["comm_s"]) if row.get("comm_s") not in (None, "") else math.nan for row in rows]
-    parts = (
+    parts: tuple[tuple[str, list[float], str, str | None], ...] = (
         ("compute", compute, "#0072B2", None),
         ("exposed communication", exposed, "#D55E00", "//"),
         ("idle", idle, "#BBBBBB", ".."),
     )
+    if all(row.get("tp_s") not in (None, "") for row in rows):  # a transformer layout: its own parts
+        parts = transformer_parts(rows, iteration)
+        comm = [math.nan] * len(rows)  # its communication is in the parts (tensor parallel, the waits)
     with _figure("breakdown") as (fig, axes):
         abs_ax, share_ax = axes[0]
         positions = list(range(len(rows)))
@@ -351,6 +355,33 @@ def breakdown_png(run: Path) -> bytes:
         share_ax.set_title("where the iteration goes")
         _legend_below(fig, [abs_ax], ncols=4)
         return figure_png(fig)
+
+
+# a transformer layout's parts (``TrainingResult``'s layout row), as the breakdown plot stacks them
+TRANSFORMER_BARS = (
+    ("compute_s", "compute", "#0072B2", None),
+    ("tp_s", "tensor parallel", "#D55E00", "//"),
+    ("cp_s", "context parallel", "#CC79A7", "//"),
+    ("ep_s", "expert parallel", "#E69F00", "//"),
+    ("zero3_s", "ZeRO-3 gathers", "#56B4E9", "//"),
+    ("pipeline_wait_s", "pipeline wait (bubble, messages)", "#BBBBBB", ".."),
+    ("dp_wait_s", "data-parallel wait", "#009E73", "xx"),
+)
+
+
+def transformer_parts(rows: list[dict[str, str]], iteration: list[float]) -> tuple:
+    """The stacked parts of transformer rows: each part some row has, and, where the executor did not
+    split the waits (the closed form), the rest of the iteration as one wait."""
+
+    def values(name: str) -> list[float]:
+        return [float(row[name]) if row.get(name) not in (None, "") else 0.0 for row in rows]
+
+    parts = [(label, values(name), color, hatch) for name, label, color, hatch in TRANSFORMER_BARS
+             if any(values(name))]  # fmt: skip
+    rest = [max(t - sum(part[1][i] for part in parts), 0.0) for i, t in enumerate(iteration)]
+    if any(value > 1e-9 * t for value, t in zip(rest, iteration, strict=True)):
+        parts.append(("waits (pipeline bubble, messages, data-parallel)", rest, "#BBBBBB", ".."))
+    return tuple(parts)
 
 
 def plot_breakdown(run: Path, out_png: Path) -> None:

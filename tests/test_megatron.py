@@ -616,3 +616,31 @@ def test_a_layout_that_cannot_run_is_refused_before_the_published_fit(tmp_path, 
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("ddlsim: error: does not fit: llama3_8b") and err.count("\n") == 1
     assert "calibrating" not in err and not (tmp_path / "x").exists()
+
+
+def test_simulate_shows_where_a_transformer_iteration_goes(tmp_path, capsys):
+    """simulate's table for a transformer layout has its rates and parts (not speedup against one device,
+    which does not apply), and the breakdown plot stacks those parts: the event simulation's sum to the
+    iteration; the closed form's waits, which it does not split, are the rest."""
+    from ddlsim.reports.plots import transformer_parts
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    flags = ["simulate", "--algorithm", "megatron", "--workload", "gpt2", "--device", "a100_sxm4", "--tp", "2",
+             "--pp", "2", "--global-batch", "8", "--nodes", "2", "--no-progress"]  # fmt: skip
+    for executor in ("des", "analytic"):
+        assert main([*flags, "--executor", executor, "--out", str(tmp_path / executor)]) == 0
+        header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nodes"))
+        assert header.split()[:8] == ["nodes", "devices", "global_batch", "iteration_s", "tokens_per_s",
+                                      "tflops_per_gpu", "mfu", "compute_s"]  # fmt: skip
+        assert "speedup" not in header and "ep_s" not in header  # no experts: a part of zeros is left out
+        rows = read_csv(tmp_path / executor / "results.csv")
+        iteration = [float(row["iteration_s"]) for row in rows]
+        parts = transformer_parts(rows, iteration)
+        labels = [label for label, *_ in parts]
+        assert sum(values[0] for _, values, *_ in parts) == pytest.approx(iteration[0], rel=1e-9)
+        assert labels[:2] == ["compute", "tensor parallel"]
+        if executor == "des":
+            assert "pipeline wait (bubble, messages)" in labels and not labels[-1].startswith("waits")
+        else:
+            assert labels[-1] == "waits (pipeline bubble, messages, data-parallel)"

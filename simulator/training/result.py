@@ -62,6 +62,8 @@ RESULT_COLUMNS = (
     "executor",
     "execution_path",
 )
+# what ``simulate`` prints for a transformer layout: its rates and where its iteration goes (a part
+# that is zero at every point, e.g. ep_s without experts, is left out of the printed table)
 LAYOUT_COLUMNS = (
     "nodes",
     "devices",
@@ -72,9 +74,13 @@ LAYOUT_COLUMNS = (
     "mfu",
     "compute_s",
     "tp_s",
+    "cp_s",
+    "ep_s",
+    "zero3_s",
     "pipeline_wait_s",
     "dp_wait_s",
 )
+TRANSFORMER_PARTS = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
 
 
 @dataclass
@@ -177,7 +183,7 @@ class TrainingResult:
             "executor": self.executor,
             "execution_path": self.path,
         }
-        for name in ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s"):
+        for name in TRANSFORMER_PARTS:
             row[name] = layout.get(name)
         return row
 
