@@ -51,7 +51,7 @@ COUNTS = (
 )  # fmt: skip
 FRACTIONS = (
     "scaling_efficiency", "comm_share", "server_utilisation", "ci_coverage", "median_ape", "p90_ape", "max_ape",
-    "tolerance", "ci_level", "overlap_interference",
+    "tolerance", "ci_level", "overlap_interference", "mfu",
 )  # fmt: skip
 SPECIAL = {
     "steps_to_target": Quantity("steps_to_target", kind="count", round_up=True),
@@ -59,6 +59,7 @@ SPECIAL = {
     "staleness_mean": Quantity("staleness_mean", "steps"),
     "staleness_p99": Quantity("staleness_p99", "steps"),
     "throughput_samples_per_s": Quantity("throughput", "samples/s"),
+    "tokens_per_s": Quantity("tokens_per_s"),  # a rate, not seconds (the "_s" suffix)
 }
 # unit suffix of a stored name -> (unit shown, shown = stored x scale)
 SUFFIXES = (

@@ -129,20 +129,24 @@ SCALING_TABLE = (
     "nodes", "devices", "global_batch", "iteration_s", "compute_s", "exposed_comm_s", "comm_s",
     "throughput_samples_per_s", "speedup", "scaling_efficiency",
 )  # fmt: skip
+# a transformer layout's run (megatron): its rates and parts, as ddlsim simulate prints them
+LAYOUT_TABLE = (
+    "nodes", "devices", "global_batch", "iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s",
+    "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s",
+)  # fmt: skip
 # as ddlsim collective prints it (time in µs, as nccl-tests)
 COLLECTIVE_TABLE = ("algorithm", "resolved_algorithm", "ranks", "size", "time_us", "algbw_Bps", "busbw_Bps")
 
 
 def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
     blocks: list[Block] = [{"kind": "h2", "text": "Training scaling", "note": ""}]
-    blocks.append(
-        _figure_block(
-            plots.scaling_png(runs),
-            "scaling efficiency and throughput against devices",
-            "Weak-scaling efficiency (throughput / (devices x one device without communication)) and "
-            "throughput against devices, one line per run.",
-        )
-    )
+    if all(plots.is_transformer_run(run) for run in runs):  # no efficiency against one device: MFU
+        alt, caption = "MFU and tokens/s against devices", "MFU and tokens/s against devices, one line per run."
+    else:
+        alt = "scaling efficiency and throughput against devices"
+        caption = ("Weak-scaling efficiency (throughput / (devices x one device without communication)) and "
+                   "throughput against devices, one line per run.")  # fmt: skip
+    blocks.append(_figure_block(plots.scaling_png(runs), alt, caption))
     for run in runs:
         scenario = plots.scenario_of(run)
         blocks.append({"kind": "h3", "text": plots.run_label(run), "note": str(run)})
@@ -150,14 +154,17 @@ def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
             shown = [(key, scenario.get(key, "")) for key in SCENARIO_KEYS if key in scenario]
             blocks.append({"kind": "table", "columns": ["input", "value"], "rows": shown, "text_columns": (0, 1)})
         rows = plots.scaling_rows(run)
-        blocks.append(_table_block(rows, [column for column in SCALING_TABLE if column in rows[0]]))
-        blocks.append(
-            _figure_block(
-                plots.breakdown_png(run),
-                f"iteration breakdown for {run}",
-                "Per node count: compute, exposed communication and idle time per iteration.",
-            )
-        )
+        transformer = plots.is_transformer_run(run)
+        if transformer:  # the parts some point has (a part of zeros everywhere is left out)
+            columns = [column for column in LAYOUT_TABLE if column in rows[0] and any(
+                row.get(column) not in (None, "", "0", "0.0") for row in rows)]  # fmt: skip
+        else:
+            columns = [column for column in SCALING_TABLE if column in rows[0]]
+        blocks.append(_table_block(rows, columns))
+        caption = "Per node count: compute, exposed communication and idle time per iteration."
+        if transformer:
+            caption = "Per node count: compute, the layout's communication and its pipeline and data-parallel waits."
+        blocks.append(_figure_block(plots.breakdown_png(run), f"iteration breakdown for {run}", caption))
     return blocks
 
 

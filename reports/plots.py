@@ -244,25 +244,42 @@ def _log2_devices_axis(ax: Any) -> None:
 # --- the four plots -------------------------------------------------------------------------------
 
 
+def is_transformer_run(run: Path) -> bool:
+    """Whether a simulate run directory holds a transformer layout's rows (megatron: its parts)."""
+    return all(row.get("tp_s") not in (None, "") for row in scaling_rows(run))
+
+
+def _number(row: dict[str, str], column: str) -> float:
+    """A results.csv cell as a float; NaN where empty (a figure that does not apply to the run)."""
+    value = row.get(column)
+    return float(value) if value not in (None, "") else math.nan
+
+
 def scaling_png(runs: Sequence[Path]) -> bytes:
-    """Scaling efficiency (left) and throughput (right) against devices, one line per run directory."""
+    """Scaling efficiency (left) and throughput (right) against devices, one line per run directory.
+
+    Runs of transformer layouts (megatron), whose model does not fit one device, have no efficiency
+    against one: when every run is one, the left panel is MFU and the right tokens/s; among other
+    runs they are left out of the left panel."""
     with _figure("scaling") as (fig, axes):
         eff_ax, thr_ax = axes[0]
         labels = [run_label(Path(run)) for run in runs]
+        transformer = all(is_transformer_run(run) for run in runs)
+        left, right = ("mfu", "tokens_per_s") if transformer else ("scaling_efficiency", "throughput_samples_per_s")
         for index, (run, style) in enumerate(zip(runs, _styles(), strict=False)):
             rows = scaling_rows(run)
             devices = [int(row["devices"]) for row in rows]
             label = labels[index] if labels.count(labels[index]) == 1 else f"{labels[index]} ({Path(run).name})"
-            eff_ax.plot(devices, [100 * float(row["scaling_efficiency"]) for row in rows], label=label, **style)
-            thr_ax.plot(devices, [float(row["throughput_samples_per_s"]) for row in rows], label=label, **style)
+            eff_ax.plot(devices, [100 * _number(row, left) for row in rows], label=label, **style)
+            thr_ax.plot(devices, [_number(row, right) for row in rows], label=label, **style)
         for ax in (eff_ax, thr_ax):
             _log2_devices_axis(ax)
             ax.set_xlabel("devices (GPUs or CPU sockets)")
-        eff_ax.set_ylabel("scaling efficiency (%)")
+        eff_ax.set_ylabel("MFU (%)" if transformer else "scaling efficiency (%)")
         eff_ax.set_ylim(0, 105)
-        eff_ax.set_title("weak-scaling efficiency vs one device")
+        eff_ax.set_title("model FLOPs utilisation" if transformer else "weak-scaling efficiency vs one device")
         thr_ax.set_yscale("log")
-        thr_ax.set_ylabel("throughput (samples/s)")
+        thr_ax.set_ylabel("throughput (tokens/s)" if transformer else "throughput (samples/s)")
         thr_ax.set_title("training throughput")
         _legend_below(fig, [eff_ax])
         return figure_png(fig)

@@ -632,7 +632,7 @@ def test_simulate_shows_where_a_transformer_iteration_goes(tmp_path, capsys):
         assert main([*flags, "--executor", executor, "--out", str(tmp_path / executor)]) == 0
         header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("nodes"))
         assert header.split()[:8] == ["nodes", "devices", "global_batch", "iteration_s", "tokens_per_s",
-                                      "tflops_per_gpu", "mfu", "compute_s"]  # fmt: skip
+                                      "tflops_per_gpu", "mfu_pct", "compute_s"]  # fmt: skip
         assert "speedup" not in header and "ep_s" not in header  # no experts: a part of zeros is left out
         rows = read_csv(tmp_path / executor / "results.csv")
         iteration = [float(row["iteration_s"]) for row in rows]
@@ -644,3 +644,11 @@ def test_simulate_shows_where_a_transformer_iteration_goes(tmp_path, capsys):
             assert "pipeline wait (bubble, messages)" in labels and not labels[-1].startswith("waits")
         else:
             assert labels[-1] == "waits (pipeline bubble, messages, data-parallel)"
+    # the scaling plot (MFU and tokens/s: no efficiency against one device) and the HTML report, which
+    # had stopped on a traceback at the run's empty scaling efficiency
+    run = tmp_path / "des"
+    assert main(["plot", "scaling", str(run), "--out", str(tmp_path / "scaling.png")]) == 0
+    assert main(["report", str(run), "--out", str(tmp_path / "report.html")]) == 0
+    page = (tmp_path / "report.html").read_text(encoding="utf-8")
+    assert "tokens per s" in page and "pipeline wait (s)" in page and "mfu (%)" in page
+    assert "scaling efficiency" not in page
