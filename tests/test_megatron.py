@@ -652,3 +652,22 @@ def test_simulate_shows_where_a_transformer_iteration_goes(tmp_path, capsys):
     page = (tmp_path / "report.html").read_text(encoding="utf-8")
     assert "tokens per s" in page and "pipeline wait (s)" in page and "mfu (%)" in page
     assert "scaling efficiency" not in page
+
+
+def test_a_large_model_profile_file_reaches_simulate_with_its_band(tmp_path, capsys):
+    """A profile file as calibrate writes it for large-model rows: simulate scales the iteration by its
+    transformer_slowdown and says so, with the band its calibration rows fell in."""
+    from ddlsim.hardware_models.profile import Profile, profile_to_toml
+    from ddlsim.simulator.cli.main import main
+    from ddlsim.simulator.records import read_csv
+
+    saved = tmp_path / "llm.toml"
+    saved.write_text(profile_to_toml(Profile(transformer_slowdown=1.2, transformer_band=(0.8, 1.1))))
+    flags = ["simulate", "--algorithm", "megatron", "--workload", "gpt2", "--device", "a100_sxm4", "--tp", "2",
+             "--pp", "2", "--global-batch", "8", "--nodes", "2", "--executor", "analytic", "--no-progress"]  # fmt: skip
+    assert main([*flags, "--out", str(tmp_path / "plain")]) == 0
+    assert main([*flags, "--profile", str(saved), "--out", str(tmp_path / "fitted")]) == 0
+    out = capsys.readouterr().out
+    assert "every transformer time x1.200 (its transformer_slowdown)" in out and "x0.800-x1.100" in out
+    plain, fitted = (float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"]) for name in ("plain", "fitted"))
+    assert fitted == pytest.approx(1.2 * plain, rel=1e-9)

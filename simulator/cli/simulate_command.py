@@ -324,6 +324,9 @@ def run(args: argparse.Namespace) -> int:
     if scenario.profile is not None:
         slowdown = (f"; every transformer time x{scenario.profile.transformer_slowdown:.3f} (its transformer_slowdown)"
                     if scenario.is_transformer and scenario.profile.transformer_slowdown != 1.0 else "")  # fmt: skip
+        low, high = scenario.profile.transformer_band
+        if slowdown and (low, high) != (1.0, 1.0):  # what the calibration rows say of such a prediction
+            slowdown += f"; 90 % of its calibration rows measured x{low:.3f}-x{high:.3f} of such a time"
         if scenario.is_transformer and scenario.profile.rank_jitter_sigma > 0 and scenario.stragglers in ("", "none"):
             slowdown += "; its rank jitter not applied (fitted on data-parallel steps)"
         print(f"# profile {args.profile}: calibrated compute and links; stragglers {scenario.stragglers}{slowdown}")
