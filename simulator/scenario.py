@@ -300,11 +300,16 @@ class Scenario:
         return BYTES_PER_ELEMENT[self.precision]
 
     def link(self, token: str | None) -> Link | None:
-        """The link's datasheet, or its calibrated alpha/beta for gradient buckets of ``bucket_bytes``."""
+        """The link's datasheet, or its calibrated alpha/beta for gradient buckets of ``bucket_bytes``:
+        the fit for this device under the scenario's collective software (``token@device@software``,
+        as ``ddlsim calibrate`` keys the fits of collective rows: a library such as nccl, or an
+        algorithm token), else a broader one (``Profile.link_fit``)."""
         if not token:
             return None
         link = load_link(token)
-        return self.profile.link(link, self.device, self.bucket_bytes) if self.profile else link
+        if self.profile is None:
+            return link
+        return self.profile.link(link, f"{self.device}@{self.collective}@allreduce", self.bucket_bytes)
 
     def nodes_for(self, ranks: int) -> int:
         """Nodes the fabric needs for ``ranks`` collective ranks placed in blocks (helper ranks such

@@ -289,3 +289,41 @@ def test_one_boxs_ring_rows_predict_the_other_boxs_over_the_same_network():
     for row in titanx_ring:
         assert predict(row, profile).value == pytest.approx(row.value, rel=0.15), row.id
         assert predict(row, Profile()).value < 0.5 * row.value, row.id  # the datasheets' path
+
+
+def test_a_simulated_training_run_uses_the_link_fitted_for_its_device_and_library():
+    """calibrate keys a link fit by the software of its collective rows (``token@device@nccl``); a
+    training simulation on that device with that library takes it (simulate had looked the fit up
+    by the device alone and silently kept the datasheet), and one with another algorithm does not."""
+    from ddlsim.algorithms.training_algorithm import make_options
+    from ddlsim.simulator.closed_form.training import closed_form_result
+    from ddlsim.simulator.scenario import Scenario
+
+    slow = LinkFit((), (5e-6,), (1e9,), "test: a slow PCIe share, 1 GB/s")
+    profile = Profile(links={"pcie3_x16@titanx_pascal@nccl": slow})
+
+    def comm(collective: str, fitted: Profile | None) -> float:
+        scenario = Scenario(workload="resnet50", device="titanx_pascal", devices_per_node=8, intra_node="pcie3_x16",
+                            nodes=(1,), stragglers="none", profile=fitted,
+                            options=make_options("sync_sgd", {"collective": collective}))  # fmt: skip
+        return closed_form_result(scenario, 1).comm_s
+
+    assert comm("nccl", profile) > 3 * comm("nccl", None)
+    assert comm("ring", profile) == pytest.approx(comm("ring", None), rel=1e-12)
+
+
+def test_simulate_names_the_fitted_links_it_uses(tmp_path, capsys):
+    """simulate's profile line names the links whose fits the run takes, and says so when a profile
+    has nothing for the run's hardware and software."""
+    from ddlsim.simulator.cli.main import main
+
+    saved = tmp_path / "mine.toml"
+    fit = LinkFit((), (5e-6,), (1e9,), "test")
+    saved.write_text(profile_to_toml(Profile(links={"pcie3_x16@titanx_pascal@nccl": fit}, description="test")))
+    flags = ["simulate", "--workload", "resnet50", "--device", "titanx_pascal", "--devices-per-node", "8",
+             "--intra-node", "pcie3_x16", "--nodes", "1", "--executor", "analytic", "--no-progress",
+             "--profile", str(saved)]  # fmt: skip
+    assert main([*flags, "--collective", "nccl", "--out", str(tmp_path / "a")]) == 0
+    assert "calibrated links (pcie3_x16)" in capsys.readouterr().out
+    assert main([*flags, "--collective", "ring", "--out", str(tmp_path / "b")]) == 0
+    assert "nothing in it applies to this run (a data-parallel calibration)" in capsys.readouterr().out

@@ -671,3 +671,7 @@ def test_a_large_model_profile_file_reaches_simulate_with_its_band(tmp_path, cap
     assert "every transformer time x1.200 (its transformer_slowdown)" in out and "x0.800-x1.100" in out
     plain, fitted = (float(read_csv(tmp_path / name / "results.csv")[0]["iteration_s"]) for name in ("plain", "fitted"))
     assert fitted == pytest.approx(1.2 * plain, rel=1e-9)
+    # the same file on a data-parallel run: nothing in it applies, and the header says so
+    dp = ["simulate", "--workload", "resnet50", "--nodes", "2", "--executor", "analytic", "--no-progress"]
+    assert main([*dp, "--profile", str(saved), "--out", str(tmp_path / "dp")]) == 0
+    assert "nothing in it applies to this run (a large-model calibration)" in capsys.readouterr().out

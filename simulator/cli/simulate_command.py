@@ -322,20 +322,43 @@ def run(args: argparse.Namespace) -> int:
         f"{scenario.steps} update(s)/worker, executor {scenario.executor}"
     )
     if scenario.profile is not None:
-        slowdown = (f"; every transformer time x{scenario.profile.transformer_slowdown:.3f} (its transformer_slowdown)"
-                    if scenario.is_transformer and scenario.profile.transformer_slowdown != 1.0 else "")  # fmt: skip
-        low, high = scenario.profile.transformer_band
-        if slowdown and (low, high) != (1.0, 1.0):  # what the calibration rows say of such a prediction
-            slowdown += f"; 90 % of its calibration rows measured x{low:.3f}-x{high:.3f} of such a time"
-        if scenario.is_transformer and scenario.profile.rank_jitter_sigma > 0 and scenario.stragglers in ("", "none"):
-            slowdown += "; its rank jitter not applied (fitted on data-parallel steps)"
-        print(f"# profile {args.profile}: calibrated compute and links; stragglers {scenario.stragglers}{slowdown}")
+        print(f"# profile {args.profile}: {profile_text(scenario)}")
     print_table(rows, columns)
     if args.out is not None:
         write_outputs(args.out, scenario, rows, columns, args.plot)
     if args.trace is not None:
         write_timeline(args.trace, scenario, trace_nodes, args.out)
     return 0
+
+
+def profile_text(scenario: Scenario) -> str:
+    """What of the scenario's profile the run uses: fitted compute and links, the rank jitter as its
+    stragglers, a transformer's slowdown and band; or that nothing in it applies (a large-model
+    profile on a data-parallel run, or a data-parallel one without fits for this hardware)."""
+    profile = scenario.profile
+    assert profile is not None
+    used = []
+    if profile.devices or profile.compute:
+        used.append("calibrated compute")
+    scope = f"{scenario.device}@{scenario.collective}@allreduce"  # as Scenario.link looks the fits up
+    fitted = [token for token in (scenario.intra_node, scenario.network) if token and profile.link_fit(token, scope)]
+    if fitted:
+        used.append(f"calibrated links ({', '.join(fitted)})")
+    if scenario.is_transformer and profile.transformer_slowdown != 1.0:
+        text = f"every transformer time x{profile.transformer_slowdown:.3f} (its transformer_slowdown)"
+        low, high = profile.transformer_band
+        if (low, high) != (1.0, 1.0):  # what the calibration rows say of such a prediction
+            text += f"; 90 % of its calibration rows measured x{low:.3f}-x{high:.3f} of such a time"
+        used.append(text)
+    jitter_left = scenario.is_transformer and profile.rank_jitter_sigma > 0 and scenario.stragglers in ("", "none")
+    if not used and scenario.stragglers in ("", "none"):
+        kind = "large-model" if profile.transformer_slowdown != 1.0 else "data-parallel"
+        text = f"nothing in it applies to this run (a {kind} calibration), the datasheets' figures"
+    else:
+        text = "; ".join(used or ["no fitted compute or links"]) + f"; stragglers {scenario.stragglers}"
+    if jitter_left:
+        text += "; its rank jitter not applied (fitted on data-parallel steps)"
+    return text
 
 
 def write_outputs(out: Path, scenario: Scenario, rows: list[dict], columns: tuple[str, ...], plot: bool) -> None:
