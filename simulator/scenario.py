@@ -152,6 +152,9 @@ class Scenario:
     enforce_memory: bool = True
     # a catalog transformer as a published run had it: (field, value) pairs among TRANSFORMER_CHANGES
     transformer_changes: tuple[tuple[str, int], ...] = ()
+    # the software whose fitted links apply (``token@device@software``); empty: the collective option.
+    # A measured row names its library (nccl) where the scenario holds the algorithm it resolves to.
+    link_software: str = ""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -309,7 +312,12 @@ class Scenario:
         link = load_link(token)
         if self.profile is None:
             return link
-        return self.profile.link(link, f"{self.device}@{self.collective}@allreduce", self.bucket_bytes)
+        return self.profile.link(link, self.link_scope, self.bucket_bytes)
+
+    @property
+    def link_scope(self) -> str:
+        """The scope the profile's link fits are looked up in (``Profile.link_fit``)."""
+        return f"{self.device}@{self.link_software or self.collective}@allreduce"
 
     def nodes_for(self, ranks: int) -> int:
         """Nodes the fabric needs for ``ranks`` collective ranks placed in blocks (helper ranks such
@@ -391,6 +399,8 @@ class Scenario:
         data["torus_dims"] = list(self.torus_dims) if self.torus_dims else None
         data["options"] = self.options.to_dict()
         data["profile"] = self.profile.summary() if self.profile else None
+        if not self.link_software:  # the default says nothing a scenario file needs
+            del data["link_software"]
         return data
 
     @staticmethod

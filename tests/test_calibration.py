@@ -327,3 +327,24 @@ def test_simulate_names_the_fitted_links_it_uses(tmp_path, capsys):
     assert "calibrated links (pcie3_x16)" in capsys.readouterr().out
     assert main([*flags, "--collective", "ring", "--out", str(tmp_path / "b")]) == 0
     assert "nothing in it applies to this run (a data-parallel calibration)" in capsys.readouterr().out
+
+
+def test_a_measured_training_row_uses_the_link_fitted_for_its_library():
+    """A training row names its library (nccl); its prediction resolves the library to an algorithm,
+    yet takes the link fitted for that device and library, as the collective rows key it (the lookup
+    had used the resolved algorithm and found nothing). Another library's row does not take it."""
+    slow = LinkFit((), (5e-6,), (1e9,), "test: a slow PCIe share, 1 GB/s")
+    profile = Profile(links={"pcie3_x16@titanx_pascal@nccl": slow})
+
+    def rate(library: str, fitted: Profile | None) -> float:
+        row = Measurement(
+            id="T-1", kind="training", metric="throughput_samples_per_s", value=1.0, device="titanx_pascal",
+            devices_per_node=8, nodes=1, intra_node_link="pcie3_x16", workload="alexnet", algorithm=library,
+            per_device_batch=64, precision="fp32", source="synthetic",
+        )  # fmt: skip
+        value = predict(row, fitted).value
+        assert value is not None
+        return value
+
+    assert rate("nccl", profile) < 0.9 * rate("nccl", None)
+    assert rate("mpich", profile) == pytest.approx(rate("mpich", None), rel=1e-12)

@@ -177,7 +177,7 @@ def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[
         and not needs_input_pipeline(row)
         and run_shape(row) in pinned_by_single
         and all(
-            profile.link_fit(token, row.device) is not None
+            profile.link_fit(token, f"{row.device}@{row.algorithm}@allreduce") is not None  # as Scenario.link
             for token in (
                 row.modeled().intra_node_link if row.modeled().devices_per_node > 1 else "",
                 row.modeled().network if row.modeled().nodes > 1 else "",

@@ -263,6 +263,8 @@ def _measured_run(row: Measurement, profile: Profile | None, executor: str, intr
         # expectation: the fit priced it so (the closed form), and one step's draws in the event
         # simulation would be one sample of the slowest rank, the same sample for every N-rank row
         "stragglers": f"lognormal:{jitter!r}:expected" if jitter > 0 else "none",
+        # the links fitted for its device under the software it names (a library before it resolves)
+        "link_software": row.algorithm,
     }
 
 

@@ -340,8 +340,8 @@ def profile_text(scenario: Scenario) -> str:
     used = []
     if profile.devices or profile.compute:
         used.append("calibrated compute")
-    scope = f"{scenario.device}@{scenario.collective}@allreduce"  # as Scenario.link looks the fits up
-    fitted = [token for token in (scenario.intra_node, scenario.network) if token and profile.link_fit(token, scope)]
+    fitted = [token for token in (scenario.intra_node, scenario.network)
+              if token and profile.link_fit(token, scenario.link_scope)]  # fmt: skip
     if fitted:
         used.append(f"calibrated links ({', '.join(fitted)})")
     if scenario.is_transformer and profile.transformer_slowdown != 1.0:
