@@ -26,7 +26,7 @@ from ddlsim.reports.formatting import (
     number_or_none,
     validation_headline,
 )
-from ddlsim.simulator.records import atomic_open
+from ddlsim.simulator.records import atomic_open, is_transformer_rows, layout_columns
 
 CSS = """
 body { font-family: "DejaVu Sans", Helvetica, Arial, sans-serif; margin: 2em auto; max-width: 1180px;
@@ -129,18 +129,13 @@ SCALING_TABLE = (
     "nodes", "devices", "global_batch", "iteration_s", "compute_s", "exposed_comm_s", "comm_s",
     "throughput_samples_per_s", "speedup", "scaling_efficiency",
 )  # fmt: skip
-# a transformer layout's run (megatron): its rates and parts, as ddlsim simulate prints them
-LAYOUT_TABLE = (
-    "nodes", "devices", "global_batch", "iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu", "compute_s",
-    "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s",
-)  # fmt: skip
 # as ddlsim collective prints it (time in µs, as nccl-tests)
 COLLECTIVE_TABLE = ("algorithm", "resolved_algorithm", "ranks", "size", "time_us", "algbw_Bps", "busbw_Bps")
 
 
 def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
     blocks: list[Block] = [{"kind": "h2", "text": "Training scaling", "note": ""}]
-    if all(plots.is_transformer_run(run) for run in runs):  # no efficiency against one device: MFU
+    if all(is_transformer_rows(plots.scaling_rows(run)) for run in runs):  # no efficiency against one device: MFU
         alt, caption = "MFU and tokens/s against devices", "MFU and tokens/s against devices, one line per run."
     else:
         alt = "scaling efficiency and throughput against devices"
@@ -154,12 +149,9 @@ def scaling_blocks(runs: Sequence[Path]) -> list[Block]:
             shown = [(key, scenario.get(key, "")) for key in SCENARIO_KEYS if key in scenario]
             blocks.append({"kind": "table", "columns": ["input", "value"], "rows": shown, "text_columns": (0, 1)})
         rows = plots.scaling_rows(run)
-        transformer = plots.is_transformer_run(run)
-        if transformer:  # the parts some point has (a part of zeros everywhere is left out)
-            columns = [column for column in LAYOUT_TABLE if column in rows[0] and any(
-                row.get(column) not in (None, "", "0", "0.0") for row in rows)]  # fmt: skip
-        else:
-            columns = [column for column in SCALING_TABLE if column in rows[0]]
+        transformer = is_transformer_rows(rows)
+        table = layout_columns(rows) if transformer else SCALING_TABLE  # as ddlsim simulate prints them
+        columns = [column for column in table if column in rows[0]]
         blocks.append(_table_block(rows, columns))
         caption = "Per node count: compute, exposed communication and idle time per iteration."
         if transformer:

@@ -34,8 +34,8 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 from matplotlib.figure import Figure
 
-from ddlsim.reports.formatting import validation_headline
-from ddlsim.simulator.records import atomic_open, read_csv
+from ddlsim.reports.formatting import number_or_none, validation_headline
+from ddlsim.simulator.records import atomic_open, is_transformer_rows, read_csv
 
 DPI = 150
 LINE_STYLES = ("-", "--", "-.", ":")
@@ -244,15 +244,10 @@ def _log2_devices_axis(ax: Any) -> None:
 # --- the four plots -------------------------------------------------------------------------------
 
 
-def is_transformer_run(run: Path) -> bool:
-    """Whether a simulate run directory holds a transformer layout's rows (megatron: its parts)."""
-    return all(row.get("tp_s") not in (None, "") for row in scaling_rows(run))
-
-
 def _number(row: dict[str, str], column: str) -> float:
     """A results.csv cell as a float; NaN where empty (a figure that does not apply to the run)."""
-    value = row.get(column)
-    return float(value) if value not in (None, "") else math.nan
+    number = number_or_none(row.get(column))
+    return math.nan if number is None else number
 
 
 def scaling_png(runs: Sequence[Path]) -> bytes:
@@ -264,7 +259,7 @@ def scaling_png(runs: Sequence[Path]) -> bytes:
     with _figure("scaling") as (fig, axes):
         eff_ax, thr_ax = axes[0]
         labels = [run_label(Path(run)) for run in runs]
-        transformer = all(is_transformer_run(run) for run in runs)
+        transformer = all(is_transformer_rows(scaling_rows(run)) for run in runs)
         left, right = ("mfu", "tokens_per_s") if transformer else ("scaling_efficiency", "throughput_samples_per_s")
         for index, (run, style) in enumerate(zip(runs, _styles(), strict=False)):
             rows = scaling_rows(run)
@@ -337,7 +332,7 @@ def breakdown_png(run: Path) -> bytes:
         ("exposed communication", exposed, "#D55E00", "//"),
         ("idle", idle, "#BBBBBB", ".."),
     )
-    if all(row.get("tp_s") not in (None, "") for row in rows):  # a transformer layout: its own parts
+    if is_transformer_rows(rows):  # a transformer layout: its own parts
         parts = transformer_parts(rows, iteration)
         comm = [math.nan] * len(rows)  # its communication is in the parts (tensor parallel, the waits)
     with _figure("breakdown") as (fig, axes):

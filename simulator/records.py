@@ -43,6 +43,26 @@ SCALING_COLUMNS = (
     "speedup",
     "scaling_efficiency",
 )
+# where a transformer layout's iteration goes (``TrainingResult.layout``; they sum to iteration_s)
+TRANSFORMER_PARTS = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
+# what ``simulate`` prints and the report shows of a transformer layout: its rates and its parts
+LAYOUT_COLUMNS = ("nodes", "devices", "global_batch", "iteration_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                  *TRANSFORMER_PARTS)  # fmt: skip
+
+
+def is_transformer_rows(rows: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether result rows are a transformer layout's (their parts are filled, ``TRANSFORMER_PARTS``)."""
+    return all(row.get("tp_s") not in (None, "") for row in rows)
+
+
+def layout_columns(rows: Sequence[Mapping[str, Any]]) -> tuple[str, ...]:
+    """``LAYOUT_COLUMNS`` without the parts that are zero or empty at every point (ep_s without experts)."""
+
+    def filled(value: Any) -> bool:
+        return value not in (None, "") and float(value) != 0.0
+
+    return tuple(name for name in LAYOUT_COLUMNS
+                 if name not in TRANSFORMER_PARTS or any(filled(row.get(name)) for row in rows))  # fmt: skip
 
 
 def _umask() -> int:

@@ -34,10 +34,10 @@ from ddlsim.simulator.cli.common import (
     topology_options,
 )
 from ddlsim.simulator.parsing import parse_counts
-from ddlsim.simulator.records import TRACE_COLUMNS, write_csv, write_json
+from ddlsim.simulator.records import TRACE_COLUMNS, layout_columns, write_csv, write_json
 from ddlsim.simulator.scenario import EXECUTORS, STRAGGLER_FORMS, Scenario, ScenarioError
 from ddlsim.simulator.sweep import POOLS, run_sweep
-from ddlsim.simulator.training.result import LAYOUT_COLUMNS, RESULT_COLUMNS, SCALING_COLUMNS, TRANSFORMER_PARTS
+from ddlsim.simulator.training.result import RESULT_COLUMNS, SCALING_COLUMNS
 
 if TYPE_CHECKING:
     from ddlsim.hardware_models.profile import Profile
@@ -307,8 +307,7 @@ def run(args: argparse.Namespace) -> int:
     rows = run_sweep(scenario, workers=args.workers, pool=args.executor_pool, progress=progress, on_row=keep)
     columns: tuple[str, ...] = SCALING_COLUMNS
     if scenario.is_transformer:  # rates and where the iteration goes; speedup against one device does not apply
-        columns = tuple(name for name in LAYOUT_COLUMNS
-                        if name not in TRANSFORMER_PARTS or any(row.get(name) for row in rows))  # fmt: skip
+        columns = layout_columns(rows)
     if any(row["servers"] for row in rows):
         columns = (*columns, *SERVER_COLUMNS)
     if args.target_accuracy is not None:

@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ddlsim.simulator.records import SCALING_COLUMNS
+from ddlsim.simulator.records import SCALING_COLUMNS, TRANSFORMER_PARTS
 
 if TYPE_CHECKING:
     import numpy as np
@@ -62,25 +62,6 @@ RESULT_COLUMNS = (
     "executor",
     "execution_path",
 )
-# what ``simulate`` prints for a transformer layout: its rates and where its iteration goes (a part
-# that is zero at every point, e.g. ep_s without experts, is left out of the printed table)
-LAYOUT_COLUMNS = (
-    "nodes",
-    "devices",
-    "global_batch",
-    "iteration_s",
-    "tokens_per_s",
-    "tflops_per_gpu",
-    "mfu",
-    "compute_s",
-    "tp_s",
-    "cp_s",
-    "ep_s",
-    "zero3_s",
-    "pipeline_wait_s",
-    "dp_wait_s",
-)
-TRANSFORMER_PARTS = ("compute_s", "tp_s", "cp_s", "ep_s", "zero3_s", "pipeline_wait_s", "dp_wait_s")
 
 
 @dataclass
