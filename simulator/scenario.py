@@ -117,6 +117,13 @@ def default_host_link(device: Device) -> str | None:
     return "pcie4_x16" if device.token.startswith("a100") else "pcie3_x16"
 
 
+def link_scope(device: str, software: str) -> str:
+    """Where a training run's links look for their fits (``Profile.link_fit``): the device under the
+    software of its collectives, as ``ddlsim calibrate`` keys the fits of collective rows
+    (``token@device@software``, or ``...@allreduce`` where ranks share a host's cores)."""
+    return f"{device}@{software}@allreduce"
+
+
 @dataclass(frozen=True)
 class Scenario:
     workload: str = "resnet50"
@@ -317,7 +324,7 @@ class Scenario:
     @property
     def link_scope(self) -> str:
         """The scope the profile's link fits are looked up in (``Profile.link_fit``)."""
-        return f"{self.device}@{self.link_software or self.collective}@allreduce"
+        return link_scope(self.device, self.link_software or self.collective)
 
     def nodes_for(self, ranks: int) -> int:
         """Nodes the fabric needs for ``ranks`` collective ranks placed in blocks (helper ranks such

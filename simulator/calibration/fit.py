@@ -37,6 +37,7 @@ from ddlsim.simulator.calibration.link_fit import distinct_measurements, fit_lin
 from ddlsim.simulator.calibration.measurements import Measurement, rows_sha256
 from ddlsim.simulator.calibration.open_fields import open_choices
 from ddlsim.simulator.calibration.predict import is_transformer_row, needs_input_pipeline, predict, static_reason
+from ddlsim.simulator.scenario import link_scope
 
 NOISE_FLOOR = 0.02  # run-to-run spread below which published means are not resolved (DeepBench ~1%)
 DEFAULT_NOISE = 0.05  # used when no residual has degrees of freedom left
@@ -177,7 +178,7 @@ def multi_device_rows(profile: Profile, usable: list[Measurement], single: list[
         and not needs_input_pipeline(row)
         and run_shape(row) in pinned_by_single
         and all(
-            profile.link_fit(token, f"{row.device}@{row.algorithm}@allreduce") is not None  # as Scenario.link
+            profile.link_fit(token, link_scope(row.device, row.algorithm)) is not None  # as its prediction
             for token in (
                 row.modeled().intra_node_link if row.modeled().devices_per_node > 1 else "",
                 row.modeled().network if row.modeled().nodes > 1 else "",

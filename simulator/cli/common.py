@@ -34,13 +34,19 @@ PROFILE_HELP = (
 )
 
 
+def is_published(path: Path | str) -> bool:
+    """Whether a ``--profile`` argument asks for the fit to the packaged runs: ``published``, where no
+    file of that name is in the working directory."""
+    return str(path) == PUBLISHED_PROFILE and not Path(path).exists()
+
+
 def read_profile(path: Path) -> Profile:
     """The ``Profile`` a ``--profile`` argument names: a TOML file, or ``published`` (no such file
     here): ``ddlsim calibrate`` on the packaged ``published_dev.csv``, run now (seeded, so every call
     fits the same profile), with a line on stderr saying so."""
     from ddlsim.hardware_models.profile import load_profile
 
-    if str(path) != PUBLISHED_PROFILE or Path(path).exists():
+    if not is_published(path):
         return load_profile(path)
     from ddlsim.simulator.calibration.fit import calibrate
     from ddlsim.simulator.calibration.measurements import packaged_published_dev, read_measurements

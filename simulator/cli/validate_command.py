@@ -35,7 +35,7 @@ from ddlsim.simulator.calibration.crossval import (
 from ddlsim.simulator.calibration.fit import CalibrationError, calibrate
 from ddlsim.simulator.calibration.measurements import Measurement, MeasurementError, Rejected, read_measurements
 from ddlsim.simulator.calibration.unseen import without
-from ddlsim.simulator.cli.common import PUBLISHED_PROFILE, Progress, print_table, read_profile
+from ddlsim.simulator.cli.common import Progress, is_published, print_table, read_profile
 from ddlsim.simulator.records import write_csv, write_json
 from ddlsim.simulator.sweep import POOLS
 
@@ -228,7 +228,7 @@ def _run_llm(args: argparse.Namespace) -> int:
     if args.leave_one_source_out:
         table, _ = llm_validation.leave_one_source_out(measured, args.ci, progress)
         split = "leave one source out"
-    elif args.profile is not None and str(args.profile) == PUBLISHED_PROFILE and not Path(args.profile).exists():
+    elif args.profile is not None and is_published(args.profile):
         shipped = llm_validation.read_llm_runs([llm_validation.packaged_llm_dev()])
         print(f"ddlsim: --profile published: calibrating on the {len(shipped)} rows of the packaged llm_dev.csv "
               "(ddlsim calibrate --measurements ... --out FILE saves one to reuse)", file=sys.stderr)  # fmt: skip

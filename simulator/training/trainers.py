@@ -365,7 +365,6 @@ def transformer_result(
     breakdown scaled by it, so the parts still sum to the iteration."""
     slowdown = scenario.profile.transformer_slowdown if scenario.profile is not None else 1.0
     figures = layout_figures(scenario, plan, {name: seconds * slowdown for name, seconds in breakdown.items()})
-    figures["transformer_slowdown"] = slowdown
     return dataclasses.replace(result, time_s=result.time_s * slowdown, comm_s=result.comm_s * slowdown, layout=figures)
 
 
