@@ -232,9 +232,17 @@ def _run_llm(args: argparse.Namespace) -> int:
         shipped = llm_validation.read_llm_runs([llm_validation.packaged_llm_dev()])
         print(f"ddlsim: --profile published: calibrating on the {len(shipped)} rows of the packaged llm_dev.csv "
               "(ddlsim calibrate --measurements ... --out FILE saves one to reuse)", file=sys.stderr)  # fmt: skip
-        _, fit = llm_validation.fit_runs(shipped, args.ci, Progress("validate: the packaged large-model rows"))
+        fitted, fit = llm_validation.fit_runs(shipped, args.ci, Progress("validate: the packaged large-model rows"))
         basis = f"transformer_slowdown {fit.slowdown:.3f} fitted to the packaged llm_dev.csv ({fit.rows} rows)"
-        table = [llm_validation.table_row(p, fit, basis=basis) for p in llm_validation.predict_runs(measured, progress)]
+        known = {p.run.id: p for p in fitted}
+
+        def reused(run: Any) -> Any:  # a packaged row given again is not predicted twice
+            prediction = known.get(run.id)
+            return prediction if prediction is not None and prediction.run == run else None
+
+        fresh = iter(llm_validation.predict_runs([run for run in measured if reused(run) is None], progress))
+        predictions = [reused(run) or next(fresh) for run in measured]
+        table = [llm_validation.table_row(p, fit, basis=basis) for p in predictions]
         split = "profile"
     elif args.profile is not None:  # a profile ddlsim calibrate wrote from large-model rows
         saved = load_profile(args.profile)
